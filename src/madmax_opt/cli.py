@@ -1,0 +1,194 @@
+"""Command line: ``madmax-opt solve | evaluate | verify | schema | catalog | validate``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from madmax_opt import catalog
+from madmax_opt.errors import MadmaxError, ProblemError
+from madmax_opt.evaluator import evaluate
+from madmax_opt.problem import Problem, ProblemFile, load_problem, read_yaml, validate
+from madmax_opt.report import print_evaluations, print_solution
+from madmax_opt.spec import Plan
+
+app = typer.Typer(
+    help="Throughput- or cost-optimal, memory-feasible plans for distributed training of large models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+ProblemArg = Annotated[Path, typer.Argument(help="problem file (YAML)", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
+
+
+def load_plans(path: Path) -> list[Plan]:
+    data = read_yaml(path)
+    items = data if isinstance(data, list) else [data]
+    if not items or not all(isinstance(x, dict) for x in items):
+        raise ProblemError("expected a plan mapping or a list of plan mappings", file=str(path))
+    plans = []
+    for i, item in enumerate(items):
+        prefix = f"[{i}]" if isinstance(data, list) else ""
+        plans.append(validate(Plan, item, file=str(path), prefix=prefix))
+    return plans
+
+
+def solve_result(problem: Problem, top_k: int, time_limit: float, workers: int) -> dict[str, Any]:
+    """The JSON object of ``solve --json``."""
+    from madmax_opt.solver import solve_records
+
+    outcome, records = solve_records(problem, top_k=top_k, time_limit_s=time_limit, workers=workers)
+    baseline = evaluate(problem, [problem.baseline])[0] if problem.baseline else None
+    speedup = None
+    if baseline and baseline["feasible"]:
+        speedup = records[0]["tokens_per_s"] / baseline["tokens_per_s"]
+    obj = outcome.objective or 0
+    bound = outcome.best_bound if outcome.best_bound is not None else float("nan")
+    return {
+        "status": outcome.status,
+        "objective": problem.objective,
+        "best": records[0],
+        "top": records,
+        "solver": {
+            "wall_s": outcome.wall_s,
+            "objective": obj,
+            "best_bound": bound,
+            "gap": (obj - bound) / max(abs(obj), 1),
+            "candidates": len(outcome.candidates.plans),
+            "booleans": outcome.model_size,
+        },
+        "baseline": baseline,
+        "speedup_vs_baseline": speedup,
+    }
+
+
+@app.command()
+def solve(
+    problem: ProblemArg,
+    json_out: JsonOpt = False,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, help="return the K best distinct plans")] = 1,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.01, help="CP-SAT time limit, s")] = 60.0,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT workers (1 = deterministic)")] = 1,
+) -> None:
+    """Search the plan space (and hardware options) for the optimal plan; cross-checked by the evaluator."""
+    result = solve_result(load_problem(problem), top_k, time_limit, workers)
+    if json_out:
+        print(json.dumps(result, indent=2))
+    else:
+        print_solution(result, console)
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    problem: ProblemArg,
+    plan: Annotated[Path, typer.Option("--plan", help="YAML/JSON file: one plan or a list of plans")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Predict step time, throughput, MFU and memory per GPU of given plan(s)."""
+    records = evaluate(load_problem(problem), load_plans(plan))
+    if json_out:  # a file with one plan mapping gives one object, a list gives a list in the same order
+        print(json.dumps(records if isinstance(read_yaml(plan), list) else records[0], indent=2))
+    else:
+        print_evaluations(records, console)
+
+
+@app.command()
+def verify(problem: ProblemArg, json_out: JsonOpt = False) -> None:
+    """Brute-force the same space with the evaluator; exit 1 if the solver's optimum is worse."""
+    from madmax_opt.verify import verify_problem
+
+    report = verify_problem(load_problem(problem))
+    if json_out:
+        print(json.dumps(report, indent=2))
+    else:
+        for k, v in report.items():
+            console.print(f"{k}: {v}")
+    if not report["agree"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of problem files (point your editor at it)."""
+    print(json.dumps(ProblemFile.model_json_schema(), indent=2))
+
+
+@app.command("catalog")
+def catalog_cmd(
+    kind: Annotated[str, typer.Argument(help="gpus | systems | models")] = "systems",
+    json_out: JsonOpt = False,
+) -> None:
+    """List the built-in GPUs, systems or models with their key numbers and sources."""
+    tables = {"gpus": catalog.gpus, "systems": catalog.systems, "models": catalog.models}
+    if kind not in tables:
+        raise ProblemError(f"unknown catalog {kind!r}; allowed: gpus, systems, models", field="KIND")
+    entries = tables[kind]()
+    if json_out:
+        print(json.dumps({k: v.model_dump() for k, v in entries.items()}, indent=2))
+        return
+    t = Table(title=f"{kind} ({len(entries)})", header_style="bold")
+    if kind == "gpus":
+        for c in ("name", "bf16 TFLOP/s", "HBM GB", "HBM TB/s", "TDP W", "gemm_eff"):
+            t.add_column(c)
+        for g in catalog.gpus().values():
+            t.add_row(g.name, f"{g.peak_flops.get('bf16', 0) / 1e12:,.0f}", f"{g.hbm_bytes / 1e9:.0f}",
+                      f"{g.hbm_bw / 1e12:.2f}", f"{g.tdp_w:.0f}", f"{g.calibration.gemm_eff:.2f}")
+    elif kind == "systems":
+        for c in ("name", "gpu", "per node", "tiers (size: GB/s per GPU)", "$/GPU-h"):
+            t.add_column(c)
+        for s in catalog.systems().values():
+            tiers = ", ".join(f"{x.name} {x.size or 'all'}: {x.bw / 1e9:.3g}" for x in s.tiers)
+            t.add_row(s.name, s.gpu, str(s.gpus_per_node), tiers, f"{s.price_per_gpu_hour:.2f}")
+    else:
+        for c in ("name", "family", "layers", "hidden", "heads/kv", "ffn", "vocab"):
+            t.add_column(c)
+        for m in catalog.models().values():
+            t.add_row(m.name, m.family, str(m.layers), str(m.hidden), f"{m.heads}/{m.n_kv_heads}",
+                      f"{m.ffn} {m.ffn_kind}", str(m.vocab))
+    console.print(t)
+
+
+@app.command("validate")
+def validate_cmd(
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/validation"),
+) -> None:
+    """Predicted vs measured on the shared validation data; writes Markdown tables."""
+    from madmax_opt.validation import write_training_report
+
+    path = write_training_report(out)
+    console.print(f"wrote {path}")
+
+
+def main() -> None:
+    """Entry point: one-line errors with exit codes (2 input, 3 infeasible, 4 internal) instead of tracebacks."""
+    try:
+        app(standalone_mode=False)
+    except MadmaxError as exc:
+        err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.ClickException):
+            err_console.print(f"error: {exc.format_message()}", markup=False, highlight=False)
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    main()

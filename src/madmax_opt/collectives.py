@@ -1,0 +1,100 @@
+"""Collective communication times (alpha-beta model over a hierarchy of network tiers), vectorised.
+
+A process group of ``n`` ranks whose neighbours are ``stride`` ranks apart is laid over the tiers of a system
+(tier 0 = scale-up domain, e.g. an NVLink node; the last tier = scale-out network). ``k_i`` members of the group
+share one domain of tier i; the group spans ``r_i = k_i / k_(i-1)`` domains of tier i-1 inside each tier-i domain.
+Collectives run hierarchically (NCCL's intra-node/inter-node phases; Thakur et al. 2005 for the ring formulas):
+
+    all-reduce(S):        sum_i [ 2 (r_i-1)/r_i * S_i / B_i + alpha_i ],  S_i = S / k_(i-1)
+    all-gather / RS(S):   sum_i [   (r_i-1)/r_i * S_i / B_i + alpha_i ]   (S = full, gathered size)
+    all-to-all(S):        max_i [ (k_i - k_(i-1))/n * S / B_i ] + sum_i alpha_i
+    p2p(S):               S / B_j + alpha_j,  j = innermost tier holding both ends
+
+with B_i = bandwidth x efficiency (NCCL bus bandwidth) per GPU in one direction, and alpha_i a per-collective
+latency for each tier that the group crosses (10 us NVLink / 20 us IB in the common analytical setting of
+shared/reference/hardware.md). Every function works on numpy arrays (one entry per plan) and on scalars.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+Arr = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Tiers:
+    """Per-plan tier parameters, each of shape (n_tiers, n_plans); the last tier has size = inf."""
+
+    size: Arr
+    bw: Arr  # effective bytes/s per GPU, one direction (bandwidth x efficiency)
+    latency_s: Arr
+
+
+def members_per_domain(n: Arr, stride: Arr, tiers: Tiers) -> list[Arr]:
+    """k_i: how many of a group's n members (``stride`` ranks apart) share one domain of each tier."""
+    ks = []
+    k_prev = np.ones_like(n, dtype=np.float64)
+    for size in tiers.size:
+        k = np.clip(np.where(np.isinf(size), n, np.floor_divide(np.where(np.isinf(size), 1.0, size), stride)), 1.0, n)
+        k = np.maximum(k, k_prev)
+        ks.append(k)
+        k_prev = k
+    ks[-1] = np.asarray(n, dtype=np.float64) * np.ones_like(k_prev)
+    return ks
+
+
+def _phases(n: Arr, stride: Arr, tiers: Tiers) -> list[tuple[Arr, Arr]]:
+    """(r_i, k_(i-1)) per tier."""
+    out = []
+    k_prev = np.ones_like(np.asarray(n, dtype=np.float64))
+    for k in members_per_domain(n, stride, tiers):
+        out.append((k / k_prev, k_prev))
+        k_prev = k
+    return out
+
+
+def _ring(size_bytes: Arr, n: Arr, stride: Arr, tiers: Tiers, passes: float) -> Arr:
+    total = np.zeros(np.broadcast(size_bytes, n, stride).shape)
+    for i, (r, k_prev) in enumerate(_phases(n, stride, tiers)):
+        crosses = r > 1.0
+        t = passes * (r - 1.0) / r * (size_bytes / k_prev) / tiers.bw[i] + tiers.latency_s[i]
+        total = total + np.where(crosses, t, 0.0)
+    return total
+
+
+def all_reduce_s(size_bytes: Arr, n: Arr, stride: Arr, tiers: Tiers) -> Arr:
+    """Hierarchical ring all-reduce of ``size_bytes`` per rank (reduce-scatter + all-gather per tier)."""
+    return _ring(size_bytes, n, stride, tiers, passes=2.0)
+
+
+def all_gather_s(size_bytes: Arr, n: Arr, stride: Arr, tiers: Tiers) -> Arr:
+    """All-gather (or reduce-scatter) whose gathered (unsharded) buffer is ``size_bytes``."""
+    return _ring(size_bytes, n, stride, tiers, passes=1.0)
+
+
+reduce_scatter_s = all_gather_s
+
+
+def all_to_all_s(size_bytes: Arr, n: Arr, stride: Arr, tiers: Tiers) -> Arr:
+    """All-to-all where each rank sends ``size_bytes`` in total, spread evenly over the n ranks."""
+    worst = np.zeros(np.broadcast(size_bytes, n, stride).shape)
+    lat = np.zeros_like(worst)
+    k_prev = np.ones_like(worst)
+    for i, k in enumerate(members_per_domain(n, stride, tiers)):
+        worst = np.maximum(worst, (k - k_prev) / n * size_bytes / tiers.bw[i])
+        lat = lat + np.where(k > k_prev, tiers.latency_s[i], 0.0)
+        k_prev = k
+    return worst + lat
+
+
+def p2p_s(size_bytes: Arr, stride: Arr, tiers: Tiers) -> Arr:
+    """Point-to-point send between ranks ``stride`` apart (pipeline neighbours)."""
+    t = size_bytes / tiers.bw[-1] + tiers.latency_s[-1]
+    for i in range(len(tiers.size) - 2, -1, -1):  # innermost tier that holds both ends wins
+        inside = 2 * stride <= tiers.size[i]
+        t = np.where(inside, size_bytes / tiers.bw[i] + tiers.latency_s[i], t)
+    return t

@@ -1,0 +1,147 @@
+"""Exact evaluator: the cost model in floating point for any plan(s), with derived metrics and JSON output.
+
+``evaluate_arrays`` is vectorised (it is also the brute-force engine); ``evaluate`` takes public ``Plan`` objects
+and returns one :class:`Evaluation` per plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from madmax_opt.hardware import HardwareTable
+from madmax_opt.plan import PlanArrays
+from madmax_opt.problem import Problem
+from madmax_opt.spec import Plan
+from madmax_opt.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS, TrainingTerms, training_terms
+from madmax_opt.workload import TransformerWorkload, lower
+
+Arr = NDArray[np.float64]
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass
+class Model:
+    """A problem prepared for evaluation: workload and hardware table built once."""
+
+    problem: Problem
+    workload: TransformerWorkload = field(init=False)
+    table: HardwareTable = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.problem
+        self.workload = lower(p.model, p.task, p.stack)
+        self.table = HardwareTable(p.hardware)
+
+    def terms(self, plans: PlanArrays) -> TrainingTerms:
+        p = self.problem
+        return training_terms(self.workload, p.task, p.stack, self.table, plans)
+
+    def arrays(self, plans: list[Plan]) -> PlanArrays:
+        return PlanArrays.from_plans(plans, [self.problem.hw_index(pl) for pl in plans])
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Derived per-plan metrics (arrays), computed from the additive terms."""
+
+    terms: TrainingTerms
+    price_per_gpu_hour: Arr
+    power_w_per_gpu: Arr
+    train_tokens: float | None
+
+    @cached_property
+    def step_time_s(self) -> Arr:
+        return self.terms.step_time_s
+
+    @cached_property
+    def tokens_per_s(self) -> Arr:
+        return self.terms.tokens_per_step / self.step_time_s
+
+    @cached_property
+    def mfu(self) -> Arr:
+        return self.terms.model_flops_per_step / (self.step_time_s * self.terms.gpus * self.terms.peak_flops)
+
+    @cached_property
+    def cost_per_hour(self) -> Arr:
+        return self.price_per_gpu_hour * self.terms.gpus
+
+    @cached_property
+    def usd_per_million_tokens(self) -> Arr:
+        return self.cost_per_hour / SECONDS_PER_HOUR / self.tokens_per_s * 1e6
+
+    @cached_property
+    def feasible(self) -> NDArray[np.bool_]:
+        return np.asarray(self.terms.invalid == 0)
+
+
+def metrics(model: Model, plans: PlanArrays) -> Metrics:
+    terms = model.terms(plans)
+    return Metrics(
+        terms=terms,
+        price_per_gpu_hour=model.table.price_per_gpu_hour[plans.hw],
+        power_w_per_gpu=model.table.power_w_per_gpu[plans.hw],
+        train_tokens=model.problem.task.train_tokens,
+    )
+
+
+def invalid_reason(code: int, memory_total: float, capacity: float) -> str | None:
+    if code == 0:
+        return None
+    if code == MEMORY_REASON:
+        return f"memory per GPU {memory_total / 1e9:.1f} GB exceeds usable capacity {capacity / 1e9:.1f} GB"
+    return INVALID_REASONS[code]
+
+
+def to_records(model: Model, plans: PlanArrays, met: Metrics | None = None) -> list[dict[str, Any]]:
+    """The JSON objects of ``madmax-opt evaluate --json``, one per plan, in order."""
+    met = met or metrics(model, plans)
+    t = met.terms
+    out = []
+    for i in range(len(plans)):
+        opt = model.problem.hardware[int(plans.hw[i])]
+        rec: dict[str, Any] = {
+            "plan": plans.plan(i, system=opt.system.name).model_dump(),
+            "hardware": {"system": opt.system.name, "gpu": opt.gpu.name, "gpus": opt.gpus},
+            "feasible": bool(met.feasible[i]),
+            "infeasible_reason": invalid_reason(int(t.invalid[i]), float(t.memory.total[i]), float(t.capacity_bytes[i])),
+            "step_time_s": float(met.step_time_s[i]),
+            "tokens_per_s": float(met.tokens_per_s[i]),
+            "samples_per_s": float(met.tokens_per_s[i] / model.workload.seq_len),
+            "mfu": float(met.mfu[i]),
+            "model_flops_per_step": float(t.model_flops_per_step),
+            "cost_per_hour_usd": float(met.cost_per_hour[i]),
+            "usd_per_million_tokens": float(met.usd_per_million_tokens[i]),
+            "memory_bytes_per_gpu": {
+                "total": float(t.memory.total[i]),
+                "weights": float(t.memory.weights[i]),
+                "gradients": float(t.memory.gradients[i]),
+                "optimizer": float(t.memory.optimizer[i]),
+                "activations": float(t.memory.activations[i]),
+                "temporary": float(t.memory.temporary[i]),
+                "capacity": float(t.capacity_bytes[i]),
+            },
+            "time_breakdown_s": {k: float(t.time[k][i]) for k in STEP_TERMS},
+            "overlapped_comm_s": {k: float(v[i]) for k, v in t.hidden_comm.items()},
+        }
+        if met.train_tokens:
+            hours = met.train_tokens / met.tokens_per_s[i] / SECONDS_PER_HOUR
+            gpus = float(t.gpus[i])
+            rec["time_to_train"] = {
+                "hours": float(hours),
+                "gpu_hours": float(hours * gpus),
+                "cost_usd": float(hours * met.cost_per_hour[i]),
+                "energy_mwh": float(hours * gpus * met.power_w_per_gpu[i] / 1e6),
+            }
+        out.append(rec)
+    return out
+
+
+def evaluate(problem: Problem, plans: list[Plan]) -> list[dict[str, Any]]:
+    """Evaluate public plans; returns the JSON-ready records."""
+    model = Model(problem)
+    return to_records(model, model.arrays(plans))

@@ -1,0 +1,69 @@
+"""Memory per GPU for training: weights, gradients, optimizer states, activations, temporary buffers (vectorised).
+
+Mixed-precision Adam as Megatron-Core runs it (Korthikanti et al. 2022, Fig. 1; Rajbhandari et al. 2020, ZeRO):
+bf16 weights (2 B), main gradients (4 B fp32, or 2 B), fp32 master weights + Adam m and v (12 B) per parameter;
+ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the weights over the data-parallel
+group (dp x cp, Megatron's ``data_parallel_group_with_cp``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+Arr = NDArray[np.float64]
+
+WEIGHT_BYTES = 2.0  # bf16 model weights
+OPTIMIZER_BYTES = 12.0  # fp32 master weights + Adam m + v
+LOGIT_BYTES = 4.0  # fp32 logits kept for the cross-entropy backward (vocab-parallel)
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    weights: Arr
+    gradients: Arr
+    optimizer: Arr
+    activations: Arr
+    temporary: Arr
+
+    @property
+    def total(self) -> Arr:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.temporary
+
+
+def model_state_bytes(
+    params: Arr, trainable: Arr, zero: Arr, shard: Arr, grad_bytes: float
+) -> tuple[Arr, Arr, Arr]:
+    """(weights, gradients, optimizer) bytes per GPU for ``params`` local parameters (``trainable`` of them)."""
+    weights = params * WEIGHT_BYTES / np.where(zero >= 3, shard, 1.0)
+    gradients = trainable * grad_bytes / np.where(zero >= 2, shard, 1.0)
+    optimizer = trainable * OPTIMIZER_BYTES / np.where(zero >= 1, shard, 1.0)
+    return weights, gradients, optimizer
+
+
+def layer_activation_bytes(
+    tokens: Arr,
+    tp: Arr,
+    sp: Arr,
+    recompute: Arr,
+    replicated_per_token: float,
+    tp_sharded_per_token: float,
+    score_per_token: Arr,
+    input_per_token: float,
+) -> tuple[Arr, Arr]:
+    """(stored, working) activation bytes of one layer for one micro-batch of ``tokens`` tokens on one GPU.
+
+    none:      tokens * (R / (t if SP) + S / t + A_scores / t)   (Korthikanti eq. (1)-(5), generalised)
+    selective: drops the attention-score term (recomputed)
+    full:      only the layer input, tokens * 2h / (t if SP); the working set of one layer is rebuilt in backward
+    ``recompute`` is 0/1/2 for none/selective/full.
+    """
+    sp_div = np.where(sp > 0, tp, 1.0)
+    full_store = tokens * (replicated_per_token / sp_div + tp_sharded_per_token / tp + score_per_token / tp)
+    selective = full_store - tokens * score_per_token / tp
+    inputs = tokens * input_per_token / sp_div
+    stored = np.select([recompute == 0, recompute == 1], [full_store, selective], inputs)
+    working = np.where(recompute == 2, full_store, 0.0)
+    return stored, working

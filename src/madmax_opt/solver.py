@@ -1,0 +1,264 @@
+"""CP-SAT search: enumerate candidates with the exact cost model, round their terms, assemble with CP-SAT.
+
+Design (shared/reference/solver-notes.md, "enumerate, then assemble"): every cost term of the model depends on
+5-7 of the 9 knobs, so the terms are computed for all candidates at once by the vectorised model
+(``training.training_terms``), each additive term is rounded once to an integer (microseconds; micro-dollars),
+and CP-SAT picks one candidate (one Boolean each, ``add_exactly_one``) under the linear side constraints
+(GPU count, GPU supply per type, $/hour budget, minimum throughput). Within one hardware option every constraint
+is monotone in the step time, so only the ``k`` best candidates of each option can be in the top-k; the rest are
+dropped before the model is built (exact, not a heuristic).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from ortools.sat.python import cp_model
+
+from madmax_opt.errors import InfeasibleError, InternalError
+from madmax_opt.evaluator import Metrics, Model, invalid_reason, metrics, to_records
+from madmax_opt.plan import PlanArrays
+from madmax_opt.problem import Problem
+from madmax_opt.space import enumerate_plans
+from madmax_opt.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS
+
+IntArr = NDArray[np.int64]
+US = 1e6  # integer time unit: microseconds
+UUSD = 1e6  # integer money unit: micro-dollars
+ROUNDING_TOLERANCE_S = len(STEP_TERMS) * 0.5 / US  # each term is rounded once to 1 us
+
+
+@dataclass
+class Candidates:
+    """Enumerated plans with their float metrics and the rounded integer columns CP-SAT sees."""
+
+    plans: PlanArrays
+    met: Metrics
+    step_us: IntArr = field(init=False)
+    cost_uusd_per_step: IntArr = field(init=False)
+    cost_cents_per_hour: IntArr = field(init=False)
+
+    def __post_init__(self) -> None:
+        terms = self.met.terms.time
+        self.step_us = np.sum([np.rint(terms[k] * US).astype(np.int64) for k in STEP_TERMS], axis=0)
+        hourly = self.met.cost_per_hour
+        self.cost_uusd_per_step = np.rint(hourly * self.step_us / 3600.0).astype(np.int64)
+        self.cost_cents_per_hour = np.rint(hourly * 100).astype(np.int64)
+
+    def objective(self, kind: str) -> IntArr:
+        return self.cost_uusd_per_step if kind == "cost" else self.step_us
+
+
+def candidates(model: Model, plans: PlanArrays | None = None) -> Candidates:
+    plans = enumerate_plans(model.problem) if plans is None else plans
+    return Candidates(plans, metrics(model, plans))
+
+
+def admissible(model: Model, c: Candidates) -> NDArray[np.bool_]:
+    """Valid plans that meet every constraint: what brute force minimises over (same integers as CP-SAT)."""
+    cons = model.problem.constraints
+    ok = c.met.feasible.copy()
+    gpus = c.plans.gpus
+    if cons.max_gpus is not None:
+        ok &= gpus <= cons.max_gpus
+    if cons.max_cost_per_hour is not None:
+        ok &= c.cost_cents_per_hour <= round(cons.max_cost_per_hour * 100)
+    if cons.min_throughput is not None:
+        ok &= c.step_us <= _max_step_us(model)
+    for name, supply in _supplies(model).items():
+        ok &= ~((_gpu_type(model, c.plans) == name) & (gpus > supply))
+    return ok
+
+
+def _max_step_us(model: Model) -> int:
+    cons = model.problem.constraints
+    assert cons.min_throughput is not None
+    tokens_per_step = model.problem.task.global_batch * model.workload.seq_len
+    return int(np.floor(tokens_per_step / cons.min_throughput * US))  # tokens/step_s >= min  <=>  step <= ...
+
+
+def _gpu_type(model: Model, plans: PlanArrays) -> NDArray[np.str_]:
+    names = np.array([o.gpu.name for o in model.problem.hardware])
+    return names[plans.hw] if len(plans) else np.array([], dtype=str)
+
+
+def _supplies(model: Model) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for o in model.problem.hardware:
+        if o.supply is not None:
+            out[o.gpu.name] = min(out.get(o.gpu.name, o.supply), o.supply)
+    return out
+
+
+def brute_force_order(model: Model, c: Candidates, objective: str) -> IntArr:
+    """Admissible candidate indices sorted by (integer objective, enumeration order): the reference answer."""
+    idx = np.flatnonzero(admissible(model, c))
+    obj = c.objective(objective)[idx]
+    return idx[np.lexsort((idx, obj))]
+
+
+@dataclass
+class SolveOutcome:
+    status: str  # optimal | feasible | infeasible
+    top: list[int]  # candidate indices, best first
+    objective: int | None
+    best_bound: float | None
+    wall_s: float
+    candidates: Candidates
+    model_size: int  # Booleans in the CP-SAT model
+    explanation: str | None = None
+
+
+def solve(
+    problem: Problem,
+    *,
+    top_k: int = 1,
+    time_limit_s: float = 60.0,
+    workers: int = 1,
+    seed: int = 0,
+    model: Model | None = None,
+    plans: PlanArrays | None = None,
+) -> SolveOutcome:
+    """Find the optimal plan (and hardware option) for ``problem``; raise InfeasibleError with the reason."""
+    t0 = time.perf_counter()
+    model = model or Model(problem)
+    c = candidates(model, plans)
+    ok = admissible(model, c)
+    if not ok.any():
+        raise InfeasibleError(explain_infeasible(model, c))
+    objective = problem.objective
+    obj = c.objective(objective)
+    # keep the k best admissible candidates of each hardware option (exact: constraints are monotone per option)
+    keep: list[int] = []
+    for hw in np.unique(c.plans.hw[ok]):
+        idx = np.flatnonzero(ok & (c.plans.hw == hw))
+        keep.extend(idx[np.lexsort((idx, obj[idx]))][:top_k].tolist())
+    keep_arr = np.array(sorted(keep), dtype=np.int64)
+
+    m = cp_model.CpModel()
+    x = [m.new_bool_var(f"x{i}") for i in keep_arr]
+    m.add_exactly_one(x)
+    cons = problem.constraints
+    gpus = c.plans.gpus[keep_arr]
+    if cons.max_gpus is not None:
+        m.add(sum(int(g) * v for g, v in zip(gpus, x, strict=True)) <= cons.max_gpus)
+    if cons.max_cost_per_hour is not None:
+        cents = c.cost_cents_per_hour[keep_arr]
+        m.add(sum(int(q) * v for q, v in zip(cents, x, strict=True)) <= round(cons.max_cost_per_hour * 100))
+    if cons.min_throughput is not None:
+        steps = c.step_us[keep_arr]
+        m.add(sum(int(q) * v for q, v in zip(steps, x, strict=True)) <= _max_step_us(model))
+    types = _gpu_type(model, c.plans.take(keep_arr))
+    for name, supply in _supplies(model).items():
+        m.add(sum(int(g) * v for g, v, t in zip(gpus, x, types, strict=True) if t == name) <= supply)
+    coeffs = obj[keep_arr]
+    assert int(coeffs.max()) < 2**50, "objective coefficient overflow"
+    m.minimize(sum(int(q) * v for q, v in zip(coeffs, x, strict=True)))
+
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    solver.parameters.max_time_in_seconds = time_limit_s
+    top: list[int] = []
+    status_name = "infeasible"
+    best_obj: int | None = None
+    bound: float | None = None
+    for rank in range(top_k):
+        st = solver.solve(m)
+        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
+        chosen = next(j for j, v in enumerate(x) if solver.value(v))
+        top.append(int(keep_arr[chosen]))
+        if rank == 0:
+            status_name = "optimal" if st == cp_model.OPTIMAL else "feasible"
+            best_obj = int(solver.objective_value)
+            bound = float(solver.best_objective_bound)
+        m.add(x[chosen] == 0)
+    if not top:
+        raise InfeasibleError(explain_infeasible(model, c))
+    return SolveOutcome(
+        status=status_name,
+        top=top,
+        objective=best_obj,
+        best_bound=bound,
+        wall_s=time.perf_counter() - t0,
+        candidates=c,
+        model_size=len(x),
+    )
+
+
+def cross_check(outcome: SolveOutcome, records: list[dict[str, Any]]) -> None:
+    """Every returned plan, re-evaluated in floating point, must match its rounded integer step time."""
+    for i, rec in zip(outcome.top, records, strict=True):
+        rounded_s = outcome.candidates.step_us[i] / US
+        if not rec["feasible"] or abs(rec["step_time_s"] - rounded_s) > ROUNDING_TOLERANCE_S + 1e-9:
+            raise InternalError(
+                f"solver/evaluator mismatch on {rec['plan']}: evaluator {rec['step_time_s']:.6f} s, "
+                f"solver {rounded_s:.6f} s (tolerance {ROUNDING_TOLERANCE_S * 1e6:.1f} us)"
+            )
+
+
+def solve_records(problem: Problem, **kwargs: Any) -> tuple[SolveOutcome, list[dict[str, Any]]]:
+    model = Model(problem)
+    outcome = solve(problem, model=model, **kwargs)
+    recs = to_records(model, outcome.candidates.plans.take(outcome.top))
+    cross_check(outcome, recs)
+    return outcome, recs
+
+
+def explain_infeasible(model: Model, c: Candidates) -> str:
+    """Name the constraint that binds when no candidate is admissible."""
+    p = model.problem
+    name = p.model.name
+    if len(c.plans) == 0:
+        sizes = ", ".join(str(o.gpus) for o in p.hardware)
+        return (
+            f"the plan space is empty: no combination of the allowed tp, pp, cp divides the cluster size(s) "
+            f"{sizes} (check 'space' and 'hardware.gpus')"
+        )
+    inv = c.met.terms.invalid
+    structural = inv[(inv != 0) & (inv != MEMORY_REASON)]
+    if not np.any((inv == 0) | (inv == MEMORY_REASON)):
+        code = int(np.bincount(structural).argmax())
+        return f"no plan in the space is valid; most common violation: {INVALID_REASONS[code]}"
+    if not c.met.feasible.any():
+        mem = c.met.terms.memory.total
+        cand = np.flatnonzero(inv == MEMORY_REASON)
+        best = int(cand[np.argmin(mem[cand])])
+        plan = c.plans.plan(best)
+        opt = p.hardware[int(c.plans.hw[best])]
+        cap = float(c.met.terms.capacity_bytes[best])
+        return (
+            f"{name} does not fit: it needs at least {mem[best] / 1e9:.1f} GB per GPU even with the most "
+            f"memory-saving plan (tp={plan.tp}, pp={plan.pp}, cp={plan.cp}, zero={plan.zero}, "
+            f"recompute={plan.recompute}, mbs={plan.mbs}) on {opt.name}; {opt.gpu.name} has "
+            f"{opt.gpu.hbm_bytes / 1e9:.1f} GB minus a {p.stack.memory_reserve_fraction:.0%} reserve = "
+            f"{cap / 1e9:.1f} GB (binding constraint: memory capacity)"
+        )
+    cons = p.constraints
+    feas = c.met.feasible
+    reasons = []
+    if cons.max_gpus is not None and not (feas & (c.plans.gpus <= cons.max_gpus)).any():
+        reasons.append(f"max_gpus={cons.max_gpus}: the smallest feasible cluster has {c.plans.gpus[feas].min()} GPUs")
+    if cons.max_cost_per_hour is not None and not (feas & (c.cost_cents_per_hour <= cons.max_cost_per_hour * 100)).any():
+        reasons.append(
+            f"max_cost_per_hour={cons.max_cost_per_hour}: the cheapest feasible option costs "
+            f"${c.met.cost_per_hour[feas].min():.2f}/h"
+        )
+    if cons.min_throughput is not None and not (feas & (c.step_us <= _max_step_us(model))).any():
+        reasons.append(
+            f"min_throughput={cons.min_throughput:.4g} tokens/s: the fastest feasible plan reaches "
+            f"{c.met.tokens_per_s[feas].max():.4g} tokens/s"
+        )
+    supplies = _supplies(model)
+    if supplies:
+        reasons.append(f"GPU supply {supplies}")
+    detail = "; ".join(reasons) or "the constraints together exclude every feasible plan"
+    return f"no feasible plan meets the constraints (binding: {detail})"
+
+
+__all__ = ["SolveOutcome", "cross_check", "explain_infeasible", "invalid_reason", "solve", "solve_records"]

@@ -1,0 +1,215 @@
+"""Validated problem specification (pydantic v2): model, hardware, task, space, stack, objective.
+
+Everything here is SI units (bytes, seconds, FLOP/s, bytes/s). Catalog names are resolved by
+``madmax_opt.problem`` which turns a YAML file into a :class:`Problem`; this module only holds the shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32", "int8", "int4"]
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
+
+
+class Strict(BaseModel):
+    """Base: unknown keys are errors, never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------------------- hardware
+
+
+class Calibration(Strict):
+    """Per-GPU-type efficiency factors (never per test case). ``source`` says where they come from."""
+
+    gemm_eff: Fraction = Field(description="fraction of peak FLOP/s reached by large bf16 GEMMs")
+    gemm_half_dim: float = Field(
+        ge=0.0, description="per-GPU GEMM dimension at which efficiency halves: eff = gemm_eff * d / (d + half)"
+    )
+    attn_eff: Fraction = Field(description="fraction of peak reached by fused/flash attention kernels")
+    hbm_eff: Fraction = Field(description="fraction of HBM bandwidth reached by memory-bound kernels")
+    layer_overhead_s: float = Field(
+        0.0, ge=0.0, description="fixed kernel-launch/framework time per transformer layer per micro-batch pass"
+    )
+    source: str
+
+
+class GPU(Strict):
+    name: str
+    description: str = ""
+    peak_flops: dict[Precision, PositiveFloat] = Field(description="dense peak FLOP/s per precision")
+    hbm_bytes: PositiveFloat
+    hbm_bw: PositiveFloat = Field(description="HBM bandwidth, bytes/s")
+    tdp_w: PositiveFloat
+    calibration: Calibration
+    source: str
+
+
+class Tier(Strict):
+    """One level of the network: GPUs in one domain of this tier, per-GPU one-way bandwidth, latency."""
+
+    name: str
+    size: PositiveInt | None = Field(None, description="GPUs in one domain; None for the outermost tier")
+    bw: PositiveFloat = Field(description="one-direction bandwidth per GPU, bytes/s")
+    latency_s: float = Field(ge=0.0)
+    efficiency: Fraction = Field(description="achieved fraction of bw for large collectives (NCCL bus bw)")
+
+
+class System(Strict):
+    name: str
+    description: str = ""
+    gpu: str
+    gpus_per_node: PositiveInt
+    tiers: list[Tier] = Field(min_length=1, max_length=3)
+    price_per_gpu_hour: float = Field(ge=0.0, description="US$ per GPU-hour")
+    power_w_per_gpu: PositiveFloat = Field(description="wall power per GPU incl. host share, W")
+    source: str
+
+    @model_validator(mode="after")
+    def _tiers_nest(self) -> System:
+        sizes = [t.size for t in self.tiers]
+        if sizes[-1] is not None:
+            raise ValueError("the last tier must have size null (it spans the whole cluster)")
+        inner = [s for s in sizes[:-1]]
+        if any(s is None for s in inner):
+            raise ValueError("only the last tier may have size null")
+        prev = 1
+        for s in inner:
+            assert s is not None
+            if s % prev or s <= prev:
+                raise ValueError(f"tier sizes must nest (each a multiple of the previous), got {sizes}")
+            prev = s
+        return self
+
+
+# ----------------------------------------------------------------------------------------------- models
+
+
+class TransformerModel(Strict):
+    """A dense transformer: decoder LLM (``family: llm``) or encoder ViT (``family: vit``)."""
+
+    family: Literal["llm", "vit"] = "llm"
+    name: str = "custom"
+    layers: PositiveInt
+    hidden: PositiveInt
+    heads: PositiveInt
+    kv_heads: PositiveInt | None = Field(None, description="GQA key/value heads; default = heads (MHA)")
+    ffn: PositiveInt
+    ffn_kind: Literal["gelu", "swiglu"] = "gelu"
+    vocab: int = Field(0, ge=0, description="vocabulary size; 0 for ViT")
+    tied_embeddings: bool = False
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    bias: bool = Field(False, description="linear layers carry bias vectors")
+    image_size: PositiveInt | None = None
+    patch_size: PositiveInt | None = None
+    channels: PositiveInt = 3
+    source: str = "inline"
+
+    @model_validator(mode="after")
+    def _shapes(self) -> TransformerModel:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.heads % self.n_kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.n_kv_heads})")
+        if self.family == "llm" and self.vocab <= 0:
+            raise ValueError("an llm needs vocab > 0")
+        if self.family == "vit" and (self.image_size is None or self.patch_size is None):
+            raise ValueError("a vit needs image_size and patch_size")
+        return self
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def vit_seq_len(self) -> int:
+        """Patches per image plus the class token."""
+        assert self.image_size is not None and self.patch_size is not None
+        return (self.image_size // self.patch_size) ** 2 + 1
+
+
+# ------------------------------------------------------------------------------------------ task, etc.
+
+
+class Task(Strict):
+    kind: Literal["pretrain", "finetune"] = "pretrain"
+    seq_len: PositiveInt | None = Field(None, description="tokens per sequence (ViT: derived from the image)")
+    global_batch: PositiveInt = Field(description="sequences (images) per optimizer step")
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    frozen_layers: int = Field(0, ge=0, description="finetune: leading transformer layers without gradients")
+    lora_rank: int = Field(0, ge=0, description="finetune: LoRA rank (0 = full fine-tuning)")
+    train_tokens: PositiveFloat | None = Field(None, description="token budget for objective time_to_train")
+
+    @model_validator(mode="after")
+    def _finetune_only(self) -> Task:
+        if self.kind == "pretrain" and (self.frozen_layers or self.lora_rank):
+            raise ValueError("frozen_layers and lora_rank need kind: finetune")
+        return self
+
+
+class Stack(Strict):
+    """Software-stack behaviour. Defaults: Megatron-Core + Transformer Engine + NCCL (2024-26)."""
+
+    flash_attention: bool = Field(True, description="fused/flash attention: no s^2 activations, causal skip")
+    tp_comm_overlap: bool = Field(False, description="overlap TP/SP collectives with GEMMs (Megatron --tp-comm-overlap)")
+    dp_overlap: bool = Field(True, description="overlap DP gradient reduction with backward (bucketed DDP)")
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Megatron main-grad precision")
+    dropout: bool = Field(False, description="dropout layers store masks (GPT-3-era); off for LLaMA-style models")
+    memory_reserve_fraction: float = Field(
+        0.05, ge=0.0, lt=1.0, description="HBM held back for CUDA context, NCCL buffers and fragmentation"
+    )
+
+
+Knob = int | list[int] | None
+
+
+class Space(Strict):
+    """Restrictions of the plan space; a scalar fixes a knob, a list restricts it, absence leaves it free."""
+
+    dp: Knob = None
+    tp: Knob = None
+    pp: Knob = None
+    cp: Knob = None
+    vpp: Knob = None
+    mbs: Knob = None
+    zero: Knob = None
+    recompute: Recompute | list[Recompute] | None = None
+    sp: bool | list[bool] | None = None
+
+
+class Constraints(Strict):
+    max_gpus: PositiveInt | None = None
+    max_cost_per_hour: PositiveFloat | None = Field(None, description="US$ per hour for the whole job")
+    min_throughput: PositiveFloat | None = Field(None, description="tokens/s")
+
+
+Objective = Literal["throughput", "cost", "time_to_train"]
+
+
+class Plan(Strict):
+    """A parallelization plan (the public names). ``system`` picks the hardware option by name."""
+
+    dp: PositiveInt = 1
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    cp: PositiveInt = 1
+    vpp: PositiveInt = 1
+    mbs: PositiveInt = 1
+    zero: int = Field(0, ge=0, le=3)
+    recompute: Recompute = "none"
+    sp: bool = False
+    system: str | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
