@@ -169,6 +169,9 @@ def validate_cmd(
     console.print(f"wrote {path}")
 
 
+# ---- commands defined in their own modules register here (one line each) ----------------------------
+
+
 def main() -> None:
     """Entry point: one-line errors with exit codes (2 input, 3 infeasible, 4 internal) instead of tracebacks."""
     try:
