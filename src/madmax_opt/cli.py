@@ -169,6 +169,20 @@ def validate_cmd(
     console.print(f"wrote {path}")
 
 
+@app.command()
+def paper(
+    study: Annotated[str, typer.Argument(help="pretraining")] = "pretraining",
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/paper"),
+) -> None:
+    """Regenerate a paper study (results/paper/STUDY.md)."""
+    from madmax_opt import studies
+
+    writers = {"pretraining": studies.write_pretraining_study}
+    if study not in writers:
+        raise ProblemError(f"unknown study {study!r}; allowed: {', '.join(writers)}", field="STUDY")
+    console.print(f"wrote {writers[study](out)}")
+
+
 # ---- commands defined in their own modules register here (one line each) ----------------------------
 
 

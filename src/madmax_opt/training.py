@@ -6,7 +6,10 @@ CP-SAT encoder rounds the same arrays to integers. Formulas follow Megatron-Core
     step = m * t_stage(bottleneck) + (p-1)/v * t_stage(mean) + DP_exposed + optimizer
     t_stage = compute + recompute + TP_exposed + CP_exposed + PP_p2p + ZeRO3_exposed + launch overhead
 
-per micro-batch, with m = global_batch / (dp * mbs) micro-batches and p = pp stages of L/p layers each.
+per micro-batch, with m = global_batch / (dp * mbs) micro-batches and p = pp stages. Three layers of functions:
+``layer_costs`` (one transformer layer, one micro-batch, plus the embedding/head extras), ``stage_costs`` (a stage of
+n layers: time per micro-batch, memory, gradient sync) and ``training_terms`` (the uniform pipeline). The
+non-uniform pipeline search (``stages.py``) assembles the same ``stage_costs``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from madmax_opt.collectives import all_gather_s, all_reduce_s, p2p_s, reduce_scatter_s
+from madmax_opt.collectives import Tiers, all_gather_s, all_reduce_s, p2p_s, reduce_scatter_s
 from madmax_opt.compute import gemm_time_s, memory_bound_time_s
 from madmax_opt.hardware import HardwareTable
 from madmax_opt.memory import MemoryTerms, layer_activation_bytes, model_state_bytes
@@ -27,11 +30,13 @@ from madmax_opt.workload import ACT_BYTES, TransformerWorkload
 
 Arr = NDArray[np.float64]
 
-OPTIMIZER_BYTES_PER_PARAM = 34.0  # Adam step reads grad+master+m+v (16 B), writes master+m+v (12 B) + bf16 copy (2 B)
-                                  # plus the grad zeroing/unscale pass (4 B): memory-bound
+# Adam step reads grad + master + m + v (16 B), writes master + m + v (12 B) and the bf16 copy (2 B), and the
+# grad zeroing/unscale pass touches the fp32 grad again (4 B): 34 B per local trainable parameter, memory-bound.
+OPTIMIZER_BYTES_PER_PARAM = 34.0
 FLASH_BWD_FACTOR = 2.5  # flash-attention backward = 2x forward + recomputed QK^T/softmax (Dao 2022, Sec. 3.1)
 STAGE_TERMS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "zero3_comm", "overhead")
 STEP_TERMS: tuple[str, ...] = (*STAGE_TERMS, "bubble", "dp_comm", "optimizer")
+MEMORY_FIELDS: tuple[str, ...] = ("weights", "gradients", "optimizer", "activations", "temporary")
 
 INVALID_REASONS: dict[int, str] = {
     1: "dp*tp*pp*cp must equal the number of GPUs",
@@ -48,33 +53,42 @@ INVALID_REASONS: dict[int, str] = {
 MEMORY_REASON = 10
 
 
-@dataclass(frozen=True)
-class TrainingTerms:
-    time: dict[str, Arr]  # additive terms of the step time, seconds
-    hidden_comm: dict[str, Arr]  # communication overlapped with compute (not in the step time), seconds
-    memory: MemoryTerms
-    capacity_bytes: Arr
-    invalid: NDArray[np.int64]  # 0 = valid, else a key of INVALID_REASONS (the first violated)
-    tokens_per_step: float
-    model_flops_per_step: float
-    gpus: NDArray[np.int64]
-    peak_flops: Arr
-
-    @property
-    def step_time_s(self) -> Arr:
-        return np.sum([self.time[k] for k in STEP_TERMS], axis=0)
-
-
 def _f(a: NDArray[np.int64]) -> Arr:
     return a.astype(np.float64)
 
 
-def training_terms(
+@dataclass(frozen=True)
+class LayerCosts:
+    """Per-plan costs of one transformer layer for one micro-batch on one GPU, plus the stage extras."""
+
+    plans: PlanArrays
+    tiers: Tiers
+    n_micro: Arr
+    time: dict[str, Arr]  # compute, recompute, tp_comm, cp_comm, overhead (exposed), per layer per micro-batch
+    hidden: dict[str, Arr]  # tp_comm, cp_comm overlapped, per layer per micro-batch
+    bwd_s: Arr  # backward compute of one layer (the DP overlap window)
+    params: Arr  # parameters of one layer on one GPU = params_per_layer / tp
+    trainable: Arr
+    act_stored_bytes: Arr  # activations one layer keeps per micro-batch in flight
+    act_working_bytes: Arr  # transient working set (full recompute rebuilds one layer)
+    emb_time_s: Arr
+    emb_params: Arr
+    head_time_s: Arr
+    head_params: Arr  # LM head on the last stage (a copy of the tied embedding when pp > 1)
+    logits_bytes: Arr
+    pp_comm_s: Arr
+    emb_trainable: float  # 1 if embedding/head weights are trained
+    grad_bytes: float
+    dp_group: Arr
+    zero3_layer_buffers: Arr
+
+
+def layer_costs(
     wl: TransformerWorkload, task: Task, stack: Stack, table: HardwareTable, plans: PlanArrays
-) -> TrainingTerms:
-    """Evaluate the training cost model for every plan in ``plans`` (vectorised)."""
+) -> LayerCosts:
+    """Costs of one layer (and the embedding/head extras) for every plan in ``plans`` (vectorised)."""
     dp, tp, pp, cp, vpp, mbs = (_f(x) for x in (plans.dp, plans.tp, plans.pp, plans.cp, plans.vpp, plans.mbs))
-    zero, rc, sp, hw = plans.zero, plans.recompute, plans.sp, plans.hw
+    rc, sp, hw = plans.recompute, plans.sp, plans.hw
     tiers = table.tiers(hw)
     peak = table.peak_flops(task.precision)[hw]
     eff, half = table.gemm_eff[hw], table.gemm_half_dim[hw]
@@ -82,13 +96,11 @@ def training_terms(
     m = wl.model
     s = float(wl.seq_len)
     h = float(m.hidden)
-    n_micro = task.global_batch / (dp * mbs)
     tokens = mbs * s / cp  # tokens of one micro-batch on one GPU
-    layers_per_stage = wl.layers / pp
     sp_div = np.where(sp > 0, tp, 1.0)
-    train_frac = wl.trainable_fraction
+    full_rc = np.where(rc == 2, 1.0, 0.0)
 
-    # ---- per layer, per micro-batch compute (forward) ------------------------------------------------
+    # ---- compute (forward) -------------------------------------------------------------------------
     gemm_fwd = np.zeros_like(dp)
     for g in wl.gemms:
         sharded = (g.n if g.tp_dim == "n" else g.k) / tp
@@ -108,131 +120,203 @@ def training_terms(
     )
     layer_fwd = gemm_fwd + attn_fwd + score_elem + elem
     # backward: activation-gradient GEMMs always, weight-gradient GEMMs only for trainable weights
+    train_frac = wl.trainable_fraction
     layer_bwd = gemm_fwd * (1.0 + train_frac) + attn_fwd * attn_bwd_factor + 2.0 * (score_elem + elem)
-    layer_recompute = np.select([rc == 1, rc == 2], [attn_fwd * (not stack.flash_attention) + score_elem, layer_fwd], 0.0)
+    selective = attn_fwd * (not stack.flash_attention) + score_elem
+    layer_recompute = np.select([rc == 1, rc == 2], [selective, layer_fwd], 0.0)
 
-    # ---- TP (+SP) and CP communication per layer per micro-batch ------------------------------------
+    # ---- TP (+SP) and CP communication ---------------------------------------------------------------
     act_bytes = tokens * h * ACT_BYTES
-    tp_collectives = 4.0 + np.where(rc == 2, 2.0, 0.0)  # 2 fwd + 2 bwd all-reduces (or AG+RS pairs with SP)
+    tp_collectives = 4.0 + 2.0 * full_rc  # 2 fwd + 2 bwd all-reduces (or AG+RS pairs with SP), +2 recompute
     tp_each = np.where(tp > 1, all_reduce_s(act_bytes, tp, np.ones_like(tp), tiers), 0.0)
     tp_comm = tp_collectives * tp_each
-    if stack.tp_comm_overlap:
-        passes = 3.0 + np.where(rc == 2, 1.0, 0.0)
-        tp_exposed = np.maximum(0.0, tp_comm - gemm_fwd * passes)
+    if stack.tp_comm_overlap:  # hidden behind the GEMMs they join (fwd, 2x bwd, recompute fwd)
+        tp_exposed = np.maximum(0.0, tp_comm - gemm_fwd * (3.0 + full_rc))
     else:
         tp_exposed = tp_comm
     kv_bytes = mbs * s * 2 * m.n_kv_heads * m.head_dim * ACT_BYTES / tp  # whole-sequence K and V of a layer
     cp_fwd = np.where(cp > 1, all_gather_s(kv_bytes, cp, tp, tiers), 0.0)  # ring attention passes KV blocks
-    cp_comm = cp_fwd * (3.0 + np.where(rc == 2, 1.0, 0.0))  # fwd KV, bwd KV + dKV, recompute KV
-    cp_window = attn_fwd * (1.0 + attn_bwd_factor + np.where(rc == 2, 1.0, 0.0))
+    cp_comm = cp_fwd * (3.0 + full_rc)  # fwd KV, bwd KV + dKV, recompute KV
+    cp_window = attn_fwd * (1.0 + attn_bwd_factor + full_rc)
     cp_exposed = np.maximum(0.0, cp_comm - cp_window)
 
-    # ---- per stage, per micro-batch ----------------------------------------------------------------
-    overhead = table.layer_overhead_s[hw] * (2.0 + np.where(rc == 2, 1.0, 0.0))
-    base = {
-        "compute": layers_per_stage * (layer_fwd + layer_bwd),
-        "recompute": layers_per_stage * layer_recompute,
-        "tp_comm": layers_per_stage * tp_exposed,
-        "cp_comm": layers_per_stage * cp_exposed,
-        "overhead": layers_per_stage * overhead,
-    }
-    hidden = {
-        "tp_comm": layers_per_stage * (tp_comm - tp_exposed),
-        "cp_comm": layers_per_stage * (cp_comm - cp_exposed),
-    }
-    # LM head + loss on the last stage (vocab-parallel GEMM, fp32 softmax traffic)
-    head_gemm = gemm_time_s(
-        tokens * wl.head_flops_per_token / tp, np.minimum(tokens, max(wl.vocab, 1) / tp), peak, eff, half
-    ) if wl.vocab else np.zeros_like(dp)
+    # ---- extras: embedding (first stage), LM head + loss (last stage), pipeline p2p ----------------
+    if wl.vocab:
+        head_dim = np.minimum(tokens, wl.vocab / tp)
+        head_gemm = gemm_time_s(tokens * wl.head_flops_per_token / tp, head_dim, peak, eff, half)
+    else:
+        head_gemm = np.zeros_like(dp)
     head_time = head_gemm * 3.0 + memory_bound_time_s(tokens * wl.vocab / tp * 4.0 * 3.0, hbm_bw)
     emb_time = memory_bound_time_s(tokens * h * ACT_BYTES * 3.0, hbm_bw)
-
-    # pipeline p2p: activation forward, gradient backward, once per virtual chunk
     p2p_bytes = tokens * h * ACT_BYTES / sp_div
-    pp_stride = tp * cp * dp
-    pp_comm = np.where(pp > 1, 2.0 * vpp * p2p_s(p2p_bytes, pp_stride, tiers), 0.0)
+    pp_comm = np.where(pp > 1, 2.0 * vpp * p2p_s(p2p_bytes, tp * cp * dp, tiers), 0.0)  # fwd act + bwd grad
 
-    # ---- parameters per GPU ------------------------------------------------------------------------
-    layer_params = layers_per_stage * wl.params_per_layer / tp
-    layer_trainable = layers_per_stage * (wl.params_per_layer * train_frac + wl.lora_params_per_layer) / tp
-    emb_trainable = 1.0 if (train_frac > 0 and wl.lora_params_per_layer == 0) else 0.0
-    emb_params = wl.embedding_params / tp
-    head_params = np.where(
-        pp > 1, (wl.head_params or (wl.embedding_params if m.tied_embeddings else 0)), wl.head_params
-    ) / tp
-    first_params = layer_params + emb_params + np.where(pp > 1, 0.0, head_params)
-    last_params = layer_params + head_params + np.where(pp > 1, 0.0, emb_params)
-    first_train = layer_trainable + emb_trainable * (first_params - layer_params)
-    last_train = layer_trainable + emb_trainable * (last_params - layer_params)
-
-    dp_group = dp * cp  # gradients are reduced (and ZeRO shards) over dp x cp
-    grad_bytes = 4.0 if stack.grad_reduce_dtype == "fp32" else 2.0
-    zero3_each = np.where(
-        (zero >= 3) & (dp_group > 1),
-        (2.0 + np.where(rc == 2, 1.0, 0.0)) * all_gather_s(first_params * 2.0, dp_group, tp, tiers)
-        + reduce_scatter_s(first_train * grad_bytes, dp_group, tp, tiers),
-        0.0,
-    )
-    stage_compute = base["compute"] + base["recompute"]
-    zero3_exposed = np.maximum(0.0, zero3_each - stage_compute) if stack.dp_overlap else zero3_each
-    base["zero3_comm"] = zero3_exposed
-    hidden["zero3_comm"] = zero3_each - zero3_exposed
-
-    first = dict(base, pp_comm=pp_comm)
-    first["compute"] = base["compute"] + emb_time + np.where(pp > 1, 0.0, head_time)
-    last = dict(base, pp_comm=pp_comm)
-    last["compute"] = base["compute"] + head_time + np.where(pp > 1, 0.0, emb_time)
-    t_first = np.sum([first[k] for k in STAGE_TERMS], axis=0)
-    t_last = np.sum([last[k] for k in STAGE_TERMS], axis=0)
-    first_is_bottleneck = t_first >= t_last
-    bottleneck = {k: np.where(first_is_bottleneck, first[k], last[k]) for k in STAGE_TERMS}
-    t_base = np.sum([base[k] for k in STAGE_TERMS if k in base], axis=0) + pp_comm
-    t_mean = np.where(pp > 1, ((pp - 2.0) * t_base + t_first + t_last) / pp, t_first)
-
-    time = {k: n_micro * bottleneck[k] for k in STAGE_TERMS}
-    time["bubble"] = bubble_time_s(pp, vpp, t_mean)
-
-    # ---- data-parallel gradient sync (ZeRO 0-2), overlapped with the last micro-batch's backward -------
-    worst_train = np.maximum(first_train, last_train)
-    grads = worst_train * grad_bytes
-    sync = np.select(
-        [zero == 0, zero <= 2],
-        [
-            all_reduce_s(grads, dp_group, tp, tiers),
-            reduce_scatter_s(grads, dp_group, tp, tiers) + all_gather_s(worst_train * 2.0, dp_group, tp, tiers),
-        ],
-        0.0,
-    )
-    sync = np.where(dp_group > 1, sync, 0.0)
-    window = layers_per_stage * layer_bwd if stack.dp_overlap else 0.0
-    time["dp_comm"] = np.maximum(0.0, sync - window)
-    hidden["dp_comm"] = sync - time["dp_comm"]
-    opt_params = worst_train / np.where(zero >= 1, dp_group, 1.0)
-    time["optimizer"] = memory_bound_time_s(opt_params * OPTIMIZER_BYTES_PER_PARAM, hbm_bw)
-
-    # ---- memory per GPU (worst of first and last stage) ---------------------------------------------
+    # ---- parameters and activations ------------------------------------------------------------------
+    head_params = wl.head_params or (wl.embedding_params if m.tied_embeddings else 0)
     score_per_token = np.full_like(dp, s * wl.act_score_bytes_per_key)
     stored, working = layer_activation_bytes(
         tokens, tp, sp, rc, wl.act_replicated_bytes, wl.act_tp_sharded_bytes, score_per_token, ACT_BYTES * h
     )
-    first_act = layers_per_stage * in_flight_layer_factor(n_micro, pp, vpp) * stored + working
-    logits = tokens * wl.vocab / tp * 4.0
-    last_act = layers_per_stage * stored + working + logits
-    first_act = first_act + np.where(pp > 1, 0.0, logits)
-    zero3_buffers = np.where(zero >= 3, 2.0 * 2.0 * wl.params_per_layer / tp, 0.0)  # two gathered layers
-    mems = []
-    for params, train, act in ((first_params, first_train, first_act), (last_params, last_train, last_act)):
-        w, gr, op = model_state_bytes(params, train, zero, dp_group, grad_bytes)
-        mems.append(MemoryTerms(w, gr, op, act, zero3_buffers))
-    first_worse = mems[0].total >= mems[1].total
-    memory = MemoryTerms(
-        *(np.where(first_worse, getattr(mems[0], f), getattr(mems[1], f))
-          for f in ("weights", "gradients", "optimizer", "activations", "temporary"))
+    return LayerCosts(
+        plans=plans,
+        tiers=tiers,
+        n_micro=task.global_batch / (dp * mbs),
+        time={
+            "compute": layer_fwd + layer_bwd,
+            "recompute": layer_recompute,
+            "tp_comm": tp_exposed,
+            "cp_comm": cp_exposed,
+            "overhead": table.layer_overhead_s[hw] * (2.0 + full_rc),
+        },
+        hidden={"tp_comm": tp_comm - tp_exposed, "cp_comm": cp_comm - cp_exposed},
+        bwd_s=layer_bwd,
+        params=wl.params_per_layer / tp,
+        trainable=(wl.params_per_layer * train_frac + wl.lora_params_per_layer) / tp,
+        act_stored_bytes=stored,
+        act_working_bytes=working,
+        emb_time_s=emb_time,
+        emb_params=wl.embedding_params / tp,
+        head_time_s=head_time,
+        head_params=np.where(pp > 1, head_params, wl.head_params) / tp,
+        logits_bytes=tokens * wl.vocab / tp * 4.0,
+        pp_comm_s=pp_comm,
+        emb_trainable=1.0 if (train_frac > 0 and wl.lora_params_per_layer == 0) else 0.0,
+        grad_bytes=4.0 if stack.grad_reduce_dtype == "fp32" else 2.0,
+        dp_group=dp * cp,  # gradients are reduced (and ZeRO shards) over dp x cp
+        zero3_layer_buffers=np.where(plans.zero >= 3, 2.0 * 2.0 * wl.params_per_layer / tp, 0.0),
     )
-    capacity = table.hbm_bytes[hw] * (1.0 - stack.memory_reserve_fraction)
 
-    invalid = _invalid(wl, task, table, plans, n_micro, memory.total, capacity)
-    tokens_per_step = float(task.global_batch * s)
+
+@dataclass(frozen=True)
+class StageCosts:
+    """One pipeline stage: time per micro-batch by term, memory per GPU, step-level DP sync and optimizer."""
+
+    time: dict[str, Arr]  # STAGE_TERMS, per micro-batch
+    hidden: dict[str, Arr]  # overlapped communication per micro-batch (zero3) or per step (dp)
+    memory: MemoryTerms
+    dp_exposed_s: Arr  # per step
+    optimizer_s: Arr  # per step
+
+    @property
+    def per_micro_batch_s(self) -> Arr:
+        return np.sum([self.time[k] for k in STAGE_TERMS], axis=0)
+
+
+def stage_costs(
+    lc: LayerCosts,
+    stack: Stack,
+    hbm_bw: Arr,
+    n_layers: Arr,
+    first: Arr,
+    last: Arr,
+    act_multiplier: Arr,
+) -> StageCosts:
+    """A stage of ``n_layers`` layers (+ embedding if ``first``, + head if ``last``) holding ``act_multiplier``
+    micro-batches of activations (1F1B: min(p - stage, m), times the interleaving factor)."""
+    zero = lc.plans.zero
+    extra_params = first * lc.emb_params + last * lc.head_params
+    params = n_layers * lc.params + extra_params
+    trainable = n_layers * lc.trainable + lc.emb_trainable * extra_params
+    tiers, group = lc.tiers, lc.dp_group
+
+    time = {k: n_layers * lc.time[k] for k in ("compute", "recompute", "tp_comm", "cp_comm", "overhead")}
+    time["compute"] = time["compute"] + first * lc.emb_time_s + last * lc.head_time_s
+    time["pp_comm"] = lc.pp_comm_s
+    # ZeRO-3 / FSDP: gather weights for fwd, bwd (and recompute), reduce-scatter grads, every micro-batch
+    gathers = 2.0 + np.where(lc.plans.recompute == 2, 1.0, 0.0)
+    zero3 = np.where(
+        (zero >= 3) & (group > 1),
+        gathers * all_gather_s(params * 2.0, group, lc.plans.tp, tiers)
+        + reduce_scatter_s(trainable * lc.grad_bytes, group, lc.plans.tp, tiers),
+        0.0,
+    )
+    busy = time["compute"] + time["recompute"]
+    time["zero3_comm"] = np.maximum(0.0, zero3 - busy) if stack.dp_overlap else zero3
+    hidden = {
+        "tp_comm": n_layers * lc.hidden["tp_comm"],
+        "cp_comm": n_layers * lc.hidden["cp_comm"],
+        "zero3_comm": zero3 - time["zero3_comm"],
+    }
+
+    # ZeRO 0-2: one gradient sync per step, overlapped with the last micro-batch's backward (bucketed DDP)
+    grads = trainable * lc.grad_bytes
+    tp = lc.plans.tp.astype(np.float64)
+    sync = np.select(
+        [zero == 0, zero <= 2],
+        [
+            all_reduce_s(grads, group, tp, tiers),
+            reduce_scatter_s(grads, group, tp, tiers) + all_gather_s(trainable * 2.0, group, tp, tiers),
+        ],
+        0.0,
+    )
+    sync = np.where(group > 1, sync, 0.0)
+    window = n_layers * lc.bwd_s if stack.dp_overlap else 0.0
+    dp_exposed = np.maximum(0.0, sync - window)
+    hidden["dp_comm"] = sync - dp_exposed
+    opt_params = trainable / np.where(zero >= 1, group, 1.0)
+    optimizer = memory_bound_time_s(opt_params * OPTIMIZER_BYTES_PER_PARAM, hbm_bw)
+
+    w, g, o = model_state_bytes(params, trainable, zero, group, lc.grad_bytes)
+    act = n_layers * act_multiplier * lc.act_stored_bytes + lc.act_working_bytes + last * lc.logits_bytes
+    memory = MemoryTerms(w, g, o, act, lc.zero3_layer_buffers)
+    return StageCosts(time, hidden, memory, dp_exposed, optimizer)
+
+
+@dataclass(frozen=True)
+class TrainingTerms:
+    time: dict[str, Arr]  # additive terms of the step time, seconds
+    hidden_comm: dict[str, Arr]  # communication overlapped with compute (not in the step time), seconds
+    memory: MemoryTerms
+    capacity_bytes: Arr
+    invalid: NDArray[np.int64]  # 0 = valid, else a key of INVALID_REASONS (the first violated)
+    tokens_per_step: float
+    model_flops_per_step: float
+    gpus: NDArray[np.int64]
+    peak_flops: Arr
+
+    @property
+    def step_time_s(self) -> Arr:
+        return np.sum([self.time[k] for k in STEP_TERMS], axis=0)
+
+
+def _pick(cond: NDArray[np.bool_], a: dict[str, Arr], b: dict[str, Arr]) -> dict[str, Arr]:
+    return {k: np.where(cond, a[k], b[k]) for k in a}
+
+
+def training_terms(
+    wl: TransformerWorkload, task: Task, stack: Stack, table: HardwareTable, plans: PlanArrays
+) -> TrainingTerms:
+    """Evaluate the training cost model for every plan in ``plans`` (uniform pipeline stages, vectorised)."""
+    lc = layer_costs(wl, task, stack, table, plans)
+    pp, vpp = _f(plans.pp), _f(plans.vpp)
+    n = wl.layers / pp
+    single = pp == 1
+    ones = np.ones_like(pp)
+    hbm_bw = table.hbm_bw[plans.hw]
+    # stage 0 (embedding; holds the most activations) and the last stage (LM head); with pp = 1 they coincide
+    first = stage_costs(lc, stack, hbm_bw, n, ones, np.where(single, 1.0, 0.0),
+                        in_flight_layer_factor(lc.n_micro, pp, vpp))
+    last = stage_costs(lc, stack, hbm_bw, n, np.where(single, 1.0, 0.0), ones, ones)
+    middle = stage_costs(lc, stack, hbm_bw, n, 0.0 * ones, 0.0 * ones, ones)
+    t_first, t_last = first.per_micro_batch_s, last.per_micro_batch_s
+    first_is_bottleneck = t_first >= t_last
+    bottleneck = _pick(first_is_bottleneck, first.time, last.time)
+    t_mean = np.where(single, t_first, ((pp - 2.0) * middle.per_micro_batch_s + t_first + t_last) / pp)
+
+    time = {k: lc.n_micro * bottleneck[k] for k in STAGE_TERMS}
+    time["bubble"] = bubble_time_s(pp, vpp, t_mean)
+    time["dp_comm"] = np.maximum(first.dp_exposed_s, last.dp_exposed_s)
+    time["optimizer"] = np.maximum(first.optimizer_s, last.optimizer_s)
+    hidden = {k: lc.n_micro * v for k, v in _pick(first_is_bottleneck, first.hidden, last.hidden).items()}
+    hidden["dp_comm"] = np.maximum(first.hidden["dp_comm"], last.hidden["dp_comm"])
+
+    first_worse = first.memory.total >= last.memory.total
+    memory = MemoryTerms(
+        *(np.where(first_worse, getattr(first.memory, f), getattr(last.memory, f)) for f in MEMORY_FIELDS)
+    )
+    capacity = table.hbm_bytes[plans.hw] * (1.0 - stack.memory_reserve_fraction)
+    invalid = invalid_codes(wl, task, table, plans, lc.n_micro, memory.total, capacity)
+    tokens_per_step = float(task.global_batch * wl.seq_len)
     return TrainingTerms(
         time=time,
         hidden_comm=hidden,
@@ -242,11 +326,11 @@ def training_terms(
         tokens_per_step=tokens_per_step,
         model_flops_per_step=tokens_per_step * wl.model_flops_per_token,
         gpus=plans.gpus,
-        peak_flops=peak,
+        peak_flops=table.peak_flops(task.precision)[plans.hw],
     )
 
 
-def _invalid(
+def invalid_codes(
     wl: TransformerWorkload,
     task: Task,
     table: HardwareTable,
@@ -254,7 +338,9 @@ def _invalid(
     n_micro: Arr,
     mem_total: Arr,
     capacity: Arr,
+    check_layers: bool = True,
 ) -> NDArray[np.int64]:
+    """The first violated validity rule per plan (0 = valid); see INVALID_REASONS."""
     m = wl.model
     tp, pp, vpp, cp = plans.tp, plans.pp, plans.vpp, plans.cp
     node = table.tier_size[0][plans.hw]
@@ -262,7 +348,7 @@ def _invalid(
     checks = [
         (1, plans.gpus != table.gpus[plans.hw].astype(np.int64)),
         (2, (m.heads % tp != 0) | (m.n_kv_heads % tp != 0)),
-        (3, wl.layers % (pp * vpp) != 0),
+        (3, (wl.layers % (pp * vpp) != 0) & check_layers),
         (4, task.global_batch % (plans.dp * plans.mbs) != 0),
         (5, (vpp > 1) & ((pp == 1) | (np.round(n_micro).astype(np.int64) % pp != 0))),
         (6, (cp > 1) & (wl.seq_len % (2 * cp) != 0)),
