@@ -90,7 +90,7 @@ def test_top_k_and_determinism() -> None:
     }
     problem = problem_from_dict(data)
     o1, r1 = solve_records(problem, top_k=5)
-    o2, r2 = solve_records(problem_from_dict(data), top_k=5)
+    _o2, r2 = solve_records(problem_from_dict(data), top_k=5)
     assert [r["plan"] for r in r1] == [r["plan"] for r in r2]
     steps = [r["step_time_s"] for r in r1]
     assert steps == sorted(steps)

@@ -8,7 +8,7 @@ Collectives run hierarchically (NCCL's intra-node/inter-node phases; Thakur et a
     all-reduce(S):        sum_i [ 2 (r_i-1)/r_i * S_i / B_i + alpha_i ],  S_i = S / k_(i-1)
     all-gather / RS(S):   sum_i [   (r_i-1)/r_i * S_i / B_i + alpha_i ]   (S = full, gathered size)
     all-to-all(S):        max_i [ (k_i - k_(i-1))/n * S / B_i ] + sum_i alpha_i
-    p2p(S):               S / B_j + alpha_j,  j = innermost tier holding both ends
+    p2p(S):               S / B_j + alpha_j,  j = innermost tier holding the whole chain of n ranks
 
 with B_i = bandwidth x efficiency (NCCL bus bandwidth) per GPU in one direction, and alpha_i a per-collective
 latency for each tier that the group crosses (10 us NVLink / 20 us IB in the common analytical setting of
@@ -91,10 +91,14 @@ def all_to_all_s(size_bytes: Arr, n: Arr, stride: Arr, tiers: Tiers) -> Arr:
     return worst + lat
 
 
-def p2p_s(size_bytes: Arr, stride: Arr, tiers: Tiers) -> Arr:
-    """Point-to-point send between ranks ``stride`` apart (pipeline neighbours)."""
+def p2p_s(size_bytes: Arr, stride: Arr, tiers: Tiers, n: Arr | float = 2.0) -> Arr:
+    """Point-to-point send between neighbours of a chain of ``n`` ranks ``stride`` apart (pipeline stages).
+
+    A chain that does not fit in one domain has a hop that leaves it, and the slowest hop sets the pace of a
+    synchronous pipeline: the innermost tier whose domain holds all n * stride ranks is the one used.
+    """
     t = size_bytes / tiers.bw[-1] + tiers.latency_s[-1]
-    for i in range(len(tiers.size) - 2, -1, -1):  # innermost tier that holds both ends wins
-        inside = 2 * stride <= tiers.size[i]
+    for i in range(len(tiers.size) - 2, -1, -1):  # innermost tier that holds the whole chain wins
+        inside = n * stride <= tiers.size[i]
         t = np.where(inside, size_bytes / tiers.bw[i] + tiers.latency_s[i], t)
     return t

@@ -16,8 +16,15 @@ from numpy.typing import NDArray
 from madmax_opt.hardware import HardwareTable
 from madmax_opt.plan import PlanArrays
 from madmax_opt.problem import Problem
-from madmax_opt.spec import Plan
-from madmax_opt.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS, TrainingTerms, training_terms
+from madmax_opt.spec import RECOMPUTE_MODES, Plan
+from madmax_opt.training import (
+    INVALID_REASONS,
+    MEMORY_REASON,
+    STEP_TERMS,
+    TrainingTerms,
+    staged_terms,
+    training_terms,
+)
 from madmax_opt.workload import TransformerWorkload, lower
 
 Arr = NDArray[np.float64]
@@ -43,6 +50,11 @@ class Model:
 
     def arrays(self, plans: list[Plan]) -> PlanArrays:
         return PlanArrays.from_plans(plans, [self.problem.hw_index(pl) for pl in plans])
+
+    def staged(self, base: PlanArrays, stage_layers: list[int], stage_recompute: list[int]) -> TrainingTerms:
+        """Terms of one uneven pipeline plan (``base`` holds one plan with vpp = 1)."""
+        p = self.problem
+        return staged_terms(self.workload, p.task, p.stack, self.table, base, stage_layers, stage_recompute)
 
 
 @dataclass(frozen=True)
@@ -79,8 +91,8 @@ class Metrics:
         return np.asarray(self.terms.invalid == 0)
 
 
-def metrics(model: Model, plans: PlanArrays) -> Metrics:
-    terms = model.terms(plans)
+def metrics(model: Model, plans: PlanArrays, terms: TrainingTerms | None = None) -> Metrics:
+    terms = model.terms(plans) if terms is None else terms
     return Metrics(
         terms=terms,
         price_per_gpu_hour=model.table.price_per_gpu_hour[plans.hw],
@@ -141,7 +153,27 @@ def to_records(model: Model, plans: PlanArrays, met: Metrics | None = None) -> l
     return out
 
 
+def staged_record(model: Model, plan: Plan) -> dict[str, Any]:
+    """The evaluate record of an uneven pipeline plan (per-stage layers and recompute)."""
+    assert plan.stage_layers is not None and plan.stage_recompute is not None
+    base = model.arrays([plan])
+    rc = [RECOMPUTE_MODES.index(r) for r in plan.stage_recompute]
+    terms = model.staged(base, list(plan.stage_layers), rc)
+    rec = to_records(model, base, metrics(model, base, terms))[0]
+    rec["plan"]["stage_layers"] = list(plan.stage_layers)
+    rec["plan"]["stage_recompute"] = list(plan.stage_recompute)
+    return rec
+
+
 def evaluate(problem: Problem, plans: list[Plan]) -> list[dict[str, Any]]:
-    """Evaluate public plans; returns the JSON-ready records."""
+    """Evaluate public plans (uniform ones vectorised, uneven pipelines stage by stage), in order."""
     model = Model(problem)
-    return to_records(model, model.arrays(plans))
+    uniform = [i for i, p in enumerate(plans) if not p.uneven]
+    records: list[dict[str, Any]] = [{} for _ in plans]
+    if uniform:
+        for i, rec in zip(uniform, to_records(model, model.arrays([plans[i] for i in uniform])), strict=True):
+            records[i] = rec
+    for i, p in enumerate(plans):
+        if p.uneven:
+            records[i] = staged_record(model, p)
+    return records

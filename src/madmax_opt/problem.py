@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Discriminator, Field, PositiveInt, Tag, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
 from madmax_opt import catalog
 from madmax_opt.errors import ProblemError
@@ -31,6 +34,12 @@ class GpuRange(Strict):
     start: PositiveInt
     stop: PositiveInt
     step: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> GpuRange:
+        if self.stop < self.start:
+            raise ValueError(f"stop ({self.stop}) is below start ({self.start}): no cluster sizes; allowed: stop >= start")
+        return self
 
     def values(self) -> list[int]:
         return list(range(self.start, self.stop + 1, self.step))
@@ -61,9 +70,9 @@ class HardwareEntry(Strict):
     @model_validator(mode="after")
     def _one_of(self) -> HardwareEntry:
         if (self.system is None) == (self.gpu is None) and not isinstance(self.system, System):
-            raise ValueError("give exactly one of 'system' or 'gpu'")
+            raise ValueError("give exactly one of system (a catalog or inline system) or gpu (a catalog GPU name)")
         if isinstance(self.gpus, list) and not self.gpus:
-            raise ValueError("gpus: the list of cluster sizes is empty")
+            raise ValueError("gpus is an empty list; allowed: one or more cluster sizes (GPUs)")
         return self
 
     def sizes(self) -> list[int]:
@@ -90,7 +99,7 @@ class ProblemFile(Strict):
     """The YAML problem file. ``madmax-opt schema`` prints its JSON Schema."""
 
     model: ModelRef = Field(description="catalog name, {hf_config: path}, or an inline model mapping")
-    hardware: HardwareEntry | list[HardwareEntry]
+    hardware: HardwareEntry | Annotated[list[HardwareEntry], Field(min_length=1)]
     task: Task
     space: Space = Space()
     stack: Stack = Stack()
@@ -131,22 +140,56 @@ class Problem:
 # ------------------------------------------------------------------------------------------- loading
 
 
-def read_yaml(path: str | Path) -> Any:
-    p = Path(path)
-    if not p.exists():
-        raise ProblemError("file not found", file=str(path))
+def read_yaml(path: str | Path, what: str = "file") -> Any:
+    """Parse a YAML (or JSON) file; a missing, unreadable or malformed file is a one-line ProblemError."""
+    text = read_text(Path(path), what=what, file=str(path))
     try:
-        return yaml.safe_load(p.read_text())
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
-        raise ProblemError(f"malformed YAML at {where}: {getattr(exc, 'problem', exc)}", file=str(path)) from None
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ProblemError(f"malformed YAML at {where}: {problem}", file=str(path)) from None
+
+
+def read_text(path: Path, *, what: str, file: str, field: str | None = None) -> str:
+    """A text file's contents; not found / a directory / unreadable / not UTF-8 become one-line errors."""
+    if not path.exists():
+        raise ProblemError(f"{what} not found (looked for {path.resolve()})", file=file, field=field)
+    if path.is_dir():
+        raise ProblemError(f"{what} {path} is a directory; allowed: a file", file=file, field=field)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProblemError(f"{what} {path} is not UTF-8 text (byte {exc.start})", file=file, field=field) from None
+    except OSError as exc:
+        raise ProblemError(f"cannot read {what} {path}: {exc.strerror}", file=file, field=field) from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key written twice in one mapping (PyYAML would silently keep the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[tuple[str, str]] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_problem(path: str | Path) -> Problem:
-    data = read_yaml(path)
+    """Read, validate and resolve a problem file (``madmax-opt schema`` prints its format)."""
+    data = read_yaml(path, what="problem file")
+    if data is None:
+        keys = ", ".join(ProblemFile.model_fields)
+        raise ProblemError(f"the problem file is empty; allowed: a mapping with keys {{{keys}}}", file=str(path))
     if not isinstance(data, dict):
-        raise ProblemError("expected a mapping with keys model, hardware, task, ...", file=str(path))
+        validate(ProblemFile, data, file=str(path))  # raises the one-line "wrong type; allowed: ..." error
     return problem_from_dict(data, source=str(path))
 
 
@@ -211,12 +254,15 @@ _HF_KEYS: dict[str, tuple[str, ...]] = {
 
 def model_from_hf_config(path: Path, *, file: str | None) -> TransformerModel:
     """Hugging Face ``config.json`` (LLaMA/Mistral/GPT-2/GPT-NeoX style keys) -> TransformerModel."""
-    if not path.exists():
-        raise ProblemError(f"hf_config file not found: {path}", file=file, field="model.hf_config")
+    text = read_text(path, what="hf_config file (relative to the problem file)", file=str(file), field="model.hf_config")
     try:
-        cfg = json.loads(path.read_text())
+        cfg = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ProblemError(f"malformed JSON in {path}: {exc.msg}", file=file, field="model.hf_config") from None
+        where = f"line {exc.lineno}, column {exc.colno}"
+        raise ProblemError(f"malformed JSON in {path} at {where}: {exc.msg}", file=file, field="model.hf_config") from None
+    if not isinstance(cfg, dict):
+        raise ProblemError(f"{path} is not a JSON object; allowed: a Hugging Face config.json", file=file,
+                           field="model.hf_config")
     values: dict[str, Any] = {}
     for key, names in _HF_KEYS.items():
         for n in names:
@@ -244,59 +290,211 @@ def model_from_hf_config(path: Path, *, file: str | None) -> TransformerModel:
 
 # -------------------------------------------------------------------------------- one-line errors
 
+Loc = tuple[str | int, ...]
+
 
 def validate(cls: type[Any], data: Any, *, file: str | None, prefix: str = "") -> Any:
+    """``cls.model_validate(data)``; a failure becomes one ProblemError line: field, what is wrong, what is allowed."""
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        line = _one_line(cls, exc)
-        raise ProblemError(f"{prefix}.{line}" if prefix else line, file=file, field=None) from None
+        field, message = _one_line(cls, exc)
+        raise ProblemError(message, file=file, field=_join_field(prefix, field) or None) from None
 
 
-def _one_line(cls: type[BaseModel], exc: ValidationError) -> str:
-    errors = exc.errors()
-    # Prefer the most specific error: union branches produce several; take the deepest location.
-    err = max(errors, key=lambda e: (e["type"] != "model_type", len(e["loc"])))
-    loc = [str(p) for p in err["loc"] if not _is_branch_tag(p)]
-    field = ".".join(loc) or "<root>"
-    if err["type"] == "extra_forbidden":
-        allowed = _allowed_keys(cls, loc[:-1])
-        return f"{field}: unknown key; allowed: {', '.join(allowed)}"
-    if err["type"] == "missing":
-        return f"{field}: required field missing"
-    msg = err["msg"].removeprefix("Value error, ")
-    got = err.get("input")
-    shown = f" (got {got!r})" if got is not None and not isinstance(got, dict | list) else ""
-    return f"{field}: {msg}{shown}"
+def _one_line(cls: type[BaseModel], exc: ValidationError) -> tuple[str, str]:
+    """The most specific error of ``exc`` as (field, "what is wrong; allowed: ...")."""
+    errors = [(_walk(cls, e["loc"], unknown_last=e["type"] == "extra_forbidden"), e) for e in exc.errors()]
+    # every member of a union reports an error; the member that got deepest into the input is the one meant
+    depth = max(len(w.path) for w, _ in errors)
+    deepest = [(w, e) for w, e in errors if len(w.path) == depth]
+    where, err = min(deepest, key=lambda we: _is_type_error(we[1]))  # a bound or value error beats "wrong type"
+    field = _field_name(where.path)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent = _walk(cls, err["loc"][:-1]).cursor
+        return field, f"unknown key; allowed: {', '.join(_allowed_keys(parent)) or 'no keys'}"
+    if kind == "missing":
+        names = [str(w.path[-1]) for w, e in deepest if e["type"] == "missing" and w.path[:-1] == where.path[:-1]]
+        if len(names) == 1:
+            return field, "required key missing"
+        return _field_name(where.path[:-1]), f"required keys missing: {', '.join(names)}"
+    allowed = _describe(where.annotation, where.metadata)
+    got = _shown(err.get("input"))
+    if kind == "literal_error":
+        return field, f"unknown value {err.get('input')!r}; allowed: {allowed}"
+    if all(_is_type_error(e) for w, e in deepest if w.path == where.path):
+        return field, f"wrong type ({got}); allowed: {allowed}"
+    msg = str(err["msg"]).removeprefix("Value error, ").removeprefix("Input ")
+    if kind == "value_error":  # our own validators: the message says what is allowed
+        return field, msg
+    return field, f"{msg} ({got}); allowed: {allowed}"
 
 
-def _is_branch_tag(p: Any) -> bool:
-    """pydantic inserts union member names (e.g. 'str', 'TransformerModel', 'list[int]') into locations."""
-    s = str(p)
-    tags = ("str", "int", "bool", "float", "inline", "catalog-name", "hf-config")
-    return not isinstance(p, int) and (s[:1].isupper() or "[" in s or s in tags)
+@dataclass(frozen=True)
+class _Where:
+    path: list[str | int]  # field names and list indices, union branch tags removed
+    annotation: Any  # the annotation of the last field on the path (the whole union, for "allowed")
+    metadata: tuple[Any, ...]  # that field's constraints (Field(ge=...) etc.)
+    cursor: Any  # the union member the location went through last (for the keys of a mapping)
 
 
-def _allowed_keys(cls: type[BaseModel], loc: list[str]) -> list[str]:
-    current: Any = cls
-    for part in loc:
-        if part.isdigit():
+def _walk(cls: type[BaseModel], loc: Loc, *, unknown_last: bool = False) -> _Where:
+    """Follow a pydantic error location through ``cls``, dropping the union branch tags pydantic inserts."""
+    path: list[str | int] = []
+    annotation: Any = cls
+    metadata: tuple[Any, ...] = ()
+    cursor: Any = cls
+    for i, part in enumerate(loc):
+        members = [_strip(m) for m in _members(cursor)]
+        lists = [m for m in members if get_origin(m) is list]
+        owners = [m for m in members if _is_model(m) and part in m.model_fields]
+        dicts = [m for m in members if get_origin(m) is dict]
+        branch = [m for m in _members(cursor) if isinstance(part, str) and _names_branch(m, part)]
+        if isinstance(part, int) and lists:
+            annotation = cursor = get_args(lists[0])[0]
+            metadata = ()
+        elif owners:
+            info = owners[0].model_fields[str(part)]
+            annotation = cursor = info.annotation
+            metadata = tuple(info.metadata)
+        elif branch:
+            cursor = branch[0]
             continue
-        field = getattr(current, "model_fields", {}).get(part)
-        if field is None:
-            return []
-        current = _model_in(field.annotation)
-        if current is None:
-            return []
-    return sorted(getattr(current, "model_fields", {}))
+        elif dicts:
+            annotation = cursor = get_args(dicts[0])[1]
+            metadata = ()
+        elif not (unknown_last and i == len(loc) - 1):
+            continue  # a branch tag we cannot place: not part of the user's field path
+        path.append(part)
+    return _Where(path, annotation, metadata, cursor)
 
 
-def _model_in(annotation: Any) -> Any:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if get_origin(annotation) is not None or get_args(annotation):
-        for a in get_args(annotation):
-            found = _model_in(a)
-            if found is not None:
-                return found
-    return None
+def _field_name(path: list[str | int]) -> str:
+    """['hardware', 0, 'gpus'] -> 'hardware[0].gpus'."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _join_field(prefix: str, field: str) -> str:
+    if not prefix or not field:
+        return prefix or field
+    return prefix + field if field.startswith("[") else f"{prefix}.{field}"
+
+
+def _is_type_error(err: Any) -> bool:
+    kind = str(err["type"])
+    return kind.endswith(("_type", "_parsing")) or kind in ("int_from_float", "union_tag_invalid")
+
+
+def _shown(value: Any) -> str:
+    """The offending input, short: 'got 3', "got 'eight'", 'got a mapping'."""
+    if value is None:
+        return "got null"
+    if isinstance(value, dict):
+        return "got a mapping"
+    if isinstance(value, list | tuple):
+        return "got a list"
+    return f"got {value!r}"
+
+
+def _strip(annotation: Any) -> Any:
+    """Annotated[X, ...] -> X."""
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    return annotation
+
+
+def _is_union(annotation: Any) -> bool:
+    return get_origin(annotation) in (Union, UnionType)
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The alternatives of a (possibly Annotated) union, each still Annotated; ``[annotation]`` otherwise."""
+    base = _strip(annotation)
+    if _is_union(base):
+        return [m for a in get_args(base) for m in _members(a)]
+    return [annotation]
+
+
+_PRIMITIVE_TAGS: dict[Any, tuple[str, ...]] = {
+    int: ("int", "constrained-int"),
+    float: ("float", "constrained-float"),
+    str: ("str", "constrained-str"),
+    bool: ("bool",),
+}
+
+
+def _names_branch(member: Any, tag: str) -> bool:
+    """Whether ``tag`` (e.g. 'inline', 'list[constrained-int]', 'function-after[_one_of(), HardwareEntry]') is
+    the branch pydantic took through union ``member``."""
+    explicit = [m.tag for m in getattr(member, "__metadata__", ()) if isinstance(m, Tag)]
+    if explicit:
+        return tag in explicit
+    base = _strip(member)
+    if _is_model(base):
+        return not tag.startswith("list[") and re.search(rf"\b{base.__name__}\b", tag) is not None
+    if get_origin(base) is list:
+        return tag.startswith("list[")
+    if get_origin(base) is Literal:
+        return tag.startswith("literal[")
+    return tag in _PRIMITIVE_TAGS.get(base, ())
+
+
+def _allowed_keys(annotation: Any) -> list[str]:
+    """Keys of the mapping(s) at ``annotation``, sorted."""
+    models = [m for m in (_strip(a) for a in _members(annotation)) if _is_model(m)]
+    return sorted({k for m in models[:1] for k in m.model_fields})
+
+
+_BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+
+
+def _bounds(metadata: tuple[Any, ...] | list[Any]) -> list[str]:
+    """Numeric bounds of annotated_types/pydantic constraints: ['> 0', '<= 3']."""
+    out: list[str] = []
+    for m in metadata:
+        if isinstance(m, FieldInfo):
+            out.extend(_bounds(m.metadata))
+            continue
+        for attr, sign in _BOUNDS:
+            value = getattr(m, attr, None)
+            if value is not None:
+                out.append(f"{sign} {value:g}")
+        if getattr(m, "min_length", None):
+            out.append(f"with at least {m.min_length} item{'s' if m.min_length > 1 else ''}")
+    return out
+
+
+def _describe(annotation: Any, metadata: tuple[Any, ...] = (), *, plural: bool = False) -> str:
+    """An annotation in words: 'an integer > 0 or a list of integers > 0 or a mapping with keys {start, stop}'."""
+    inner = list(metadata)
+    while get_origin(annotation) is Annotated:
+        annotation, *extra = get_args(annotation)
+        inner.extend(extra)
+    if _is_union(annotation):
+        words = [_describe(a, tuple(inner), plural=plural) for a in get_args(annotation) if a is not type(None)]
+        return " or ".join(dict.fromkeys(words))
+    bounds = " and ".join(_bounds(tuple(inner)))
+    bounded = f" {bounds}" if bounds else ""
+    if get_origin(annotation) is Literal:
+        values = ", ".join(str(v) for v in get_args(annotation))
+        return f"{'values from' if plural else 'one of'} {{{values}}}"
+    if get_origin(annotation) is list:
+        item = _describe(get_args(annotation)[0], plural=True)
+        return f"{'lists' if plural else 'a list'} of {item}{bounded}"
+    if get_origin(annotation) is dict or annotation is dict:
+        return "mappings" if plural else "a mapping"
+    if _is_model(annotation):
+        keys = ", ".join(annotation.model_fields)
+        return f"{'mappings' if plural else 'a mapping'} with keys {{{keys}}}"
+    nouns = {bool: ("true or false", "booleans"), int: ("an integer", "integers"), float: ("a number", "numbers"),
+             str: ("a string", "strings"), type(None): ("null", "nulls")}
+    singular, many = nouns.get(annotation, (f"a {getattr(annotation, '__name__', annotation)}", "values"))
+    return f"{many if plural else singular}{bounded}"

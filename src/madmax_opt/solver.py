@@ -20,10 +20,11 @@ from numpy.typing import NDArray
 from ortools.sat.python import cp_model
 
 from madmax_opt.errors import InfeasibleError, InternalError
-from madmax_opt.evaluator import Metrics, Model, invalid_reason, metrics, to_records
+from madmax_opt.evaluator import Metrics, Model, invalid_reason, metrics, staged_record, to_records
 from madmax_opt.plan import PlanArrays
 from madmax_opt.problem import Problem
 from madmax_opt.space import enumerate_plans
+from madmax_opt.stages import UnevenResult, solve_uneven
 from madmax_opt.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS
 
 IntArr = NDArray[np.int64]
@@ -111,6 +112,7 @@ class SolveOutcome:
     candidates: Candidates
     model_size: int  # Booleans in the CP-SAT model
     explanation: str | None = None
+    uneven: UnevenResult | None = None  # uneven-pipeline search, when the space allows it
 
 
 def solve(
@@ -203,10 +205,40 @@ def cross_check(outcome: SolveOutcome, records: list[dict[str, Any]]) -> None:
 
 
 def solve_records(problem: Problem, **kwargs: Any) -> tuple[SolveOutcome, list[dict[str, Any]]]:
+    """Solve, re-evaluate every returned plan with the exact evaluator, and (if enabled) search uneven stages.
+
+    With ``space.uneven_stages`` the best uneven pipeline that beats the best uniform plan is put first.
+    """
     model = Model(problem)
-    outcome = solve(problem, model=model, **kwargs)
-    recs = to_records(model, outcome.candidates.plans.take(outcome.top))
-    cross_check(outcome, recs)
+    try:
+        outcome = solve(problem, model=model, **kwargs)
+    except InfeasibleError:
+        if not problem.space.uneven_stages:
+            raise
+        outcome = None  # no uniform plan: an uneven split may still exist (e.g. 126 layers on 16 stages)
+    recs = []
+    if outcome is not None:
+        recs = to_records(model, outcome.candidates.plans.take(outcome.top))
+        cross_check(outcome, recs)
+    if problem.space.uneven_stages:
+        best_us = float(outcome.candidates.step_us[outcome.top[0]]) if outcome else float("inf")
+        uneven = solve_uneven(model, best_us, time_limit_s=kwargs.get("time_limit_s", 60.0))
+        if uneven.plan is not None and uneven.step_us is not None:
+            rec = staged_record(model, uneven.plan)
+            n_micro = problem.task.global_batch / (uneven.plan.dp * uneven.plan.mbs)
+            tol = uneven.tolerance_s(n_micro, uneven.plan.pp)
+            if not rec["feasible"] or abs(rec["step_time_s"] - uneven.step_us / US) > tol + 1e-9:
+                raise InternalError(
+                    f"uneven-pipeline mismatch on {rec['plan']}: evaluator {rec['step_time_s']:.6f} s, "
+                    f"solver {uneven.step_us / US:.6f} s (tolerance {tol * 1e6:.1f} us)"
+                )
+            recs = [rec, *recs][: max(len(recs), 1)]
+        if outcome is None:
+            if uneven.plan is None:
+                raise InfeasibleError(explain_infeasible(model, candidates(model)))
+            outcome = SolveOutcome(uneven.status, [], int(uneven.step_us or 0), uneven.step_us, uneven.wall_s,
+                                   candidates(model), uneven.booleans)
+        outcome.uneven = uneven
     return outcome, recs
 
 

@@ -114,9 +114,13 @@ class TransformerModel(Strict):
     @model_validator(mode="after")
     def _shapes(self) -> TransformerModel:
         if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+            allowed = ", ".join(str(d) for d in range(1, self.hidden + 1) if self.hidden % d == 0 and d <= 1024)
+            raise ValueError(f"hidden ({self.hidden}) is not divisible by heads ({self.heads}); allowed heads: {allowed}")
         if self.heads % self.n_kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.n_kv_heads})")
+            allowed = ", ".join(str(d) for d in range(1, self.heads + 1) if self.heads % d == 0)
+            raise ValueError(
+                f"heads ({self.heads}) is not divisible by kv_heads ({self.n_kv_heads}); allowed kv_heads: {allowed}"
+            )
         if self.family == "llm" and self.vocab <= 0:
             raise ValueError("an llm needs vocab > 0")
         if self.family == "vit" and (self.image_size is None or self.patch_size is None):
@@ -165,6 +169,11 @@ class Stack(Strict):
     dp_overlap: bool = Field(True, description="overlap DP gradient reduction with backward (bucketed DDP)")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Megatron main-grad precision")
     dropout: bool = Field(False, description="dropout layers store masks (GPT-3-era); off for LLaMA-style models")
+    pp_scatter_gather: bool = Field(
+        False,
+        description="pipeline sends split over the TP ranks, all-gathered on arrival (Megatron-LM 2021-23 "
+        "scatter/gather, DeepSpeed pipe partitioned activations); Megatron-Core sends whole tensors unless SP",
+    )
     memory_reserve_fraction: float = Field(
         0.05, ge=0.0, lt=1.0, description="HBM held back for CUDA context, NCCL buffers and fragmentation"
     )
@@ -176,6 +185,9 @@ Knob = int | list[int] | None
 class Space(Strict):
     """Restrictions of the plan space; a scalar fixes a knob, a list restricts it, absence leaves it free."""
 
+    uneven_stages: bool = Field(
+        False, description="also search uneven pipelines: layers and recompute chosen per stage (CP-SAT)"
+    )
     dp: Knob = None
     tp: Knob = None
     pp: Knob = None
@@ -209,6 +221,26 @@ class Plan(Strict):
     recompute: Recompute = "none"
     sp: bool = False
     system: str | None = None
+    stage_layers: list[PositiveInt] | None = Field(
+        None, description="uneven pipeline: transformer layers per stage (sums to the model's layers)"
+    )
+    stage_recompute: list[Recompute] | None = Field(None, description="uneven pipeline: recompute mode per stage")
+
+    @model_validator(mode="after")
+    def _stages(self) -> Plan:
+        for name in ("stage_layers", "stage_recompute"):
+            v = getattr(self, name)
+            if v is not None and len(v) != self.pp:
+                raise ValueError(f"{name} needs one entry per pipeline stage (pp={self.pp}), got {len(v)}")
+        if (self.stage_layers is None) != (self.stage_recompute is None):
+            raise ValueError("give stage_layers and stage_recompute together")
+        if self.stage_layers is not None and self.vpp != 1:
+            raise ValueError("uneven stages are modelled for the 1F1B schedule (vpp=1)")
+        return self
+
+    @property
+    def uneven(self) -> bool:
+        return self.stage_layers is not None
 
     @property
     def gpus(self) -> int:

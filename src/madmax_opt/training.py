@@ -49,6 +49,7 @@ INVALID_REASONS: dict[int, str] = {
     8: "zero > 0 needs dp*cp > 1",
     9: "tp must divide the scale-up domain or be a multiple of it",
     10: "memory per GPU exceeds capacity",
+    11: "stage_layers must sum to the model's layers",
 }
 MEMORY_REASON = 10
 
@@ -148,8 +149,13 @@ def layer_costs(
         head_gemm = np.zeros_like(dp)
     head_time = head_gemm * 3.0 + memory_bound_time_s(tokens * wl.vocab / tp * 4.0 * 3.0, hbm_bw)
     emb_time = memory_bound_time_s(tokens * h * ACT_BYTES * 3.0, hbm_bw)
-    p2p_bytes = tokens * h * ACT_BYTES / sp_div
-    pp_comm = np.where(pp > 1, 2.0 * vpp * p2p_s(p2p_bytes, tp * cp * dp, tiers), 0.0)  # fwd act + bwd grad
+    # p2p per virtual chunk: fwd activation + bwd gradient. Split over the TP ranks when SP shards it already or
+    # with scatter/gather (Narayanan et al. 2021, Sec. 4.1: send b*s*h/t per rank, all-gather over NVLink on arrival)
+    split = (sp > 0) | ((tp > 1) & stack.pp_scatter_gather)
+    act_full = tokens * h * ACT_BYTES
+    regather = np.where(split & (sp == 0), all_gather_s(act_full, tp, np.ones_like(tp), tiers), 0.0)
+    p2p_each = p2p_s(act_full / np.where(split, tp, 1.0), tp * cp * dp, tiers) + regather
+    pp_comm = np.where(pp > 1, 2.0 * vpp * p2p_each, 0.0)
 
     # ---- parameters and activations ------------------------------------------------------------------
     head_params = wl.head_params or (wl.embedding_params if m.tied_embeddings else 0)
@@ -327,6 +333,56 @@ def training_terms(
         model_flops_per_step=tokens_per_step * wl.model_flops_per_token,
         gpus=plans.gpus,
         peak_flops=table.peak_flops(task.precision)[plans.hw],
+    )
+
+
+def staged_terms(
+    wl: TransformerWorkload,
+    task: Task,
+    stack: Stack,
+    table: HardwareTable,
+    base: PlanArrays,
+    stage_layers: list[int],
+    stage_recompute: list[int],
+) -> TrainingTerms:
+    """One uneven 1F1B pipeline: stage s has ``stage_layers[s]`` layers, its own recompute mode, and holds
+    min(p - s, m) micro-batches of activations. Same stage costs and step assembly as ``training_terms``."""
+    p = len(stage_layers)
+    idx = np.zeros(p, dtype=np.int64)
+    stages = base.take(idx)
+    stages = PlanArrays(**{**stages.__dict__, "recompute": np.asarray(stage_recompute, dtype=np.int64)})
+    lc = layer_costs(wl, task, stack, table, stages)
+    s_idx = np.arange(p, dtype=np.float64)
+    sc = stage_costs(
+        lc, stack, table.hbm_bw[stages.hw], np.asarray(stage_layers, dtype=np.float64),
+        (s_idx == 0).astype(np.float64), (s_idx == p - 1).astype(np.float64), np.minimum(p - s_idx, lc.n_micro),
+    )
+    t = sc.per_micro_batch_s
+    b = int(np.argmax(t))
+    m = lc.n_micro[:1]
+    time = {k: m * sc.time[k][b] for k in STAGE_TERMS}
+    time["bubble"] = bubble_time_s(np.array([float(p)]), np.ones(1), np.array([t.mean()]))
+    time["dp_comm"] = np.array([sc.dp_exposed_s.max()])
+    time["optimizer"] = np.array([sc.optimizer_s.max()])
+    hidden = {k: m * v[b] for k, v in sc.hidden.items()}
+    hidden["dp_comm"] = np.array([sc.hidden["dp_comm"].max()])
+    worst = int(np.argmax(sc.memory.total))
+    memory = MemoryTerms(*(np.array([getattr(sc.memory, f)[worst]]) for f in MEMORY_FIELDS))
+    capacity = table.hbm_bytes[base.hw] * (1.0 - stack.memory_reserve_fraction)
+    invalid = invalid_codes(wl, task, table, base, m, memory.total, capacity, check_layers=False)
+    if sum(stage_layers) != wl.layers:
+        invalid = np.where(invalid == 0, 11, invalid)
+    tokens_per_step = float(task.global_batch * wl.seq_len)
+    return TrainingTerms(
+        time=time,
+        hidden_comm=hidden,
+        memory=memory,
+        capacity_bytes=capacity,
+        invalid=invalid,
+        tokens_per_step=tokens_per_step,
+        model_flops_per_step=tokens_per_step * wl.model_flops_per_token,
+        gpus=base.gpus,
+        peak_flops=table.peak_flops(task.precision)[base.hw],
     )
 
 

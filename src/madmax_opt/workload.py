@@ -62,6 +62,7 @@ class TransformerWorkload:
     trainable_fraction: float  # share of layer parameters with gradients (fine-tuning)
     lora_params_per_layer: int
     vocab: int
+    final_norm_params: int = 0  # norm after the last layer (last pipeline stage)
 
     @property
     def layer_flops_per_token(self) -> int:
@@ -69,7 +70,7 @@ class TransformerWorkload:
 
     @property
     def params(self) -> int:
-        return self.layers * self.params_per_layer + self.embedding_params + self.head_params
+        return self.layers * self.params_per_layer + self.embedding_params + self.head_params + self.final_norm_params
 
     @property
     def model_flops_per_token(self) -> int:
@@ -90,13 +91,16 @@ def lower(model: TransformerModel, task: Task, stack: Stack) -> TransformerWorkl
         Gemm("mlp_up", h, (2 if swiglu else 1) * f, "n"),
         Gemm("mlp_down", f, h, "k"),
     )
-    norm_params = (2 if model.norm == "layernorm" else 1) * h * 2  # two norms per layer
+    norm_width = (2 if model.norm == "layernorm" else 1) * h  # LayerNorm: scale + shift; RMSNorm: scale
+    norm_params = 2 * norm_width  # two norms per layer
     bias_params = ((a + 2 * g) * dh + h + (2 if swiglu else 1) * f + h) if model.bias else 0
     params_per_layer = sum(gm.params for gm in gemms) + norm_params + bias_params
 
     if model.family == "vit":
         patch_in = model.channels * (model.patch_size or 1) ** 2
-        embedding_params = patch_in * h + s * h  # patch projection + position embedding
+        patch_bias = h if model.bias else 0
+        # patch projection (+ bias) + class token + position embedding of the s = patches + 1 positions
+        embedding_params = patch_in * h + patch_bias + h + s * h
         head_params, head_flops, vocab = 0, 0, 0
     else:
         embedding_params = model.vocab * h
@@ -146,4 +150,5 @@ def lower(model: TransformerModel, task: Task, stack: Stack) -> TransformerWorkl
         trainable_fraction=trainable_fraction,
         lora_params_per_layer=lora,
         vocab=vocab,
+        final_norm_params=norm_width,
     )
