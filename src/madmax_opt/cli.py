@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -31,15 +31,30 @@ ProblemArg = Annotated[Path, typer.Argument(help="problem file (YAML)", show_def
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
 
 
-def load_plans(path: Path) -> list[Plan]:
-    data = read_yaml(path)
+def load_plans(path: Path, problem: Problem | None = None) -> list[Plan]:
+    """Plans from a YAML/JSON file (one mapping or a list); with ``problem``, each must match a hardware option."""
+    data = read_yaml(path, what="plan file")
     items = data if isinstance(data, list) else [data]
     if not items or not all(isinstance(x, dict) for x in items):
-        raise ProblemError("expected a plan mapping or a list of plan mappings", file=str(path))
+        keys = ", ".join(Plan.model_fields)
+        raise ProblemError(f"expected a plan; allowed: a mapping with keys {{{keys}}} or a non-empty list of them",
+                           file=str(path))
     plans = []
     for i, item in enumerate(items):
         prefix = f"[{i}]" if isinstance(data, list) else ""
-        plans.append(validate(Plan, item, file=str(path), prefix=prefix))
+        plan = validate(Plan, item, file=str(path), prefix=prefix)
+        if problem is not None:  # a plan for other hardware is an input error, not an invalid plan
+            systems = {o.system.name for o in problem.hardware}
+            if plan.system is not None and plan.system not in systems | {o.name for o in problem.hardware}:
+                raise ProblemError(f"{plan.system!r} is not a hardware option of {problem.source}; allowed: "
+                                   f"{', '.join(sorted(systems))}", file=str(path), field=f"{prefix}.system".lstrip("."))
+            sizes = sorted({o.gpus for o in problem.hardware if plan.system in (None, o.system.name, o.name)})
+            if plan.gpus not in sizes:
+                raise ProblemError(
+                    f"{plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.gpus} GPUs matches no cluster size of "
+                    f"{problem.source}; allowed: {', '.join(map(str, sizes))}",
+                    file=str(path), field=f"{prefix}.dp*tp*pp*cp".lstrip("."))
+        plans.append(plan)
     return plans
 
 
@@ -95,7 +110,8 @@ def evaluate_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Predict step time, throughput, MFU and memory per GPU of given plan(s)."""
-    records = evaluate(load_problem(problem), load_plans(plan))
+    loaded = load_problem(problem)
+    records = evaluate(loaded, load_plans(plan, loaded))
     if json_out:  # a file with one plan mapping gives one object, a list gives a list in the same order
         print(json.dumps(records if isinstance(read_yaml(plan), list) else records[0], indent=2))
     else:
@@ -183,28 +199,46 @@ def paper(
     console.print(f"wrote {writers[study](out)}")
 
 
+@app.command("bench-solver")
+def bench_solver_cmd(
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/bench"),
+) -> None:
+    """Benchmark the solver against brute force (results/bench/solver.md)."""
+    from madmax_opt.bench_solver import write_solver_bench
+
+    console.print(f"wrote {write_solver_bench(out)}")
+
+
 # ---- commands defined in their own modules register here (one line each) ----------------------------
 
 
 def main() -> None:
     """Entry point: one-line errors with exit codes (2 input, 3 infeasible, 4 internal) instead of tracebacks."""
+
+    def fail(message: str, code: int) -> NoReturn:
+        print("error: " + " ".join(message.split()), file=sys.stderr)  # always one line
+        sys.exit(code)
+
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # returns the code of a typer.Exit raised by a command
     except MadmaxError as exc:
-        err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        fail(str(exc), exc.exit_code)
+    except typer.TyperException as exc:  # usage errors: unknown command or option, missing argument, bad value
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare command: its help is the answer
+            print(exc.format_message() if ctx is None else ctx.get_help())
+            sys.exit(2)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        fail(exc.format_message() + hint, 2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
-        err_console.print("aborted")
-        sys.exit(130)
-    except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.ClickException):
-            err_console.print(f"error: {exc.format_message()}", markup=False, highlight=False)
-            sys.exit(2)
-        raise
+    except (typer.Abort, KeyboardInterrupt):
+        fail("aborted", 130)
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.exit(0)
+    except OSError as exc:  # e.g. an output directory that cannot be written
+        fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc), 2)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from madmax_opt.evaluator import Model
 from madmax_opt.plan import PlanArrays
 from madmax_opt.space import enumerate_plans
 from madmax_opt.spec import RECOMPUTE_MODES, Plan
-from madmax_opt.training import STAGE_TERMS, invalid_codes, layer_costs, stage_costs
+from madmax_opt.training import invalid_codes, layer_costs, stage_costs
 
 US = 1e6
 
@@ -88,7 +88,7 @@ def _candidates(model: Model, base: PlanArrays, modes: list[int]) -> dict[str, N
                      (sf == p - 1) * 1.0, np.minimum(p - sf, lc.n_micro))
     capacity = model.table.hbm_bytes[rows.hw] * (1.0 - pr.stack.memory_reserve_fraction)
     fits = sc.memory.total <= capacity
-    t_us = np.sum([np.rint(sc.time[k] * US) for k in STAGE_TERMS], axis=0)
+    t_us = np.rint(sc.per_micro_batch_s * US)  # rounded once per candidate
     return {
         "stage": s[fits], "layers": n[fits], "recompute": r[fits], "t_us": t_us[fits],
         "dp_us": np.rint(sc.dp_exposed_s * US)[fits], "opt_us": np.rint(sc.optimizer_s * US)[fits],
