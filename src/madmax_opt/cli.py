@@ -171,6 +171,8 @@ def catalog_cmd(
         for m in catalog.models().values():
             t.add_row(m.name, m.family, str(m.layers), str(m.hidden), f"{m.heads}/{m.n_kv_heads}",
                       f"{m.ffn} {m.ffn_kind}", str(m.vocab))
+    t.columns[0].no_wrap = True  # names are what users copy into problem files: never truncated
+    t.columns[0].min_width = max(len(name) for name in entries)
     console.print(t)
 
 

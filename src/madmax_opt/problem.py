@@ -154,16 +154,17 @@ def read_yaml(path: str | Path, what: str = "file") -> Any:
 
 def read_text(path: Path, *, what: str, file: str, field: str | None = None) -> str:
     """A text file's contents; not found / a directory / unreadable / not UTF-8 become one-line errors."""
+    named = what if str(path) == file else f"{what} {path}"
     if not path.exists():
         raise ProblemError(f"{what} not found (looked for {path.resolve()})", file=file, field=field)
     if path.is_dir():
-        raise ProblemError(f"{what} {path} is a directory; allowed: a file", file=file, field=field)
+        raise ProblemError(f"{named} is a directory; allowed: a file", file=file, field=field)
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ProblemError(f"{what} {path} is not UTF-8 text (byte {exc.start})", file=file, field=field) from None
+        raise ProblemError(f"{named} is not UTF-8 text (byte {exc.start})", file=file, field=field) from None
     except OSError as exc:
-        raise ProblemError(f"cannot read {what} {path}: {exc.strerror}", file=file, field=field) from None
+        raise ProblemError(f"cannot read {named}: {exc.strerror}", file=file, field=field) from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -328,6 +329,8 @@ def _one_line(cls: type[BaseModel], exc: ValidationError) -> tuple[str, str]:
     msg = str(err["msg"]).removeprefix("Value error, ").removeprefix("Input ")
     if kind == "value_error":  # our own validators: the message says what is allowed
         return field, msg
+    if kind == "too_short" and not err.get("input"):
+        return field, f"empty list; allowed: {allowed}"
     return field, f"{msg} ({got}); allowed: {allowed}"
 
 

@@ -18,6 +18,7 @@ DEFAULT_VPP = (1, 2, 4)
 DEFAULT_MBS = (1, 2, 4, 8)
 DEFAULT_ZERO = (0, 1, 2, 3)
 MAX_TP = 64
+EMPTY_KNOB = "empty list, nothing to search; allowed: one or more values (omit the key to search all)"
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -29,7 +30,7 @@ def _restrict(name: str, default: Sequence[int], given: int | list[int] | None, 
         return list(default)
     values = [given] if isinstance(given, int) else list(given)
     if not values:
-        raise ProblemError("empty list: nothing to search", file=source, field=f"space.{name}")
+        raise ProblemError(EMPTY_KNOB, file=source, field=f"space.{name}")
     if any(v < (0 if name == "zero" else 1) for v in values):
         raise ProblemError(f"values must be positive integers, got {values}", file=source, field=f"space.{name}")
     if name == "zero" and any(v > 3 for v in values):
@@ -49,9 +50,9 @@ def knob_values(problem: Problem, option: HardwareOption) -> dict[str, list[int]
     rc_values = list(RECOMPUTE_MODES) if rc is None else ([rc] if isinstance(rc, str) else list(rc))
     sp_values = [False, True] if sp.sp is None else ([sp.sp] if isinstance(sp.sp, bool) else list(sp.sp))
     if not rc_values:
-        raise ProblemError("empty list: nothing to search", file=problem.source, field="space.recompute")
+        raise ProblemError(EMPTY_KNOB, file=problem.source, field="space.recompute")
     if not sp_values:
-        raise ProblemError("empty list: nothing to search", file=problem.source, field="space.sp")
+        raise ProblemError(EMPTY_KNOB, file=problem.source, field="space.sp")
     return {
         "tp": _restrict("tp", default_tp, sp.tp, problem.source),
         "pp": _restrict("pp", default_pp, sp.pp, problem.source),

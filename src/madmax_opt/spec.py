@@ -114,12 +114,16 @@ class TransformerModel(Strict):
     @model_validator(mode="after")
     def _shapes(self) -> TransformerModel:
         if self.hidden % self.heads:
-            allowed = ", ".join(str(d) for d in range(1, self.hidden + 1) if self.hidden % d == 0 and d <= 1024)
-            raise ValueError(f"hidden ({self.hidden}) is not divisible by heads ({self.heads}); allowed heads: {allowed}")
-        if self.heads % self.n_kv_heads:
-            allowed = ", ".join(str(d) for d in range(1, self.heads + 1) if self.heads % d == 0)
+            divisors = [d for d in range(1, min(self.hidden, 1024) + 1) if self.hidden % d == 0]
             raise ValueError(
-                f"heads ({self.heads}) is not divisible by kv_heads ({self.n_kv_heads}); allowed kv_heads: {allowed}"
+                f"hidden ({self.hidden}) is not divisible by heads ({self.heads}); "
+                f"allowed heads: {', '.join(map(str, divisors))}"
+            )
+        if self.heads % self.n_kv_heads:
+            divisors = [d for d in range(1, self.heads + 1) if self.heads % d == 0]
+            raise ValueError(
+                f"heads ({self.heads}) is not divisible by kv_heads ({self.n_kv_heads}); "
+                f"allowed kv_heads: {', '.join(map(str, divisors))}"
             )
         if self.family == "llm" and self.vocab <= 0:
             raise ValueError("an llm needs vocab > 0")

@@ -33,6 +33,7 @@ Arr = NDArray[np.float64]
 # Adam step reads grad + master + m + v (16 B), writes master + m + v (12 B) and the bf16 copy (2 B), and the
 # grad zeroing/unscale pass touches the fp32 grad again (4 B): 34 B per local trainable parameter, memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 34.0
+COMM_INTERFERENCE = 0.15  # compute slowdown while NVLink collectives overlap it (shared/reference/hardware.md)
 FLASH_BWD_FACTOR = 2.5  # flash-attention backward = 2x forward + recomputed QK^T/softmax (Dao 2022, Sec. 3.1)
 STAGE_TERMS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "zero3_comm", "overhead")
 STEP_TERMS: tuple[str, ...] = (*STAGE_TERMS, "bubble", "dp_comm", "optimizer")
@@ -103,11 +104,15 @@ def layer_costs(
 
     # ---- compute (forward) -------------------------------------------------------------------------
     gemm_fwd = np.zeros_like(dp)
+    column_parallel: list[Arr] = []  # forward times of the GEMMs whose input TP gathers (QKV, MLP up)
     for g in wl.gemms:
         sharded = (g.n if g.tp_dim == "n" else g.k) / tp
         other = float(g.k if g.tp_dim == "n" else g.n)
         dim = np.minimum(np.minimum(tokens, sharded), other)
-        gemm_fwd = gemm_fwd + gemm_time_s(tokens * g.flops_per_token / tp, dim, peak, eff, half)
+        t_gemm = gemm_time_s(tokens * g.flops_per_token / tp, dim, peak, eff, half)
+        gemm_fwd = gemm_fwd + t_gemm
+        if g.tp_dim == "n":
+            column_parallel.append(t_gemm)
     attn_flops = tokens * wl.attn_flops_per_token / tp
     if stack.flash_attention:
         attn_fwd = attn_flops * (0.5 if wl.causal else 1.0) / (peak * table.attn_eff[hw])
@@ -127,14 +132,31 @@ def layer_costs(
     layer_recompute = np.select([rc == 1, rc == 2], [selective, layer_fwd], 0.0)
 
     # ---- TP (+SP) and CP communication ---------------------------------------------------------------
+    # Per layer: forward 2 all-reduces (SP: 2 all-gathers + 2 reduce-scatters), again in a full recompute. Backward
+    # (Megatron LinearWithGradAccumulationAndAsyncCommunication; TE alike) at each column-parallel GEMM: without SP
+    # the input-grad all-reduce runs under the weight-grad GEMM; with SP the saved sharded input is all-gathered
+    # again under the input-grad GEMM and the input grad reduce-scattered under the weight-grad GEMM, while the
+    # all-gather of the output grad (conjugate of the forward reduce-scatter) is exposed (Korthikanti 2022, 4.2.2).
     act_bytes = tokens * h * ACT_BYTES
-    tp_collectives = 4.0 + 2.0 * full_rc  # 2 fwd + 2 bwd all-reduces (or AG+RS pairs with SP), +2 recompute
-    tp_each = np.where(tp > 1, all_reduce_s(act_bytes, tp, np.ones_like(tp), tiers), 0.0)
-    tp_comm = tp_collectives * tp_each
-    if stack.tp_comm_overlap:  # hidden behind the GEMMs they join (fwd, 2x bwd, recompute fwd)
-        tp_exposed = np.maximum(0.0, tp_comm - gemm_fwd * (3.0 + full_rc))
+    ones = np.ones_like(tp)
+    ar = np.where(tp > 1, all_reduce_s(act_bytes, tp, ones, tiers), 0.0)
+    ag = np.where(tp > 1, all_gather_s(act_bytes, tp, ones, tiers), 0.0)  # = one reduce-scatter
+    with_sp = sp > 0
+    fwd_comm = 2.0 * ar * (1.0 + full_rc)
+    bwd_exposed = np.where(with_sp, 2.0 * ag, 0.0)
+    bwd_hidden = np.zeros_like(dp)
+    for t_col in column_parallel:
+        wgrad = t_col * train_frac  # weight-grad GEMM: same FLOPs as the forward one, trainable layers only
+        for comm, window in ((np.where(with_sp, ag, ar), wgrad), (np.where(with_sp, ag, 0.0), t_col)):
+            bwd_exposed = bwd_exposed + np.maximum(0.0, comm - window)
+            bwd_hidden = bwd_hidden + np.minimum(comm, window)
+    tp_comm = fwd_comm + bwd_exposed + bwd_hidden
+    if stack.tp_comm_overlap:  # userbuffer overlap: hidden behind the GEMMs they join (fwd, 2x bwd, recompute fwd)
+        tp_hidden = np.minimum(tp_comm, gemm_fwd * (3.0 + full_rc))
     else:
-        tp_exposed = tp_comm
+        tp_hidden = bwd_hidden
+    # overlapped collectives take SMs from the GEMMs under them (~15 % on NVLink; shared/reference/hardware.md)
+    tp_exposed = tp_comm - tp_hidden + COMM_INTERFERENCE * tp_hidden
     kv_bytes = mbs * s * 2 * m.n_kv_heads * m.head_dim * ACT_BYTES / tp  # whole-sequence K and V of a layer
     cp_fwd = np.where(cp > 1, all_gather_s(kv_bytes, cp, tp, tiers), 0.0)  # ring attention passes KV blocks
     cp_comm = cp_fwd * (3.0 + full_rc)  # fwd KV, bwd KV + dKV, recompute KV
@@ -174,7 +196,7 @@ def layer_costs(
             "cp_comm": cp_exposed,
             "overhead": table.layer_overhead_s[hw] * (2.0 + full_rc),
         },
-        hidden={"tp_comm": tp_comm - tp_exposed, "cp_comm": cp_comm - cp_exposed},
+        hidden={"tp_comm": tp_hidden, "cp_comm": cp_comm - cp_exposed},
         bwd_s=layer_bwd,
         params=wl.params_per_layer / tp,
         trainable=(wl.params_per_layer * train_frac + wl.lora_params_per_layer) / tp,
