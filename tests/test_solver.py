@@ -35,7 +35,10 @@ def small_problems(draw: Any) -> dict[str, Any]:
         {"system": s, "gpus": draw(st.sampled_from([[4], [8], [16], [8, 32], [2, 4, 16]]))}
         for s in draw(st.lists(st.sampled_from(SYSTEMS), min_size=1, max_size=3, unique=True))
     ]
-    space: dict[str, Any] = {"cp": draw(st.sampled_from([1, [1, 2]])), "mbs": draw(st.sampled_from([[1, 2], [1, 2, 4]]))}
+    space: dict[str, Any] = {
+        "cp": draw(st.sampled_from([1, [1, 2]])),
+        "mbs": draw(st.sampled_from([[1, 2], [1, 2, 4]])),
+    }
     if draw(st.booleans()):
         space["recompute"] = draw(st.sampled_from([["none", "full"], "full", ["none", "selective", "full"]]))
     constraints: dict[str, Any] = {}
@@ -130,7 +133,10 @@ def test_cost_objective_prefers_cheaper_per_token() -> None:
     _, rec = solve_records(problem)
     usd = c.met.usd_per_million_tokens[order[0]]
     assert rec[0]["usd_per_million_tokens"] == pytest.approx(float(usd), rel=1e-6)
-    assert rec[0]["usd_per_million_tokens"] <= float(np.min(c.met.usd_per_million_tokens[c.met.feasible])) * 1.0001
+    assert (
+        rec[0]["usd_per_million_tokens"]
+        <= float(np.min(c.met.usd_per_million_tokens[c.met.feasible])) * 1.0001
+    )
 
 
 def test_model_that_fits_nowhere_is_explained() -> None:

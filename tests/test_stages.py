@@ -27,12 +27,23 @@ def _tiny(layers: int, pp: int, hbm_scale: str, **task: Any) -> dict[str, Any]:
         "model": {"layers": layers, "hidden": 2048, "heads": 16, "ffn": 8192, "vocab": 128000},
         "hardware": {"system": hbm_scale, "gpus": 4 * pp},
         "task": {"seq_len": 4096, "global_batch": 16, **task},
-        "space": {"dp": 1, "tp": 4, "pp": pp, "cp": 1, "mbs": 1, "zero": 0, "sp": True, "uneven_stages": True},
+        "space": {
+            "dp": 1,
+            "tp": 4,
+            "pp": pp,
+            "cp": 1,
+            "mbs": 1,
+            "zero": 0,
+            "sp": True,
+            "uneven_stages": True,
+        },
         "stack": {"flash_attention": False},
     }
 
 
-@pytest.mark.parametrize(("layers", "pp", "system"), [(6, 3, "dgx-a100"), (7, 3, "dgx-v100"), (8, 4, "dgx-h100")])
+@pytest.mark.parametrize(
+    ("layers", "pp", "system"), [(6, 3, "dgx-a100"), (7, 3, "dgx-v100"), (8, 4, "dgx-h100")]
+)
 def test_uneven_matches_exhaustive(layers: int, pp: int, system: str) -> None:
     problem = problem_from_dict(_tiny(layers, pp, system))
     model = Model(problem)
@@ -40,8 +51,10 @@ def test_uneven_matches_exhaustive(layers: int, pp: int, system: str) -> None:
     assert len(bases) == 1
     modes = [0, 1, 2]
     cand = _candidates(model, bases, modes)
-    key = {(int(s), int(n), int(r)): i for i, (s, n, r) in
-           enumerate(zip(cand["stage"], cand["layers"], cand["recompute"], strict=True))}
+    key = {
+        (int(s), int(n), int(r)): i
+        for i, (s, n, r) in enumerate(zip(cand["stage"], cand["layers"], cand["recompute"], strict=True))
+    }
     m = round(float(cand["n_micro"][0]))
     best_int, best_combo = None, None
     for split in _compositions(layers, pp):
@@ -50,8 +63,11 @@ def test_uneven_matches_exhaustive(layers: int, pp: int, system: str) -> None:
             if any(i is None for i in rows):
                 continue  # some stage does not fit in memory
             t = [int(cand["t_us"][i]) for i in rows]
-            obj = pp * m * max(t) + (pp - 1) * sum(t) + pp * (
-                max(int(cand["dp_us"][i]) for i in rows) + max(int(cand["opt_us"][i]) for i in rows))
+            obj = (
+                pp * m * max(t)
+                + (pp - 1) * sum(t)
+                + pp * (max(int(cand["dp_us"][i]) for i in rows) + max(int(cand["opt_us"][i]) for i in rows))
+            )
             if best_int is None or obj < best_int:
                 best_int, best_combo = obj, (split, rcs)
     res = solve_uneven(model, float("inf"))
@@ -67,8 +83,12 @@ def test_uneven_matches_exhaustive(layers: int, pp: int, system: str) -> None:
     # and with the float evaluation of the exhaustive optimum, within twice that bound
     assert best_combo is not None
     split, rcs = best_combo
-    ref = staged_record(model, res.plan.model_copy(update={
-        "stage_layers": list(split), "stage_recompute": [RECOMPUTE_MODES[r] for r in rcs]}))
+    ref = staged_record(
+        model,
+        res.plan.model_copy(
+            update={"stage_layers": list(split), "stage_recompute": [RECOMPUTE_MODES[r] for r in rcs]}
+        ),
+    )
     assert rec["step_time_s"] <= ref["step_time_s"] + 2 * res.tolerance_s(m, pp)
 
 
@@ -97,3 +117,55 @@ def test_uneven_split_where_even_is_impossible() -> None:
     assert sum(plan["stage_layers"]) == 126 and len(plan["stage_layers"]) == 16
     assert rec[0]["feasible"] and out.uneven is not None and out.uneven.status == "optimal"
     assert np.isfinite(rec[0]["step_time_s"])
+
+
+def test_mixed_stages_match_exhaustive_and_respect_supply() -> None:
+    # 3 stages of 4 GPUs; only 4 H100s are available, A100s are plentiful: at most one stage can use H100s
+    data = _tiny(6, 3, "dgx-a100")
+    data["hardware"] = [
+        {"system": "dgx-a100", "gpus": 12, "supply": 64},
+        {"system": "dgx-h100", "gpus": 12, "supply": 4},
+    ]
+    data["space"] = {**data["space"], "mixed_stages": True, "recompute": ["none", "full"]}
+    problem = problem_from_dict(data)
+    model = Model(problem)
+    bases = _bases(model)
+    assert len(bases) == 1
+    hw_choices = [0, 1]
+    cand = _candidates(model, bases, [0, 2], hw_choices)
+    key = {
+        (int(s), int(n), int(r), int(w)): i
+        for i, (s, n, r, w) in enumerate(
+            zip(cand["stage"], cand["layers"], cand["recompute"], cand["hw"], strict=True)
+        )
+    }
+    m = round(float(cand["n_micro"][0]))
+    best = None
+    for split in _compositions(6, 3):
+        for rcs in itertools.product([0, 2], repeat=3):
+            for hws in itertools.product(hw_choices, repeat=3):
+                if sum(1 for w in hws if w == 1) > 1:
+                    continue  # H100 supply: one stage of 4 GPUs
+                rows = [
+                    key.get((s, n, r, w)) for s, (n, r, w) in enumerate(zip(split, rcs, hws, strict=True))
+                ]
+                if any(i is None for i in rows):
+                    continue
+                t = [int(cand["t_us"][i]) for i in rows]
+                obj = (
+                    3 * m * max(t)
+                    + 2 * sum(t)
+                    + 3
+                    * (max(int(cand["dp_us"][i]) for i in rows) + max(int(cand["opt_us"][i]) for i in rows))
+                )
+                best = obj if best is None else min(best, obj)
+    res = solve_uneven(model, float("inf"))
+    assert best is not None and res.plan is not None and res.step_us is not None
+    assert res.step_us * 3 == pytest.approx(best, abs=0.5)
+    rec = staged_record(model, res.plan)
+    assert rec["feasible"]
+    assert rec["hardware"]["gpus_by_type"].get("h100-sxm", 0) <= 4
+    assert rec["plan"]["stage_systems"].count("dgx-h100") == 1  # the one H100 stage is used: it is faster
+    # a plan using two H100 stages breaks the supply and is reported infeasible by the evaluator
+    over = res.plan.model_copy(update={"stage_systems": ["dgx-h100", "dgx-h100", "dgx-a100"]})
+    assert not staged_record(model, over)["feasible"]

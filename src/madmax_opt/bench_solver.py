@@ -64,21 +64,30 @@ def run_cases() -> list[dict[str, Any]]:
         problem = problem_from_dict(data)
         solve_s, (outcome, recs) = _best_of(lambda p=problem: solve_records(p))
         model = Model(problem)
-        row: dict[str, Any] = {"case": name, "bar_s": bar, "solve_s": solve_s, "status": outcome.status,
-                               "best_step_s": recs[0]["step_time_s"]}
+        row: dict[str, Any] = {
+            "case": name,
+            "bar_s": bar,
+            "solve_s": solve_s,
+            "status": outcome.status,
+            "best_step_s": recs[0]["step_time_s"],
+        }
         if problem.space.uneven_stages:
             u = outcome.uneven
             assert u is not None
             modes = 2 if problem.stack.flash_attention else 3
             layers, pp = model.workload.layers, 16
-            row["space"] = f"{_compositions(layers, pp):.3g} splits x {modes}^{pp} recompute = " \
-                           f"{_compositions(layers, pp) * modes**pp:.3g} per base"
+            row["space"] = (
+                f"{_compositions(layers, pp):.3g} splits x {modes}^{pp} recompute = "
+                f"{_compositions(layers, pp) * modes**pp:.3g} per base"
+            )
             row["brute_force_s"] = None
             row["status"] = u.status
             row["booleans"] = u.booleans
             row["detail"] = f"{u.bases_solved} bases solved, {u.bases_pruned} pruned by the lower bound"
         else:
-            bf_s, order = _best_of(lambda m=model, p=problem: brute_force_order(m, candidates(m), p.objective))
+            bf_s, order = _best_of(
+                lambda m=model, p=problem: brute_force_order(m, candidates(m), p.objective)
+            )
             c = candidates(model)
             row["space"] = f"{len(c.plans):,} plans"
             row["brute_force_s"] = bf_s

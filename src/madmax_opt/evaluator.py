@@ -6,13 +6,15 @@ and returns one :class:`Evaluation` per plan.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, reduce
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from madmax_opt.errors import ProblemError
 from madmax_opt.hardware import HardwareTable
 from madmax_opt.plan import PlanArrays
 from madmax_opt.problem import Problem
@@ -41,20 +43,33 @@ class Model:
 
     def __post_init__(self) -> None:
         p = self.problem
-        self.workload = lower(p.model, p.task, p.stack)
+        self.workload = lower(p.model, p.training_task, p.stack)
         self.table = HardwareTable(p.hardware)
 
     def terms(self, plans: PlanArrays) -> TrainingTerms:
         p = self.problem
-        return training_terms(self.workload, p.task, p.stack, self.table, plans)
+        return training_terms(self.workload, p.training_task, p.stack, self.table, plans)
 
     def arrays(self, plans: list[Plan]) -> PlanArrays:
         return PlanArrays.from_plans(plans, [self.problem.hw_index(pl) for pl in plans])
 
-    def staged(self, base: PlanArrays, stage_layers: list[int], stage_recompute: list[int]) -> TrainingTerms:
+    def staged(
+        self, base: PlanArrays, stage_layers: list[int], stage_recompute: list[int], stage_hw: list[int] | None = None
+    ) -> TrainingTerms:
         """Terms of one uneven pipeline plan (``base`` holds one plan with vpp = 1)."""
         p = self.problem
-        return staged_terms(self.workload, p.task, p.stack, self.table, base, stage_layers, stage_recompute)
+        return staged_terms(
+            self.workload, p.training_task, p.stack, self.table, base, stage_layers, stage_recompute, stage_hw
+        )
+
+    def system_index(self, name: str) -> int:
+        """The first hardware option of a system (for per-stage placement, where the cluster size is free)."""
+        for i, o in enumerate(self.problem.hardware):
+            if o.system.name == name:
+                return i
+        names = ", ".join(sorted({o.system.name for o in self.problem.hardware}))
+        raise ProblemError(f"unknown stage system {name!r}; allowed: {names}", file=self.problem.source,
+                           field="plan.stage_systems")
 
 
 @dataclass(frozen=True)
@@ -68,7 +83,10 @@ class Metrics:
 
     @cached_property
     def step_time_s(self) -> Arr:
-        return self.terms.step_time_s
+        """step = sum of the STEP_TERMS as a left fold in their fixed order: np.sum over a (terms, plans) stack
+        switches to pairwise summation for a single plan, so one plan and the same plan in a batch would differ
+        in the last bit."""
+        return reduce(operator.add, (self.terms.time[k] for k in STEP_TERMS))
 
     @cached_property
     def tokens_per_s(self) -> Arr:
@@ -97,7 +115,7 @@ def metrics(model: Model, plans: PlanArrays, terms: TrainingTerms | None = None)
         terms=terms,
         price_per_gpu_hour=model.table.price_per_gpu_hour[plans.hw],
         power_w_per_gpu=model.table.power_w_per_gpu[plans.hw],
-        train_tokens=model.problem.task.train_tokens,
+        train_tokens=model.problem.training_task.train_tokens,
     )
 
 
@@ -156,13 +174,43 @@ def to_records(model: Model, plans: PlanArrays, met: Metrics | None = None) -> l
 def staged_record(model: Model, plan: Plan) -> dict[str, Any]:
     """The evaluate record of an uneven pipeline plan (per-stage layers and recompute)."""
     assert plan.stage_layers is not None and plan.stage_recompute is not None
-    base = model.arrays([plan])
     rc = [RECOMPUTE_MODES.index(r) for r in plan.stage_recompute]
-    terms = model.staged(base, list(plan.stage_layers), rc)
-    rec = to_records(model, base, metrics(model, base, terms))[0]
+    if plan.stage_systems is None:
+        base = model.arrays([plan])
+        terms = model.staged(base, list(plan.stage_layers), rc)
+        rec = to_records(model, base, metrics(model, base, terms))[0]
+    else:
+        stage_hw = [model.system_index(name) for name in plan.stage_systems]
+        base = PlanArrays.from_plans([plan], [stage_hw[0]])
+        terms = model.staged(base, list(plan.stage_layers), rc, stage_hw)
+        rec = to_records(model, base, metrics(model, base, terms))[0]
+        _mixed_hardware(model, plan, stage_hw, rec)
     rec["plan"]["stage_layers"] = list(plan.stage_layers)
     rec["plan"]["stage_recompute"] = list(plan.stage_recompute)
+    rec["plan"]["stage_systems"] = plan.stage_systems
     return rec
+
+
+def _mixed_hardware(model: Model, plan: Plan, stage_hw: list[int], rec: dict[str, Any]) -> None:
+    """Hardware, price and supply of a pipeline whose stages run on different systems."""
+    per_stage = plan.dp * plan.tp * plan.cp
+    options = [model.problem.hardware[i] for i in stage_hw]
+    hourly = sum(o.system.price_per_gpu_hour * per_stage for o in options)
+    use: dict[str, int] = {}
+    for o in options:
+        use[o.gpu.name] = use.get(o.gpu.name, 0) + per_stage
+    rec["hardware"] = {"system": "+".join(dict.fromkeys(plan.stage_systems or [])),
+                       "gpu": "+".join(use), "gpus": plan.gpus, "gpus_by_type": use}
+    rec["cost_per_hour_usd"] = hourly
+    rec["usd_per_million_tokens"] = hourly / SECONDS_PER_HOUR / rec["tokens_per_s"] * 1e6
+    if "time_to_train" in rec:
+        tt = rec["time_to_train"]
+        tt["cost_usd"] = tt["hours"] * hourly
+        tt["energy_mwh"] = tt["hours"] * sum(o.system.power_w_per_gpu * per_stage for o in options) / 1e6
+    for o in model.problem.hardware:
+        if o.supply is not None and use.get(o.gpu.name, 0) > o.supply and rec["feasible"]:
+            rec["feasible"] = False
+            rec["infeasible_reason"] = f"uses {use[o.gpu.name]} {o.gpu.name} GPUs; supply is {o.supply}"
 
 
 def evaluate(problem: Problem, plans: list[Plan]) -> list[dict[str, Any]]:

@@ -78,7 +78,7 @@ def admissible(model: Model, c: Candidates) -> NDArray[np.bool_]:
 def _max_step_us(model: Model) -> int:
     cons = model.problem.constraints
     assert cons.min_throughput is not None
-    tokens_per_step = model.problem.task.global_batch * model.workload.seq_len
+    tokens_per_step = model.problem.training_task.global_batch * model.workload.seq_len
     return int(np.floor(tokens_per_step / cons.min_throughput * US))  # tokens/step_s >= min  <=>  step <= ...
 
 
@@ -225,7 +225,7 @@ def solve_records(problem: Problem, **kwargs: Any) -> tuple[SolveOutcome, list[d
         uneven = solve_uneven(model, best_us, time_limit_s=kwargs.get("time_limit_s", 60.0))
         if uneven.plan is not None and uneven.step_us is not None:
             rec = staged_record(model, uneven.plan)
-            n_micro = problem.task.global_batch / (uneven.plan.dp * uneven.plan.mbs)
+            n_micro = problem.training_task.global_batch / (uneven.plan.dp * uneven.plan.mbs)
             tol = uneven.tolerance_s(n_micro, uneven.plan.pp)
             if not rec["feasible"] or abs(rec["step_time_s"] - uneven.step_us / US) > tol + 1e-9:
                 raise InternalError(
@@ -236,8 +236,15 @@ def solve_records(problem: Problem, **kwargs: Any) -> tuple[SolveOutcome, list[d
         if outcome is None:
             if uneven.plan is None:
                 raise InfeasibleError(explain_infeasible(model, candidates(model)))
-            outcome = SolveOutcome(uneven.status, [], int(uneven.step_us or 0), uneven.step_us, uneven.wall_s,
-                                   candidates(model), uneven.booleans)
+            outcome = SolveOutcome(
+                uneven.status,
+                [],
+                int(uneven.step_us or 0),
+                uneven.step_us,
+                uneven.wall_s,
+                candidates(model),
+                uneven.booleans,
+            )
         outcome.uneven = uneven
     return outcome, recs
 
@@ -246,17 +253,29 @@ def explain_infeasible(model: Model, c: Candidates) -> str:
     """Name the constraint that binds when no candidate is admissible."""
     p = model.problem
     name = p.model.name
+    fixed = {k: v for k, v in p.space.model_dump(exclude_defaults=True).items() if v is not None}
+    restricted = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "no restrictions"
     if len(c.plans) == 0:
         sizes = ", ".join(str(o.gpus) for o in p.hardware)
         return (
-            f"the plan space is empty: no combination of the allowed tp, pp, cp divides the cluster size(s) "
-            f"{sizes} (check 'space' and 'hardware.gpus')"
+            f"the plan space is empty: no allowed dp*tp*pp*cp equals the cluster size(s) {sizes} "
+            f"(binding constraint: space ({restricted}) against hardware.gpus)"
         )
     inv = c.met.terms.invalid
     structural = inv[(inv != 0) & (inv != MEMORY_REASON)]
     if not np.any((inv == 0) | (inv == MEMORY_REASON)):
         code = int(np.bincount(structural).argmax())
-        return f"no plan in the space is valid; most common violation: {INVALID_REASONS[code]}"
+        context = {
+            2: f"heads={p.model.heads}, kv_heads={p.model.n_kv_heads}",
+            3: f"layers={p.model.layers}",
+            4: f"task.global_batch={getattr(p.task, 'global_batch', None)}",
+            6: f"seq_len={model.workload.seq_len}",
+        }.get(code, "")
+        shown = f" ({context})" if context else ""
+        return (
+            f"no plan in the space is valid; most common violation: {INVALID_REASONS[code]}{shown} "
+            f"(binding constraint: space ({restricted}))"
+        )
     if not c.met.feasible.any():
         mem = c.met.terms.memory.total
         cand = np.flatnonzero(inv == MEMORY_REASON)
@@ -267,16 +286,22 @@ def explain_infeasible(model: Model, c: Candidates) -> str:
         return (
             f"{name} does not fit: it needs at least {mem[best] / 1e9:.1f} GB per GPU even with the most "
             f"memory-saving plan (tp={plan.tp}, pp={plan.pp}, cp={plan.cp}, zero={plan.zero}, "
-            f"recompute={plan.recompute}, mbs={plan.mbs}) on {opt.name}; {opt.gpu.name} has "
-            f"{opt.gpu.hbm_bytes / 1e9:.1f} GB minus a {p.stack.memory_reserve_fraction:.0%} reserve = "
-            f"{cap / 1e9:.1f} GB (binding constraint: memory capacity)"
+            f"recompute={plan.recompute}, mbs={plan.mbs}) on {opt.gpus} x {opt.gpu.name} "
+            f"({opt.system.name}); {opt.gpu.name} has {opt.gpu.hbm_bytes / 1e9:.1f} GB minus a "
+            f"{p.stack.memory_reserve_fraction:.0%} reserve = {cap / 1e9:.1f} GB "
+            "(binding constraint: memory capacity)"
         )
     cons = p.constraints
     feas = c.met.feasible
     reasons = []
     if cons.max_gpus is not None and not (feas & (c.plans.gpus <= cons.max_gpus)).any():
-        reasons.append(f"max_gpus={cons.max_gpus}: the smallest feasible cluster has {c.plans.gpus[feas].min()} GPUs")
-    if cons.max_cost_per_hour is not None and not (feas & (c.cost_cents_per_hour <= cons.max_cost_per_hour * 100)).any():
+        reasons.append(
+            f"max_gpus={cons.max_gpus}: the smallest feasible cluster has {c.plans.gpus[feas].min()} GPUs"
+        )
+    if (
+        cons.max_cost_per_hour is not None
+        and not (feas & (c.cost_cents_per_hour <= cons.max_cost_per_hour * 100)).any()
+    ):
         reasons.append(
             f"max_cost_per_hour={cons.max_cost_per_hour}: the cheapest feasible option costs "
             f"${c.met.cost_per_hour[feas].min():.2f}/h"
@@ -287,10 +312,15 @@ def explain_infeasible(model: Model, c: Candidates) -> str:
             f"{c.met.tokens_per_s[feas].max():.4g} tokens/s"
         )
     supplies = _supplies(model)
-    if supplies:
-        reasons.append(f"GPU supply {supplies}")
+    within_supply = np.ones(len(c.plans), dtype=bool)
+    for gpu_name, supply in supplies.items():
+        within_supply &= ~((_gpu_type(model, c.plans) == gpu_name) & (c.plans.gpus > supply))
+    if supplies and not (feas & within_supply).any():
+        reasons.append(
+            f"GPU supply {supplies}: the smallest feasible cluster has {c.plans.gpus[feas].min()} GPUs"
+        )
     detail = "; ".join(reasons) or "the constraints together exclude every feasible plan"
-    return f"no feasible plan meets the constraints (binding: {detail})"
+    return f"no feasible plan meets the constraints (binding constraint: {detail})"
 
 
 __all__ = ["SolveOutcome", "cross_check", "explain_infeasible", "invalid_reason", "solve", "solve_records"]

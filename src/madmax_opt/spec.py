@@ -165,6 +165,56 @@ class Task(Strict):
         return self
 
 
+InferencePrecision = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+KVPrecision = Literal["bf16", "fp16", "fp8", "int8"]
+
+
+class RequestShape(Strict):
+    """One kind of serving request: prompt and generated tokens, with its relative share of requests."""
+
+    prompt_len: PositiveInt
+    output_len: PositiveInt
+    weight: PositiveFloat = Field(1.0, description="relative share of requests of this shape")
+
+
+class InferenceTask(Strict):
+    """LLM serving with continuous batching: request shapes, precision and latency/throughput targets."""
+
+    kind: Literal["inference"]
+    prompt_len: PositiveInt | None = Field(None, description="prompt tokens per request")
+    output_len: PositiveInt | None = Field(None, description="generated tokens per request")
+    mix: list[RequestShape] | None = Field(None, min_length=1, description="weighted request shapes (instead "
+                                           "of prompt_len/output_len)")
+    precision: InferencePrecision | list[InferencePrecision] = Field(
+        "bf16", description="weight precision(s) to search; int4 is weight-only (W4A16), fp8/int8 are W8A8"
+    )
+    kv_precision: KVPrecision | None = Field(None, description="KV-cache precision; default: the weights' (int4: bf16)")
+    ttft_s: PositiveFloat | None = Field(None, description="target time to first token, s")
+    tpot_s: PositiveFloat | None = Field(None, description="target time per output token, s")
+    min_throughput: PositiveFloat | None = Field(None, description="output tokens/s of the whole deployment")
+    disaggregated: bool = Field(False, description="separate prefill and decode replicas, KV sent over the network")
+
+    @model_validator(mode="after")
+    def _shapes(self) -> InferenceTask:
+        single = self.prompt_len is not None or self.output_len is not None
+        if single == (self.mix is not None):
+            raise ValueError("give either prompt_len and output_len, or mix; allowed: one of the two")
+        if single and (self.prompt_len is None or self.output_len is None):
+            raise ValueError("give both prompt_len and output_len (or a mix)")
+        if isinstance(self.precision, list) and not self.precision:
+            raise ValueError("precision is an empty list; allowed: one or more of bf16, fp16, fp8, int8, int4")
+        return self
+
+    def requests(self) -> list[RequestShape]:
+        if self.mix is not None:
+            return list(self.mix)
+        assert self.prompt_len is not None and self.output_len is not None
+        return [RequestShape(prompt_len=self.prompt_len, output_len=self.output_len)]
+
+    def precisions(self) -> list[str]:
+        return list(dict.fromkeys(self.precision if isinstance(self.precision, list) else [self.precision]))
+
+
 class Stack(Strict):
     """Software-stack behaviour. Defaults: Megatron-Core + Transformer Engine + NCCL (2024-26)."""
 
@@ -191,6 +241,11 @@ class Space(Strict):
 
     uneven_stages: bool = Field(
         False, description="also search uneven pipelines: layers and recompute chosen per stage (CP-SAT)"
+    )
+    mixed_stages: bool = Field(
+        False,
+        description="with uneven_stages: each pipeline stage may run on another listed system (GPU type), "
+        "within each type's supply",
     )
     dp: Knob = None
     tp: Knob = None
@@ -225,19 +280,25 @@ class Plan(Strict):
     recompute: Recompute = "none"
     sp: bool = False
     system: str | None = None
+    batch: PositiveInt | None = Field(None, description="inference: concurrent sequences per replica (dp replicas)")
     stage_layers: list[PositiveInt] | None = Field(
         None, description="uneven pipeline: transformer layers per stage (sums to the model's layers)"
     )
     stage_recompute: list[Recompute] | None = Field(None, description="uneven pipeline: recompute mode per stage")
+    stage_systems: list[str] | None = Field(
+        None, description="mixed pipeline: the system (GPU type) of every stage; needs stage_layers"
+    )
 
     @model_validator(mode="after")
     def _stages(self) -> Plan:
-        for name in ("stage_layers", "stage_recompute"):
+        for name in ("stage_layers", "stage_recompute", "stage_systems"):
             v = getattr(self, name)
             if v is not None and len(v) != self.pp:
                 raise ValueError(f"{name} needs one entry per pipeline stage (pp={self.pp}), got {len(v)}")
         if (self.stage_layers is None) != (self.stage_recompute is None):
             raise ValueError("give stage_layers and stage_recompute together")
+        if self.stage_systems is not None and self.stage_layers is None:
+            raise ValueError("stage_systems needs stage_layers and stage_recompute")
         if self.stage_layers is not None and self.vpp != 1:
             raise ValueError("uneven stages are modelled for the 1F1B schedule (vpp=1)")
         return self

@@ -53,51 +53,103 @@ def _bases(model: Model) -> PlanArrays:
     plans = enumerate_plans(model.problem)
     if len(plans) == 0:
         return plans
-    sel = (plans.pp > 1) & (plans.vpp == 1) & (plans.recompute == plans.recompute.min())  # recompute: per stage
+    sel = (
+        (plans.pp > 1) & (plans.vpp == 1) & (plans.recompute == plans.recompute.min())
+    )  # recompute: per stage
     plans = plans.take(np.flatnonzero(sel))
     if len(plans) == 0:
         return plans
-    n_micro = model.problem.task.global_batch / (plans.dp * plans.mbs)
+    n_micro = model.problem.training_task.global_batch / (plans.dp * plans.mbs)
     inf = np.full(len(plans), np.inf)
-    code = invalid_codes(model.workload, model.problem.task, model.table, plans, n_micro, np.zeros_like(inf),
-                         inf, check_layers=False)  # memory is checked per stage candidate
-    return plans.take(np.flatnonzero(code == 0))
+    code = invalid_codes(
+        model.workload,
+        model.problem.training_task,
+        model.table,
+        plans,
+        n_micro,
+        np.zeros_like(inf),
+        inf,
+        check_layers=False,
+    )  # memory is checked per stage candidate
+    over_supply = np.array([o.supply is not None and o.gpus > o.supply for o in model.problem.hardware])
+    if not model.problem.space.mixed_stages:  # a homogeneous pipeline must fit its GPU type's supply
+        code = np.where(over_supply[plans.hw], -1, code)
+    plans = plans.take(np.flatnonzero(code == 0))
+    if model.problem.space.mixed_stages and len(plans):  # stage hardware is free: one base per shape
+        key = np.stack([plans.dp, plans.tp, plans.pp, plans.cp, plans.mbs, plans.zero, plans.sp], axis=1)
+        _, first = np.unique(key, axis=0, return_index=True)
+        plans = plans.take(np.sort(first))
+    return plans
+
+
+def stage_hardware(model: Model, base: PlanArrays) -> list[int]:
+    """Hardware options a stage of ``base`` may use: its own, or one per listed system in mixed mode."""
+    if not model.problem.space.mixed_stages:
+        return [int(base.hw[0])]
+    return sorted({model.system_index(o.system.name) for o in model.problem.hardware})
 
 
 def _lower_bounds_us(model: Model, bases: PlanArrays) -> NDArray[np.float64]:
+    """(m + p - 1)/p * sum of the cheapest possible stage times; per component minimum over stage hardware."""
     p = model.problem
-    lc = layer_costs(model.workload, p.task, p.stack, model.table, bases)
-    per_layer = lc.time["compute"] + lc.time["tp_comm"] + lc.time["cp_comm"] + lc.time["overhead"]
+    hw_choices = stage_hardware(model, bases.take([0])) if p.space.mixed_stages else [None]
+    parts = []
+    for hw in hw_choices:
+        rows = bases if hw is None else PlanArrays(**{**bases.__dict__, "hw": np.full(len(bases), hw)})
+        lc = layer_costs(model.workload, p.training_task, p.stack, model.table, rows)
+        per_layer = lc.time["compute"] + lc.time["tp_comm"] + lc.time["cp_comm"] + lc.time["overhead"]
+        parts.append((per_layer, lc.emb_time_s, lc.head_time_s, lc.pp_comm_s, lc.n_micro))
+    per_layer, emb, head, p2p, n_micro = (np.min([x[i] for x in parts], axis=0) for i in range(5))
     pp = bases.pp.astype(np.float64)
-    total = model.workload.layers * per_layer + lc.emb_time_s + lc.head_time_s + pp * lc.pp_comm_s
-    return (lc.n_micro + pp - 1) / pp * total * US
+    total = model.workload.layers * per_layer + emb + head + pp * p2p
+    return (n_micro + pp - 1) / pp * total * US
 
 
-def _candidates(model: Model, base: PlanArrays, modes: list[int]) -> dict[str, NDArray[np.float64]]:
-    """All (stage, layers, recompute) rows for one base with rounded times and their memory."""
+def _candidates(
+    model: Model, base: PlanArrays, modes: list[int], hw_choices: list[int] | None = None
+) -> dict[str, NDArray[np.float64]]:
+    """All (stage, layers, recompute, hardware) rows for one base with rounded times, fitting in memory."""
     p = int(base.pp[0])
     layers = model.workload.layers
-    s, n, r = np.meshgrid(np.arange(p), np.arange(1, layers - p + 2), np.array(modes), indexing="ij")
-    s, n, r = s.ravel(), n.ravel(), r.ravel()
+    hws = np.array(hw_choices if hw_choices is not None else [int(base.hw[0])])
+    s, n, r, w = np.meshgrid(np.arange(p), np.arange(1, layers - p + 2), np.array(modes), hws, indexing="ij")
+    s, n, r, w = s.ravel(), n.ravel(), r.ravel(), w.ravel()
     rows = base.take(np.zeros(len(s), dtype=np.int64))
-    rows = PlanArrays(**{**rows.__dict__, "recompute": r.astype(np.int64)})
+    rows = PlanArrays(**{**rows.__dict__, "recompute": r.astype(np.int64), "hw": w.astype(np.int64)})
     pr = model.problem
-    lc = layer_costs(model.workload, pr.task, pr.stack, model.table, rows)
+    lc = layer_costs(model.workload, pr.training_task, pr.stack, model.table, rows)
     sf = s.astype(np.float64)
-    sc = stage_costs(lc, pr.stack, model.table.hbm_bw[rows.hw], n.astype(np.float64), (sf == 0) * 1.0,
-                     (sf == p - 1) * 1.0, np.minimum(p - sf, lc.n_micro))
+    sc = stage_costs(
+        lc,
+        pr.stack,
+        model.table.hbm_bw[rows.hw],
+        n.astype(np.float64),
+        (sf == 0) * 1.0,
+        (sf == p - 1) * 1.0,
+        np.minimum(p - sf, lc.n_micro),
+    )
     capacity = model.table.hbm_bytes[rows.hw] * (1.0 - pr.stack.memory_reserve_fraction)
     fits = sc.memory.total <= capacity
     t_us = np.rint(sc.per_micro_batch_s * US)  # rounded once per candidate
     return {
-        "stage": s[fits], "layers": n[fits], "recompute": r[fits], "t_us": t_us[fits],
-        "dp_us": np.rint(sc.dp_exposed_s * US)[fits], "opt_us": np.rint(sc.optimizer_s * US)[fits],
+        "stage": s[fits],
+        "layers": n[fits],
+        "recompute": r[fits],
+        "hw": w[fits],
+        "t_us": t_us[fits],
+        "dp_us": np.rint(sc.dp_exposed_s * US)[fits],
+        "opt_us": np.rint(sc.optimizer_s * US)[fits],
         "n_micro": lc.n_micro[:1],
     }
 
 
 def _solve_base(
-    cand: dict[str, NDArray[np.float64]], p: int, layers: int, incumbent_us: float, time_limit_s: float
+    cand: dict[str, NDArray[np.float64]],
+    p: int,
+    layers: int,
+    incumbent_us: float,
+    time_limit_s: float,
+    supply: list[tuple[list[int], int]] | None = None,
 ) -> tuple[str, float | None, list[int], int]:
     """CP-SAT over one base; returns (status, step_us, chosen row indices, booleans)."""
     m_int = round(float(cand["n_micro"][0]))
@@ -118,7 +170,12 @@ def _solve_base(
         mdl.add(dpmax >= sum(int(cand["dp_us"][i]) * x[i] for i in rows))
         mdl.add(optmax >= sum(int(cand["opt_us"][i]) * x[i] for i in rows))
     mdl.add(sum(int(cand["layers"][i]) * x[i] for i in range(len(x))) == layers)
-    objective = p * m_int * tmax + (p - 1) * sum(int(t[i]) * x[i] for i in range(len(x))) + p * (dpmax + optmax)
+    for hws, stages_allowed in supply or []:  # stages on one GPU type (any of its systems) within its supply
+        rows = np.flatnonzero(np.isin(cand["hw"], hws))
+        mdl.add(sum(x[i] for i in rows) <= stages_allowed)
+    objective = (
+        p * m_int * tmax + (p - 1) * sum(int(t[i]) * x[i] for i in range(len(x))) + p * (dpmax + optmax)
+    )
     assert p * m_int * hi < 2**50, "objective overflow"
     mdl.minimize(objective)
     if np.isfinite(incumbent_us):
@@ -135,6 +192,22 @@ def _solve_base(
     chosen = [i for i in range(len(x)) if solver.value(x[i])]
     status = "optimal" if st == cp_model.OPTIMAL else "feasible"
     return status, solver.objective_value / p, chosen, len(x)
+
+
+def _stage_supply(model: Model, base: PlanArrays, hw_choices: list[int]) -> list[tuple[list[int], int]]:
+    """Per GPU type with a supply: (its hardware choices, how many stages of dp*tp*cp GPUs the supply holds)."""
+    if not model.problem.space.mixed_stages:
+        return []
+    per_stage = int(base.dp[0] * base.tp[0] * base.cp[0])
+    out = []
+    hw_by_gpu: dict[str, list[int]] = {}
+    for hw in hw_choices:
+        hw_by_gpu.setdefault(model.problem.hardware[hw].gpu.name, []).append(hw)
+    for gpu, hws in hw_by_gpu.items():
+        limits = [o.supply for o in model.problem.hardware if o.gpu.name == gpu and o.supply is not None]
+        if limits:
+            out.append((hws, min(limits) // per_stage))
+    return out
 
 
 def solve_uneven(model: Model, incumbent_us: float, time_limit_s: float = 30.0) -> UnevenResult:
@@ -158,8 +231,12 @@ def solve_uneven(model: Model, incumbent_us: float, time_limit_s: float = 30.0) 
             exact = False
             break
         base = bases.take([int(j)])
-        cand = _candidates(model, base, modes)
-        status, step_us, chosen, nb = _solve_base(cand, int(base.pp[0]), model.workload.layers, best_us, remaining)
+        hw_choices = stage_hardware(model, base)
+        cand = _candidates(model, base, modes, hw_choices)
+        supply = _stage_supply(model, base, hw_choices)
+        status, step_us, chosen, nb = _solve_base(
+            cand, int(base.pp[0]), model.workload.layers, best_us, remaining, supply
+        )
         solved += 1
         booleans = max(booleans, nb)
         if status in ("unknown", "feasible"):
@@ -173,10 +250,16 @@ def solve_uneven(model: Model, incumbent_us: float, time_limit_s: float = 30.0) 
                     "recompute": RECOMPUTE_MODES[int(cand["recompute"][order_stages[0]])],
                     "stage_layers": [int(cand["layers"][i]) for i in order_stages],
                     "stage_recompute": [RECOMPUTE_MODES[int(cand["recompute"][i])] for i in order_stages],
+                    "stage_systems": [pr.hardware[int(cand["hw"][i])].system.name for i in order_stages]
+                    if pr.space.mixed_stages
+                    else None,
                 }
             )
-    status = ("optimal" if exact else "feasible") if best_plan is not None else (
-        "no-improvement" if exact else "feasible")
+    status = (
+        ("optimal" if exact else "feasible")
+        if best_plan is not None
+        else ("no-improvement" if exact else "feasible")
+    )
     return UnevenResult(
         best_plan, best_us if best_plan else None, status, solved, pruned, time.perf_counter() - t0, booleans
     )

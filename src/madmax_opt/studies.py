@@ -63,7 +63,9 @@ def pretraining_rows() -> list[dict[str, Any]]:
                 }
                 base = _solve(dict(data, space=FSDP_BASELINE_SPACE))
                 best = _solve(data)
-                rows.append({"model": model, "system": system, "gpus": gpus, "seq": seq, "base": base, "best": best})
+                rows.append(
+                    {"model": model, "system": system, "gpus": gpus, "seq": seq, "base": base, "best": best}
+                )
     return rows
 
 
@@ -90,7 +92,9 @@ def write_pretraining_study(out_dir: Path) -> Path:
     for r in rows:
         b, o = r["base"], r["best"]
         if o is None:
-            lines.append(f"| {r['model']} | {r['system']} | {r['seq']} | - | - | - | does not fit | - | - | - | - | - |")
+            lines.append(
+                f"| {r['model']} | {r['system']} | {r['seq']} | - | - | - | does not fit | - | - | - | - | - |"
+            )
             continue
         if b is None:
             base_cols = ["does not fit (memory)", "-", "-"]

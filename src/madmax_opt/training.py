@@ -118,7 +118,7 @@ def layer_costs(
         attn_fwd = attn_flops * (0.5 if wl.causal else 1.0) / (peak * table.attn_eff[hw])
         attn_bwd_factor = FLASH_BWD_FACTOR
     else:  # unfused: batched GEMMs of inner dim head_dim over the full s x s matrix + softmax traffic
-        attn_fwd = gemm_time_s(attn_flops, np.full_like(dp, float(m.head_dim)), peak, eff, half)
+        attn_fwd = attn_flops / (peak * table.attn_eff[hw])
         attn_bwd_factor = 2.0
     score_elem = memory_bound_time_s(tokens * s * wl.score_elementwise_bytes_per_key / tp, hbm_bw)
     elem = memory_bound_time_s(
@@ -366,13 +366,18 @@ def staged_terms(
     base: PlanArrays,
     stage_layers: list[int],
     stage_recompute: list[int],
+    stage_hw: list[int] | None = None,
 ) -> TrainingTerms:
-    """One uneven 1F1B pipeline: stage s has ``stage_layers[s]`` layers, its own recompute mode, and holds
-    min(p - s, m) micro-batches of activations. Same stage costs and step assembly as ``training_terms``."""
+    """One uneven 1F1B pipeline: stage s has ``stage_layers[s]`` layers, its own recompute mode (and, for mixed
+    pipelines, its own hardware option), and holds min(p - s, m) micro-batches of activations. Same stage costs
+    and step assembly as ``training_terms``; memory and capacity are compared stage by stage."""
     p = len(stage_layers)
     idx = np.zeros(p, dtype=np.int64)
     stages = base.take(idx)
-    stages = PlanArrays(**{**stages.__dict__, "recompute": np.asarray(stage_recompute, dtype=np.int64)})
+    hw = stages.hw if stage_hw is None else np.asarray(stage_hw, dtype=np.int64)
+    stages = PlanArrays(
+        **{**stages.__dict__, "recompute": np.asarray(stage_recompute, dtype=np.int64), "hw": hw}
+    )
     lc = layer_costs(wl, task, stack, table, stages)
     s_idx = np.arange(p, dtype=np.float64)
     sc = stage_costs(
@@ -388,10 +393,14 @@ def staged_terms(
     time["optimizer"] = np.array([sc.optimizer_s.max()])
     hidden = {k: m * v[b] for k, v in sc.hidden.items()}
     hidden["dp_comm"] = np.array([sc.hidden["dp_comm"].max()])
-    worst = int(np.argmax(sc.memory.total))
+    capacities = table.hbm_bytes[hw] * (1.0 - stack.memory_reserve_fraction)
+    worst = int(np.argmax(sc.memory.total - capacities))  # the stage closest to (or over) its capacity
     memory = MemoryTerms(*(np.array([getattr(sc.memory, f)[worst]]) for f in MEMORY_FIELDS))
-    capacity = table.hbm_bytes[base.hw] * (1.0 - stack.memory_reserve_fraction)
+    capacity = capacities[worst : worst + 1]
     invalid = invalid_codes(wl, task, table, base, m, memory.total, capacity, check_layers=False)
+    if stage_hw is not None:  # mixed pipeline: the GPU count is the sum over types, checked by the caller
+        invalid = invalid_codes(wl, task, table, base, m, memory.total, capacity, check_layers=False,
+                                check_gpus=False)
     if sum(stage_layers) != wl.layers:
         invalid = np.where(invalid == 0, 11, invalid)
     tokens_per_step = float(task.global_batch * wl.seq_len)
@@ -404,7 +413,7 @@ def staged_terms(
         tokens_per_step=tokens_per_step,
         model_flops_per_step=tokens_per_step * wl.model_flops_per_token,
         gpus=base.gpus,
-        peak_flops=table.peak_flops(task.precision)[base.hw],
+        peak_flops=np.array([table.peak_flops(task.precision)[hw].mean()]),  # equal GPUs per stage
     )
 
 
@@ -417,6 +426,7 @@ def invalid_codes(
     mem_total: Arr,
     capacity: Arr,
     check_layers: bool = True,
+    check_gpus: bool = True,
 ) -> NDArray[np.int64]:
     """The first violated validity rule per plan (0 = valid); see INVALID_REASONS."""
     m = wl.model
@@ -424,7 +434,7 @@ def invalid_codes(
     node = table.tier_size[0][plans.hw]
     node = np.where(np.isinf(node), 1 << 30, node).astype(np.int64)
     checks = [
-        (1, plans.gpus != table.gpus[plans.hw].astype(np.int64)),
+        (1, (plans.gpus != table.gpus[plans.hw].astype(np.int64)) & check_gpus),
         (2, (m.heads % tp != 0) | (m.n_kv_heads % tp != 0)),
         (3, (wl.layers % (pp * vpp) != 0) & check_layers),
         (4, task.global_batch % (plans.dp * plans.mbs) != 0),
