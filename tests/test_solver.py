@@ -77,6 +77,7 @@ def test_solver_matches_brute_force(data: dict[str, Any], k: int) -> None:
     # exact on the rounded integers: the optimum and the k best objective values equal brute force's
     assert out.objective == int(obj[order[0]])
     assert [int(obj[i]) for i in out.top] == [int(obj[i]) for i in order[:k]]
+    assert out.top == [int(i) for i in order[:k]]  # ties break by enumeration order, as in brute force
     assert len(set(out.top)) == len(out.top)
     # every returned plan is valid for the float evaluator and within the rounding tolerance of brute force
     recs = to_records(model, c.plans.take(out.top))

@@ -157,7 +157,9 @@ def solve(
     types = _gpu_type(model, c.plans.take(keep_arr))
     for name, supply in _supplies(model).items():
         m.add(sum(int(g) * v for g, v, t in zip(gpus, x, types, strict=True) if t == name) <= supply)
-    coeffs = obj[keep_arr]
+    # ties break by enumeration order (as brute force does): objective * n + position, exact in integers
+    n_keep = len(keep_arr)
+    coeffs = obj[keep_arr] * n_keep + np.arange(n_keep)
     assert int(coeffs.max()) < 2**50, "objective coefficient overflow"
     m.minimize(sum(int(q) * v for q, v in zip(coeffs, x, strict=True)))
 
@@ -177,8 +179,8 @@ def solve(
         top.append(int(keep_arr[chosen]))
         if rank == 0:
             status_name = "optimal" if st == cp_model.OPTIMAL else "feasible"
-            best_obj = int(solver.objective_value)
-            bound = float(solver.best_objective_bound)
+            best_obj = round(solver.objective_value) // n_keep  # a float in the API: never truncate
+            bound = float(solver.best_objective_bound) // n_keep
         m.add(x[chosen] == 0)
     if not top:
         raise InfeasibleError(explain_infeasible(model, c))
