@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -32,34 +33,43 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tab
 
 
 def load_plans(path: Path, problem: Problem | None = None) -> list[Plan]:
-    """Plans from a YAML/JSON file (one mapping or a list); with ``problem``, each must match a hardware option."""
+    """Plans from a YAML/JSON file (a mapping or a list); with ``problem``, each must fit its hardware."""
     data = read_yaml(path, what="plan file")
     items = data if isinstance(data, list) else [data]
     if not items or not all(isinstance(x, dict) for x in items):
         keys = ", ".join(Plan.model_fields)
-        raise ProblemError(f"expected a plan; allowed: a mapping with keys {{{keys}}} or a non-empty list of them",
-                           file=str(path))
+        allowed = f"a mapping with keys {{{keys}}} or a non-empty list of them"
+        raise ProblemError(f"expected a plan; allowed: {allowed}", file=str(path))
     plans = []
     for i, item in enumerate(items):
         prefix = f"[{i}]" if isinstance(data, list) else ""
         plan = validate(Plan, item, file=str(path), prefix=prefix)
-        if problem is not None:  # a plan for other hardware is an input error, not an invalid plan
+        # a plan for other hardware is an input error, not an invalid plan (heterogeneous stages span several)
+        if problem is not None and getattr(plan, "stage_systems", None) is None:
             systems = {o.system.name for o in problem.hardware}
             if plan.system is not None and plan.system not in systems | {o.name for o in problem.hardware}:
-                raise ProblemError(f"{plan.system!r} is not a hardware option of {problem.source}; allowed: "
-                                   f"{', '.join(sorted(systems))}", file=str(path), field=f"{prefix}.system".lstrip("."))
+                raise ProblemError(
+                    f"{plan.system!r} is not a hardware option of {problem.source}; allowed: "
+                    f"{', '.join(sorted(systems))}",
+                    file=str(path),
+                    field=f"{prefix}.system".lstrip("."),
+                )
             sizes = sorted({o.gpus for o in problem.hardware if plan.system in (None, o.system.name, o.name)})
             if plan.gpus not in sizes:
                 raise ProblemError(
                     f"{plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.gpus} GPUs matches no cluster size of "
                     f"{problem.source}; allowed: {', '.join(map(str, sizes))}",
-                    file=str(path), field=f"{prefix}.dp*tp*pp*cp".lstrip("."))
+                    file=str(path),
+                    field=f"{prefix}.dp*tp*pp*cp".lstrip("."),
+                )
         plans.append(plan)
     return plans
 
 
 def solve_result(problem: Problem, top_k: int, time_limit: float, workers: int) -> dict[str, Any]:
     """The JSON object of ``solve --json``."""
+    if problem.task.kind == "inference":  # serving plans: madmax_opt.serving
+        return __import__("madmax_opt.serving", fromlist=["solve_result"]).solve_result(problem, top_k, time_limit, workers)
     from madmax_opt.solver import solve_records
 
     outcome, records = solve_records(problem, top_k=top_k, time_limit_s=time_limit, workers=workers)
@@ -99,6 +109,8 @@ def solve(
     result = solve_result(load_problem(problem), top_k, time_limit, workers)
     if json_out:
         print(json.dumps(result, indent=2))
+    elif result.get("task") == "inference":
+        __import__("madmax_opt.serving", fromlist=["print_result"]).print_result(result, console)
     else:
         print_solution(result, console)
 
@@ -111,6 +123,8 @@ def evaluate_cmd(
 ) -> None:
     """Predict step time, throughput, MFU and memory per GPU of given plan(s)."""
     loaded = load_problem(problem)
+    if loaded.task.kind == "inference":  # serving plans (+ precision, prefill_replicas): madmax_opt.serving_reports
+        return __import__("madmax_opt.serving_reports", fromlist=["x"]).evaluate_command(loaded, plan, json_out, console)
     records = evaluate(loaded, load_plans(plan, loaded))
     if json_out:  # a file with one plan mapping gives one object, a list gives a list in the same order
         print(json.dumps(records if isinstance(read_yaml(plan), list) else records[0], indent=2))
@@ -145,7 +159,9 @@ def catalog_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """List the built-in GPUs, systems or models with their key numbers and sources."""
-    tables = {"gpus": catalog.gpus, "systems": catalog.systems, "models": catalog.models}
+    tables: dict[str, Callable[[], dict[str, Any]]] = {
+        "gpus": catalog.gpus, "systems": catalog.systems, "models": catalog.models
+    }
     if kind not in tables:
         raise ProblemError(f"unknown catalog {kind!r}; allowed: gpus, systems, models", field="KIND")
     entries = tables[kind]()
@@ -212,10 +228,16 @@ def bench_solver_cmd(
 
 
 # ---- commands defined in their own modules register here (one line each) ----------------------------
+app.command("validate-inference")(__import__("madmax_opt.serving_reports", fromlist=["x"]).validate_inference_cmd)
+app.command("paper-inference")(__import__("madmax_opt.serving_reports", fromlist=["x"]).paper_inference_cmd)
+app.command("pareto")(__import__("madmax_opt.serving_reports", fromlist=["x"]).pareto_cmd)
+app.command("sweep")(__import__("madmax_opt.sweep", fromlist=["sweep_cmd"]).sweep_cmd)
+app.command("report")(__import__("madmax_opt.sweep_report", fromlist=["report_cmd"]).report_cmd)
+app.command("sensitivity")(__import__("madmax_opt.sensitivity", fromlist=["sensitivity_cmd"]).sensitivity_cmd)
 
 
 def main() -> None:
-    """Entry point: one-line errors with exit codes (2 input, 3 infeasible, 4 internal) instead of tracebacks."""
+    """Entry point: one-line errors, exit codes 2 (input), 3 (infeasible), 4 (internal); no tracebacks."""
 
     def fail(message: str, code: int) -> NoReturn:
         print("error: " + " ".join(message.split()), file=sys.stderr)  # always one line
@@ -225,7 +247,7 @@ def main() -> None:
         code = app(standalone_mode=False)  # returns the code of a typer.Exit raised by a command
     except MadmaxError as exc:
         fail(str(exc), exc.exit_code)
-    except typer.TyperException as exc:  # usage errors: unknown command or option, missing argument, bad value
+    except typer.TyperException as exc:  # usage: unknown command or option, missing argument, bad value
         ctx = getattr(exc, "ctx", None)
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare command: its help is the answer
             print(exc.format_message() if ctx is None else ctx.get_help())

@@ -34,46 +34,66 @@ class Tiers:
     latency_s: Arr
 
 
-def members_per_domain(n: Arr, stride: Arr, tiers: Tiers) -> list[Arr]:
-    """k_i: how many of a group's n members (``stride`` ranks apart) share one domain of each tier."""
-    ks = []
-    k_prev = np.ones_like(n, dtype=np.float64)
-    for size in tiers.size:
-        k = np.clip(np.where(np.isinf(size), n, np.floor_divide(np.where(np.isinf(size), 1.0, size), stride)), 1.0, n)
-        k = np.maximum(k, k_prev)
+def members_per_domain(n: Arr | float, stride: Arr | float, tiers: Tiers) -> list[Arr]:
+    """k_i = min(n, max(k_(i-1), floor(D_i / stride))): members of the group in one domain of D_i GPUs."""
+    n = np.asarray(n, dtype=np.float64)
+    stride = np.asarray(stride, dtype=np.float64)
+    shape = np.broadcast_shapes(n.shape, stride.shape, np.shape(tiers.size[0]))
+    ks: list[Arr] = []
+    k_prev: Arr = np.ones(shape)
+    for size in tiers.size[:-1]:
+        k = np.asarray(size / stride, dtype=np.float64)
+        np.floor(k, out=k)  # inf / stride stays inf: the outermost tier spans the whole group
+        np.maximum(k, k_prev, out=k)
+        np.minimum(k, n, out=k)
         ks.append(k)
         k_prev = k
-    ks[-1] = np.asarray(n, dtype=np.float64) * np.ones_like(k_prev)
+    ks.append(np.broadcast_to(n, shape).astype(np.float64))  # the outermost tier holds the whole group
     return ks
 
 
-def _phases(n: Arr, stride: Arr, tiers: Tiers) -> list[tuple[Arr, Arr]]:
-    """(r_i, k_(i-1)) per tier."""
-    out = []
-    k_prev = np.ones_like(np.asarray(n, dtype=np.float64))
-    for k in members_per_domain(n, stride, tiers):
-        out.append((k / k_prev, k_prev))
-        k_prev = k
-    return out
+@dataclass(frozen=True)
+class Group:
+    """The cost coefficients of one process group (per plan): collectives are then one multiply-add.
+
+    A ring phase over tier i moves (r_i - 1)/r_i * S/k_(i-1) = S (1/k_(i-1) - 1/k_i) bytes per pass, so
+    ``s_per_byte`` = sum_i (1/k_(i-1) - 1/k_i) / B_i and ``latency_s`` = sum_i alpha_i [k_i > k_(i-1)].
+    """
+
+    s_per_byte: Arr
+    latency_s: Arr
+
+    @staticmethod
+    def of(n: Arr | float, stride: Arr | float, tiers: Tiers) -> Group:
+        ks = members_per_domain(n, stride, tiers)
+        s_per_byte = np.zeros_like(ks[0])
+        latency = np.zeros_like(ks[0])
+        inv_prev: Arr | float = 1.0
+        k_prev: Arr | float = 1.0
+        for i, k in enumerate(ks):
+            inv = 1.0 / k
+            s_per_byte += (inv_prev - inv) / tiers.bw[i]  # 0 where the group spans no new domain of tier i
+            latency += np.where(k > k_prev, tiers.latency_s[i], 0.0)
+            inv_prev, k_prev = inv, k
+        return Group(s_per_byte, latency)
+
+    def all_reduce_s(self, size_bytes: Arr | float) -> Arr:
+        """Hierarchical ring all-reduce: 2 passes (reduce-scatter + all-gather) per tier."""
+        return 2.0 * size_bytes * self.s_per_byte + self.latency_s
+
+    def all_gather_s(self, size_bytes: Arr | float) -> Arr:
+        """All-gather or reduce-scatter whose gathered (unsharded) buffer is ``size_bytes``: one pass."""
+        return size_bytes * self.s_per_byte + self.latency_s
 
 
-def _ring(size_bytes: Arr, n: Arr, stride: Arr, tiers: Tiers, passes: float) -> Arr:
-    total = np.zeros(np.broadcast(size_bytes, n, stride).shape)
-    for i, (r, k_prev) in enumerate(_phases(n, stride, tiers)):
-        crosses = r > 1.0
-        t = passes * (r - 1.0) / r * (size_bytes / k_prev) / tiers.bw[i] + tiers.latency_s[i]
-        total = total + np.where(crosses, t, 0.0)
-    return total
-
-
-def all_reduce_s(size_bytes: Arr, n: Arr, stride: Arr, tiers: Tiers) -> Arr:
+def all_reduce_s(size_bytes: Arr | float, n: Arr | float, stride: Arr | float, tiers: Tiers) -> Arr:
     """Hierarchical ring all-reduce of ``size_bytes`` per rank (reduce-scatter + all-gather per tier)."""
-    return _ring(size_bytes, n, stride, tiers, passes=2.0)
+    return Group.of(n, stride, tiers).all_reduce_s(size_bytes)
 
 
-def all_gather_s(size_bytes: Arr, n: Arr, stride: Arr, tiers: Tiers) -> Arr:
+def all_gather_s(size_bytes: Arr | float, n: Arr | float, stride: Arr | float, tiers: Tiers) -> Arr:
     """All-gather (or reduce-scatter) whose gathered (unsharded) buffer is ``size_bytes``."""
-    return _ring(size_bytes, n, stride, tiers, passes=1.0)
+    return Group.of(n, stride, tiers).all_gather_s(size_bytes)
 
 
 reduce_scatter_s = all_gather_s

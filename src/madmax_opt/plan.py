@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 from numpy.typing import NDArray
@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 from madmax_opt.spec import RECOMPUTE_MODES, Plan
 
 IntArr = NDArray[np.int64]
-KNOBS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "vpp", "mbs", "zero", "recompute", "sp")
+KNOBS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "vpp", "mbs", "zero", "recompute", "sp", "ep")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,11 @@ class PlanArrays:
     recompute: IntArr
     sp: IntArr
     hw: IntArr
+    ep: IntArr = field(default=None)  # type: ignore[assignment]  # expert parallelism (MoE); omitted = 1
+
+    def __post_init__(self) -> None:
+        if self.ep is None:
+            object.__setattr__(self, "ep", np.ones_like(self.dp))
 
     def __len__(self) -> int:
         return int(self.dp.shape[0])
@@ -35,6 +40,10 @@ class PlanArrays:
     @property
     def gpus(self) -> IntArr:
         return self.dp * self.tp * self.pp * self.cp
+
+    def slice(self, start: int, stop: int) -> PlanArrays:
+        """Plans start..stop-1 as views (no copy)."""
+        return PlanArrays(**{f.name: getattr(self, f.name)[start:stop] for f in fields(self)})
 
     def take(self, index: IntArr | Sequence[int]) -> PlanArrays:
         idx = np.asarray(index, dtype=np.int64)
@@ -64,6 +73,7 @@ class PlanArrays:
             recompute=col(RECOMPUTE_MODES.index(p.recompute) for p in plans),
             sp=col(int(p.sp) for p in plans),
             hw=col(hw_index),
+            ep=col(p.ep for p in plans),
         )
 
     def plan(self, i: int, system: str | None = None) -> Plan:
@@ -77,5 +87,6 @@ class PlanArrays:
             zero=int(self.zero[i]),
             recompute=RECOMPUTE_MODES[int(self.recompute[i])],  # type: ignore[arg-type]
             sp=bool(self.sp[i]),
+            ep=int(self.ep[i]),
             system=system,
         )

@@ -14,11 +14,13 @@ from pydantic import BaseModel, Discriminator, Field, PositiveInt, Tag, Validati
 from pydantic.fields import FieldInfo
 
 from madmax_opt import catalog
+from madmax_opt.derive import Derive, derive_hardware
 from madmax_opt.errors import ProblemError
 from madmax_opt.hardware import HardwareOption
 from madmax_opt.spec import (
     GPU,
     Constraints,
+    InferenceTask,
     Objective,
     Plan,
     Space,
@@ -38,7 +40,7 @@ class GpuRange(Strict):
     @model_validator(mode="after")
     def _not_empty(self) -> GpuRange:
         if self.stop < self.start:
-            raise ValueError(f"stop ({self.stop}) is below start ({self.start}): no cluster sizes; allowed: stop >= start")
+            raise ValueError(f"stop ({self.stop}) is below start ({self.start}); allowed: stop >= start")
         return self
 
     def values(self) -> list[int]:
@@ -66,11 +68,14 @@ class HardwareEntry(Strict):
     gpu: str | None = None
     gpus: PositiveInt | list[PositiveInt] | GpuRange = Field(description="cluster size(s) in GPUs")
     supply: PositiveInt | None = Field(None, description="GPUs of this type available (co-design)")
+    derive: Derive | None = Field(None, description="what-if variant {from: system, scale: {...}, set: {...}}")
 
     @model_validator(mode="after")
     def _one_of(self) -> HardwareEntry:
-        if (self.system is None) == (self.gpu is None) and not isinstance(self.system, System):
-            raise ValueError("give exactly one of system (a catalog or inline system) or gpu (a catalog GPU name)")
+        if self.derive is not None and (self.system is not None or self.gpu is not None):
+            raise ValueError("give derive alone (its from names the system); allowed: one of system, gpu, derive")
+        if self.derive is None and (self.system is None) == (self.gpu is None) and not isinstance(self.system, System):
+            raise ValueError("give exactly one of system (a catalog or inline system) or gpu (a GPU name)")
         if isinstance(self.gpus, list) and not self.gpus:
             raise ValueError("gpus is an empty list; allowed: one or more cluster sizes (GPUs)")
         return self
@@ -95,12 +100,23 @@ ModelRef = Annotated[
 ]
 
 
+def _task_kind(v: Any) -> str:
+    """Task union discriminator on ``kind``: inference, else a training task (whose kind has a default)."""
+    kind = v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
+    return "inference" if kind == "inference" else "training"
+
+
+TaskRef = Annotated[
+    Annotated[Task, Tag("training")] | Annotated[InferenceTask, Tag("inference")], Discriminator(_task_kind)
+]
+
+
 class ProblemFile(Strict):
     """The YAML problem file. ``madmax-opt schema`` prints its JSON Schema."""
 
     model: ModelRef = Field(description="catalog name, {hf_config: path}, or an inline model mapping")
     hardware: HardwareEntry | Annotated[list[HardwareEntry], Field(min_length=1)]
-    task: Task
+    task: TaskRef
     space: Space = Space()
     stack: Stack = Stack()
     objective: Objective = "throughput"
@@ -113,7 +129,7 @@ class Problem:
     """A resolved problem: catalog names replaced by their entries; ``hardware`` lists every option."""
 
     model: TransformerModel
-    task: Task
+    task: Task | InferenceTask
     stack: Stack
     hardware: tuple[HardwareOption, ...]
     space: Space
@@ -121,6 +137,14 @@ class Problem:
     constraints: Constraints
     baseline: Plan | None
     source: str = "<inline>"
+
+    @property
+    def training_task(self) -> Task:
+        """The task of a training problem (inference problems go to ``madmax_opt.serving``)."""
+        if not isinstance(self.task, Task):
+            raise ProblemError("this command needs a training task (kind pretrain or finetune)", file=self.source,
+                               field="task.kind")
+        return self.task
 
     def hw_index(self, plan: Plan) -> int:
         """The hardware option a plan runs on: by ``system`` name and GPU count, else the only one."""
@@ -144,7 +168,7 @@ def read_yaml(path: str | Path, what: str = "file") -> Any:
     """Parse a YAML (or JSON) file; a missing, unreadable or malformed file is a one-line ProblemError."""
     text = read_text(Path(path), what=what, file=str(path))
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
@@ -188,7 +212,7 @@ def load_problem(path: str | Path) -> Problem:
     data = read_yaml(path, what="problem file")
     if data is None:
         keys = ", ".join(ProblemFile.model_fields)
-        raise ProblemError(f"the problem file is empty; allowed: a mapping with keys {{{keys}}}", file=str(path))
+        raise ProblemError(f"empty problem file; allowed: a mapping with keys {{{keys}}}", file=str(path))
     if not isinstance(data, dict):
         validate(ProblemFile, data, file=str(path))  # raises the one-line "wrong type; allowed: ..." error
     return problem_from_dict(data, source=str(path))
@@ -202,16 +226,28 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
     for i, e in enumerate(entries):
         field = f"hardware[{i}]" if isinstance(pf.hardware, list) else "hardware"
         system = resolve_system(e, file=source, field=field)
-        gpu: GPU = catalog.lookup("gpu", system.gpu, file=source, field=f"{field}.system.gpu")
-        options.extend(HardwareOption(system, gpu, n, e.supply) for n in e.sizes())
-    if pf.task.kind in ("pretrain", "finetune") and model.family == "llm" and pf.task.seq_len is None:
-        raise ProblemError("required for an llm (tokens per sequence)", file=source, field="task.seq_len")
-    if pf.task.frozen_layers > model.layers:
-        raise ProblemError(
-            f"{pf.task.frozen_layers} exceeds the model's {model.layers} layers", file=source, field="task.frozen_layers"
+        gpu: GPU = (
+            derive_hardware(e.derive, file=source, field=f"{field}.derive")[1]
+            if e.derive is not None
+            else catalog.lookup("gpu", system.gpu, file=source, field=f"{field}.system.gpu")
         )
-    if pf.objective == "time_to_train" and pf.task.train_tokens is None:
-        raise ProblemError("objective time_to_train needs task.train_tokens", file=source, field="task.train_tokens")
+        options.extend(HardwareOption(system, gpu, n, e.supply) for n in e.sizes())
+    if isinstance(pf.task, InferenceTask) and model.family != "llm":
+        raise ProblemError(f"kind inference needs an llm, got a {model.family}", file=source, field="task.kind")
+    if isinstance(pf.task, InferenceTask) and pf.objective == "time_to_train":
+        raise ProblemError("unknown objective for inference; allowed: throughput, cost", file=source, field="objective")
+    if isinstance(pf.task, Task) and model.family == "llm" and pf.task.seq_len is None:
+        raise ProblemError("missing, required for an llm; allowed: tokens per sequence, an integer > 0",
+                           file=source, field="task.seq_len")
+    if isinstance(pf.task, Task) and pf.task.frozen_layers > model.layers:
+        raise ProblemError(
+            f"{pf.task.frozen_layers} exceeds the model's {model.layers} layers; allowed: 0 to {model.layers}",
+            file=source,
+            field="task.frozen_layers",
+        )
+    if pf.objective == "time_to_train" and isinstance(pf.task, Task) and pf.task.train_tokens is None:
+        raise ProblemError("missing, objective time_to_train needs it; allowed: a token count > 0, e.g. 2.0e+12",
+                           file=source, field="task.train_tokens")
     return Problem(
         model=model,
         task=pf.task,
@@ -235,6 +271,8 @@ def resolve_model(spec: str | HFConfig | TransformerModel, *, file: str | None) 
 
 
 def resolve_system(e: HardwareEntry, *, file: str | None, field: str) -> System:
+    if e.derive is not None:
+        return derive_hardware(e.derive, file=file, field=f"{field}.derive")[0]
     if isinstance(e.system, System):
         return e.system
     if e.system is not None:
@@ -255,12 +293,13 @@ _HF_KEYS: dict[str, tuple[str, ...]] = {
 
 def model_from_hf_config(path: Path, *, file: str | None) -> TransformerModel:
     """Hugging Face ``config.json`` (LLaMA/Mistral/GPT-2/GPT-NeoX style keys) -> TransformerModel."""
-    text = read_text(path, what="hf_config file (relative to the problem file)", file=str(file), field="model.hf_config")
+    field = "model.hf_config"
+    text = read_text(path, what="hf_config file (relative to the problem file)", file=str(file), field=field)
     try:
         cfg = json.loads(text)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno}, column {exc.colno}"
-        raise ProblemError(f"malformed JSON in {path} at {where}: {exc.msg}", file=file, field="model.hf_config") from None
+        raise ProblemError(f"malformed JSON {path}, {where}: {exc.msg}", file=file, field=field) from None
     if not isinstance(cfg, dict):
         raise ProblemError(f"{path} is not a JSON object; allowed: a Hugging Face config.json", file=file,
                            field="model.hf_config")
@@ -295,7 +334,7 @@ Loc = tuple[str | int, ...]
 
 
 def validate(cls: type[Any], data: Any, *, file: str | None, prefix: str = "") -> Any:
-    """``cls.model_validate(data)``; a failure becomes one ProblemError line: field, what is wrong, what is allowed."""
+    """``cls.model_validate(data)``; failing, one ProblemError line: field, what is wrong, what is allowed."""
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
@@ -309,16 +348,17 @@ def _one_line(cls: type[BaseModel], exc: ValidationError) -> tuple[str, str]:
     # every member of a union reports an error; the member that got deepest into the input is the one meant
     depth = max(len(w.path) for w, _ in errors)
     deepest = [(w, e) for w, e in errors if len(w.path) == depth]
-    where, err = min(deepest, key=lambda we: _is_type_error(we[1]))  # a bound or value error beats "wrong type"
+    where, err = min(deepest, key=lambda we: _rank(we[1]))
     field = _field_name(where.path)
     kind = err["type"]
     if kind == "extra_forbidden":
         parent = _walk(cls, err["loc"][:-1]).cursor
         return field, f"unknown key; allowed: {', '.join(_allowed_keys(parent)) or 'no keys'}"
     if kind == "missing":
-        names = [str(w.path[-1]) for w, e in deepest if e["type"] == "missing" and w.path[:-1] == where.path[:-1]]
+        siblings = [w for w, e in deepest if e["type"] == "missing" and w.path[:-1] == where.path[:-1]]
+        names = [str(w.path[-1]) for w in siblings]
         if len(names) == 1:
-            return field, "required key missing"
+            return field, f"required key missing; allowed: {_describe(where.annotation, where.metadata)}"
         return _field_name(where.path[:-1]), f"required keys missing: {', '.join(names)}"
     allowed = _describe(where.annotation, where.metadata)
     got = _shown(err.get("input"))
@@ -385,6 +425,16 @@ def _join_field(prefix: str, field: str) -> str:
     if not prefix or not field:
         return prefix or field
     return prefix + field if field.startswith("[") else f"{prefix}.{field}"
+
+
+def _rank(err: Any) -> int:
+    """Which of several errors at one depth to report: an unknown key (often a misspelt required key) first,
+    then a bound or value error, then a missing key, then a type error (the other members of a union)."""
+    if err["type"] == "extra_forbidden":
+        return 0
+    if err["type"] == "missing":
+        return 2
+    return 3 if _is_type_error(err) else 1
 
 
 def _is_type_error(err: Any) -> bool:
@@ -476,13 +526,16 @@ def _bounds(metadata: tuple[Any, ...] | list[Any]) -> list[str]:
 
 
 def _describe(annotation: Any, metadata: tuple[Any, ...] = (), *, plural: bool = False) -> str:
-    """An annotation in words: 'an integer > 0 or a list of integers > 0 or a mapping with keys {start, stop}'."""
+    """An annotation in words: 'an integer > 0 or a list of integers > 0 or a mapping with keys {...}'."""
     inner = list(metadata)
     while get_origin(annotation) is Annotated:
         annotation, *extra = get_args(annotation)
         inner.extend(extra)
+    if any(isinstance(m, Tag) and m.tag == "catalog-name" for m in inner):
+        return "catalog names" if plural else "a catalog name"
     if _is_union(annotation):
-        words = [_describe(a, tuple(inner), plural=plural) for a in get_args(annotation) if a is not type(None)]
+        alternatives = [a for a in get_args(annotation) if a is not type(None)]
+        words = [_describe(a, tuple(inner), plural=plural) for a in alternatives]
         return " or ".join(dict.fromkeys(words))
     bounds = " and ".join(_bounds(tuple(inner)))
     bounded = f" {bounds}" if bounds else ""
@@ -497,7 +550,12 @@ def _describe(annotation: Any, metadata: tuple[Any, ...] = (), *, plural: bool =
     if _is_model(annotation):
         keys = ", ".join(annotation.model_fields)
         return f"{'mappings' if plural else 'a mapping'} with keys {{{keys}}}"
-    nouns = {bool: ("true or false", "booleans"), int: ("an integer", "integers"), float: ("a number", "numbers"),
-             str: ("a string", "strings"), type(None): ("null", "nulls")}
+    nouns = {
+        bool: ("true or false", "booleans"),
+        int: ("an integer", "integers"),
+        float: ("a number", "numbers"),
+        str: ("a string", "strings"),
+        type(None): ("null", "nulls"),
+    }
     singular, many = nouns.get(annotation, (f"a {getattr(annotation, '__name__', annotation)}", "values"))
     return f"{many if plural else singular}{bounded}"

@@ -31,10 +31,11 @@ def _restrict(name: str, default: Sequence[int], given: int | list[int] | None, 
     values = [given] if isinstance(given, int) else list(given)
     if not values:
         raise ProblemError(EMPTY_KNOB, file=source, field=f"space.{name}")
-    if any(v < (0 if name == "zero" else 1) for v in values):
-        raise ProblemError(f"values must be positive integers, got {values}", file=source, field=f"space.{name}")
+    lowest = 0 if name == "zero" else 1
+    if any(v < lowest for v in values):
+        raise ProblemError(f"got {values}; allowed: integers >= {lowest}", file=source, field=f"space.{name}")
     if name == "zero" and any(v > 3 for v in values):
-        raise ProblemError(f"zero stages are 0-3, got {values}", file=source, field="space.zero")
+        raise ProblemError(f"got {values}; allowed: ZeRO stages 0, 1, 2, 3", file=source, field="space.zero")
     return sorted(set(values))
 
 
@@ -46,6 +47,8 @@ def knob_values(problem: Problem, option: HardwareOption) -> dict[str, list[int]
     default_tp = [t for t in _powers_of_two(min(domain, MAX_TP, m.heads)) if m.heads % t == 0]
     layers = m.layers
     default_pp = [d for d in range(1, layers + 1) if layers % d == 0 and d <= option.gpus]
+    # expert parallelism: powers of two dividing the expert count (MoE only)
+    default_ep = [e for e in _powers_of_two(min(m.moe.num_experts, MAX_TP)) if m.moe.num_experts % e == 0] if m.moe else [1]
     rc = sp.recompute
     rc_values = list(RECOMPUTE_MODES) if rc is None else ([rc] if isinstance(rc, str) else list(rc))
     sp_values = [False, True] if sp.sp is None else ([sp.sp] if isinstance(sp.sp, bool) else list(sp.sp))
@@ -63,6 +66,7 @@ def knob_values(problem: Problem, option: HardwareOption) -> dict[str, list[int]
         "dp": _restrict("dp", [], sp.dp, problem.source) if sp.dp is not None else [],
         "recompute": sorted({RECOMPUTE_MODES.index(r) for r in rc_values}),
         "sp": sorted({int(v) for v in sp_values}),
+        "ep": _restrict("ep", default_ep, sp.ep, problem.source),
     }
 
 
@@ -86,7 +90,7 @@ def enumerate_plans(problem: Problem) -> PlanArrays:
         if not shapes:
             continue
         rest = np.array(
-            list(itertools.product(kv["vpp"], kv["mbs"], kv["zero"], kv["recompute"], kv["sp"])), dtype=np.int64
+            list(itertools.product(kv["vpp"], kv["mbs"], kv["zero"], kv["recompute"], kv["sp"], kv["ep"])), dtype=np.int64
         )
         base = np.array(shapes, dtype=np.int64)
         b = np.repeat(base, len(rest), axis=0)
@@ -97,11 +101,12 @@ def enumerate_plans(problem: Problem) -> PlanArrays:
         keep &= ~((r[:, 0] > 1) & (b[:, 2] == 1))
         if problem.stack.flash_attention and 0 in kv["recompute"]:  # flash recomputes scores: selective == none
             keep &= r[:, 3] != RECOMPUTE_MODES.index("selective")
+        keep &= (b[:, 0] * b[:, 3]) % r[:, 5] == 0  # ep ranks come from dp x cp
         b, r = b[keep], r[keep]
         parts.append(
             PlanArrays(
                 dp=b[:, 0], tp=b[:, 1], pp=b[:, 2], cp=b[:, 3],
-                vpp=r[:, 0], mbs=r[:, 1], zero=r[:, 2], recompute=r[:, 3], sp=r[:, 4],
+                vpp=r[:, 0], mbs=r[:, 1], zero=r[:, 2], recompute=r[:, 3], sp=r[:, 4], ep=r[:, 5],
                 hw=np.full(len(b), hw, dtype=np.int64),
             )
         )

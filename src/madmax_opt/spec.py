@@ -37,6 +37,11 @@ class Calibration(Strict):
     layer_overhead_s: float = Field(
         0.0, ge=0.0, description="fixed kernel-launch/framework time per transformer layer per micro-batch pass"
     )
+    grouped_gemm_ratio: Fraction = Field(
+        0.61,
+        description="MoE grouped-GEMM efficiency relative to dense GEMMs; default from B200 measurements "
+        "(grouped 0.30 / dense 0.49 of peak, shared/reference/hardware.md)",
+    )
     source: str
 
 
@@ -91,8 +96,29 @@ class System(Strict):
 # ----------------------------------------------------------------------------------------------- models
 
 
+class MoE(Strict):
+    """Mixture-of-experts MLP: every layer's MLP is ``num_experts`` experts of which each token uses ``top_k``."""
+
+    num_experts: PositiveInt
+    top_k: PositiveInt
+    expert_ffn: PositiveInt = Field(description="FFN width of one expert")
+    shared_experts: int = Field(0, ge=0, description="always-active experts (DeepSeek style), each expert_ffn wide")
+    capacity_factor: float = Field(
+        1.0, ge=1.0, description="tokens an expert processes relative to a perfect split (padding / dropless max)"
+    )
+    load_imbalance: float = Field(
+        1.0, ge=1.0, description="busiest rank's routed tokens relative to the mean (sets the critical path)"
+    )
+
+    @model_validator(mode="after")
+    def _k(self) -> MoE:
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        return self
+
+
 class TransformerModel(Strict):
-    """A dense transformer: decoder LLM (``family: llm``) or encoder ViT (``family: vit``)."""
+    """A transformer: decoder LLM (``family: llm``, dense or MoE) or encoder ViT (``family: vit``)."""
 
     family: Literal["llm", "vit"] = "llm"
     name: str = "custom"
@@ -109,6 +135,7 @@ class TransformerModel(Strict):
     image_size: PositiveInt | None = None
     patch_size: PositiveInt | None = None
     channels: PositiveInt = 3
+    moe: MoE | None = Field(None, description="mixture-of-experts MLP (replaces the dense MLP of every layer)")
     source: str = "inline"
 
     @model_validator(mode="after")
@@ -219,6 +246,9 @@ class Stack(Strict):
     """Software-stack behaviour. Defaults: Megatron-Core + Transformer Engine + NCCL (2024-26)."""
 
     flash_attention: bool = Field(True, description="fused/flash attention: no s^2 activations, causal skip")
+    ep_comm_overlap: bool = Field(
+        False, description="overlap MoE token all-to-all with expert GEMMs (off in Megatron-Core by default)"
+    )
     tp_comm_overlap: bool = Field(False, description="overlap TP/SP collectives with GEMMs (Megatron --tp-comm-overlap)")
     dp_overlap: bool = Field(True, description="overlap DP gradient reduction with backward (bucketed DDP)")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Megatron main-grad precision")
@@ -230,6 +260,11 @@ class Stack(Strict):
     )
     memory_reserve_fraction: float = Field(
         0.05, ge=0.0, lt=1.0, description="HBM held back for CUDA context, NCCL buffers and fragmentation"
+    )
+    gqa_decode_kernel: bool = Field(
+        True,
+        description="inference: decode attention reads each KV head once per GQA group (FlashInfer, TensorRT-LLM "
+        "XQA); false: once per query head (vLLM PagedAttention v1/v2, FasterTransformer MMHA, 2023 stacks)",
     )
 
 
@@ -256,6 +291,7 @@ class Space(Strict):
     zero: Knob = None
     recompute: Recompute | list[Recompute] | None = None
     sp: bool | list[bool] | None = None
+    ep: Knob = None
 
 
 class Constraints(Strict):
@@ -279,6 +315,7 @@ class Plan(Strict):
     zero: int = Field(0, ge=0, le=3)
     recompute: Recompute = "none"
     sp: bool = False
+    ep: PositiveInt = Field(1, description="expert parallelism (MoE): experts sharded over ep ranks of dp x cp")
     system: str | None = None
     batch: PositiveInt | None = Field(None, description="inference: concurrent sequences per replica (dp replicas)")
     stage_layers: list[PositiveInt] | None = Field(

@@ -76,7 +76,7 @@ def _bases(model: Model) -> PlanArrays:
         code = np.where(over_supply[plans.hw], -1, code)
     plans = plans.take(np.flatnonzero(code == 0))
     if model.problem.space.mixed_stages and len(plans):  # stage hardware is free: one base per shape
-        key = np.stack([plans.dp, plans.tp, plans.pp, plans.cp, plans.mbs, plans.zero, plans.sp], axis=1)
+        key = np.stack([plans.dp, plans.tp, plans.pp, plans.cp, plans.mbs, plans.zero, plans.sp, plans.ep], axis=1)
         _, first = np.unique(key, axis=0, return_index=True)
         plans = plans.take(np.sort(first))
     return plans

@@ -23,6 +23,8 @@ from madmax_opt.collectives import Tiers, all_gather_s, all_reduce_s, p2p_s, red
 from madmax_opt.compute import gemm_time_s, memory_bound_time_s
 from madmax_opt.hardware import HardwareTable
 from madmax_opt.memory import MemoryTerms, layer_activation_bytes, model_state_bytes
+from madmax_opt.moe import expert_costs
+from madmax_opt.numeric import ordered_sum
 from madmax_opt.pipeline import bubble_time_s, in_flight_layer_factor
 from madmax_opt.plan import PlanArrays
 from madmax_opt.spec import Stack, Task
@@ -35,7 +37,10 @@ Arr = NDArray[np.float64]
 OPTIMIZER_BYTES_PER_PARAM = 34.0
 COMM_INTERFERENCE = 0.15  # compute slowdown while NVLink collectives overlap it (shared/reference/hardware.md)
 FLASH_BWD_FACTOR = 2.5  # flash-attention backward = 2x forward + recomputed QK^T/softmax (Dao 2022, Sec. 3.1)
-STAGE_TERMS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "zero3_comm", "overhead")
+STAGE_TERMS: tuple[str, ...] = (
+    "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "overhead"
+)
+LAYER_TERMS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "overhead")
 STEP_TERMS: tuple[str, ...] = (*STAGE_TERMS, "bubble", "dp_comm", "optimizer")
 MEMORY_FIELDS: tuple[str, ...] = ("weights", "gradients", "optimizer", "activations", "temporary")
 
@@ -51,6 +56,7 @@ INVALID_REASONS: dict[int, str] = {
     9: "tp must divide the scale-up domain or be a multiple of it",
     10: "memory per GPU exceeds capacity",
     11: "stage_layers must sum to the model's layers",
+    12: "ep must divide num_experts and dp*cp (ep = 1 for dense models)",
 }
 MEMORY_REASON = 10
 
@@ -83,6 +89,10 @@ class LayerCosts:
     grad_bytes: float
     dp_group: Arr
     zero3_layer_buffers: Arr
+    expert_params: Arr | float = 0.0  # routed-expert parameters of one layer on one GPU (MoE)
+    expert_trainable: Arr | float = 0.0
+    expert_group: Arr | float = 1.0  # expert-data-parallel group (dp*cp/ep) and its stride
+    expert_stride: Arr | float = 1.0
 
 
 def layer_costs(
@@ -113,6 +123,9 @@ def layer_costs(
         gemm_fwd = gemm_fwd + t_gemm
         if g.tp_dim == "n":
             column_parallel.append(t_gemm)
+    ep = _f(plans.ep)
+    ex = expert_costs(wl, tokens, tp, cp, dp, ep, sp_div, tiers, peak, eff, half, table.grouped_gemm_ratio[hw])
+    gemm_fwd = gemm_fwd + ex.fwd_gemm_s
     attn_flops = tokens * wl.attn_flops_per_token / tp
     if stack.flash_attention:
         attn_fwd = attn_flops * (0.5 if wl.causal else 1.0) / (peak * table.attn_eff[hw])
@@ -157,6 +170,12 @@ def layer_costs(
         tp_hidden = bwd_hidden
     # overlapped collectives take SMs from the GEMMs under them (~15 % on NVLink; shared/reference/hardware.md)
     tp_exposed = tp_comm - tp_hidden + COMM_INTERFERENCE * tp_hidden
+    # MoE token dispatch + combine: 2 all-to-alls forward, 2 backward, 2 more in a full recompute
+    ep_comm = (4.0 + 2.0 * full_rc) * ex.a2a_each_s
+    if stack.ep_comm_overlap:  # hidden behind the expert GEMMs (fwd, 2x bwd, recompute)
+        ep_exposed = np.maximum(0.0, ep_comm - ex.fwd_gemm_s * (3.0 + full_rc))
+    else:
+        ep_exposed = ep_comm
     kv_bytes = mbs * s * 2 * m.n_kv_heads * m.head_dim * ACT_BYTES / tp  # whole-sequence K and V of a layer
     cp_fwd = np.where(cp > 1, all_gather_s(kv_bytes, cp, tp, tiers), 0.0)  # ring attention passes KV blocks
     cp_comm = cp_fwd * (3.0 + full_rc)  # fwd KV, bwd KV + dKV, recompute KV
@@ -194,9 +213,10 @@ def layer_costs(
             "recompute": layer_recompute,
             "tp_comm": tp_exposed,
             "cp_comm": cp_exposed,
+            "ep_comm": ep_exposed,
             "overhead": table.layer_overhead_s[hw] * (2.0 + full_rc),
         },
-        hidden={"tp_comm": tp_hidden, "cp_comm": cp_comm - cp_exposed},
+        hidden={"tp_comm": tp_hidden, "cp_comm": cp_comm - cp_exposed, "ep_comm": ep_comm - ep_exposed},
         bwd_s=layer_bwd,
         params=wl.params_per_layer / tp,
         trainable=(wl.params_per_layer * train_frac + wl.lora_params_per_layer) / tp,
@@ -211,7 +231,11 @@ def layer_costs(
         emb_trainable=1.0 if (train_frac > 0 and wl.lora_params_per_layer == 0) else 0.0,
         grad_bytes=4.0 if stack.grad_reduce_dtype == "fp32" else 2.0,
         dp_group=dp * cp,  # gradients are reduced (and ZeRO shards) over dp x cp
-        zero3_layer_buffers=np.where(plans.zero >= 3, 2.0 * 2.0 * wl.params_per_layer / tp, 0.0),
+        zero3_layer_buffers=np.where(plans.zero >= 3, 2.0 * 2.0 * (wl.params_per_layer / tp + ex.params), 0.0),
+        expert_params=ex.params,
+        expert_trainable=ex.params * train_frac,
+        expert_group=ex.group,
+        expert_stride=ex.stride,
     )
 
 
@@ -227,7 +251,7 @@ class StageCosts:
 
     @property
     def per_micro_batch_s(self) -> Arr:
-        return np.sum([self.time[k] for k in STAGE_TERMS], axis=0)
+        return ordered_sum(self.time[k] for k in STAGE_TERMS)
 
 
 def stage_costs(
@@ -247,7 +271,7 @@ def stage_costs(
     trainable = n_layers * lc.trainable + lc.emb_trainable * extra_params
     tiers, group = lc.tiers, lc.dp_group
 
-    time = {k: n_layers * lc.time[k] for k in ("compute", "recompute", "tp_comm", "cp_comm", "overhead")}
+    time = {k: n_layers * lc.time[k] for k in LAYER_TERMS}
     time["compute"] = time["compute"] + first * lc.emb_time_s + last * lc.head_time_s
     time["pp_comm"] = lc.pp_comm_s
     # ZeRO-3 / FSDP: gather weights for fwd, bwd (and recompute), reduce-scatter grads, every micro-batch
@@ -255,7 +279,8 @@ def stage_costs(
     zero3 = np.where(
         (zero >= 3) & (group > 1),
         gathers * all_gather_s(params * 2.0, group, lc.plans.tp, tiers)
-        + reduce_scatter_s(trainable * lc.grad_bytes, group, lc.plans.tp, tiers),
+        + reduce_scatter_s(trainable * lc.grad_bytes, group, lc.plans.tp, tiers)
+        + _expert_zero3_s(lc, n_layers, gathers),
         0.0,
     )
     busy = time["compute"] + time["recompute"]
@@ -263,6 +288,7 @@ def stage_costs(
     hidden = {
         "tp_comm": n_layers * lc.hidden["tp_comm"],
         "cp_comm": n_layers * lc.hidden["cp_comm"],
+        "ep_comm": n_layers * lc.hidden["ep_comm"],
         "zero3_comm": zero3 - time["zero3_comm"],
     }
 
@@ -277,17 +303,47 @@ def stage_costs(
         ],
         0.0,
     )
-    sync = np.where(group > 1, sync, 0.0)
+    sync = np.where(group > 1, sync, 0.0) + _expert_sync_s(lc, n_layers)
     window = n_layers * lc.bwd_s if stack.dp_overlap else 0.0
     dp_exposed = np.maximum(0.0, sync - window)
     hidden["dp_comm"] = sync - dp_exposed
-    opt_params = trainable / np.where(zero >= 1, group, 1.0)
+    ex_params, ex_train = n_layers * lc.expert_params, n_layers * lc.expert_trainable
+    opt_params = trainable / np.where(zero >= 1, group, 1.0) + ex_train / np.where(zero >= 1, lc.expert_group, 1.0)
     optimizer = memory_bound_time_s(opt_params * OPTIMIZER_BYTES_PER_PARAM, hbm_bw)
 
     w, g, o = model_state_bytes(params, trainable, zero, group, lc.grad_bytes)
+    we, ge, oe = model_state_bytes(ex_params, ex_train, zero, lc.expert_group, lc.grad_bytes)
+    w, g, o = w + we, g + ge, o + oe
     act = n_layers * act_multiplier * lc.act_stored_bytes + lc.act_working_bytes + last * lc.logits_bytes
     memory = MemoryTerms(w, g, o, act, lc.zero3_layer_buffers)
     return StageCosts(time, hidden, memory, dp_exposed, optimizer)
+
+
+def _expert_zero3_s(lc: LayerCosts, n_layers: Arr, gathers: Arr) -> Arr | float:
+    """ZeRO-3 traffic of the routed experts, over the expert-data-parallel group, per micro-batch."""
+    if not np.any(lc.expert_params):
+        return 0.0
+    p, t, grp, st = n_layers * lc.expert_params, n_layers * lc.expert_trainable, lc.expert_group, lc.expert_stride
+    out = gathers * all_gather_s(p * 2.0, grp, st, lc.tiers) + reduce_scatter_s(t * lc.grad_bytes, grp, st, lc.tiers)
+    return np.where(np.asarray(grp) > 1, out, 0.0)
+
+
+def _expert_sync_s(lc: LayerCosts, n_layers: Arr) -> Arr | float:
+    """Per-step gradient sync of the routed experts over the expert-data-parallel group (ZeRO 0-2)."""
+    if not np.any(lc.expert_trainable):
+        return 0.0
+    zero, grp, st = lc.plans.zero, lc.expert_group, lc.expert_stride
+    grads = n_layers * lc.expert_trainable * lc.grad_bytes
+    sync = np.select(
+        [zero == 0, zero <= 2],
+        [
+            all_reduce_s(grads, grp, st, lc.tiers),
+            reduce_scatter_s(grads, grp, st, lc.tiers)
+            + all_gather_s(n_layers * lc.expert_trainable * 2.0, grp, st, lc.tiers),
+        ],
+        0.0,
+    )
+    return np.where(np.asarray(grp) > 1, sync, 0.0)
 
 
 @dataclass(frozen=True)
@@ -304,7 +360,7 @@ class TrainingTerms:
 
     @property
     def step_time_s(self) -> Arr:
-        return np.sum([self.time[k] for k in STEP_TERMS], axis=0)
+        return ordered_sum(self.time[k] for k in STEP_TERMS)
 
 
 def _pick(cond: NDArray[np.bool_], a: dict[str, Arr], b: dict[str, Arr]) -> dict[str, Arr]:
@@ -443,6 +499,7 @@ def invalid_codes(
         (7, (plans.sp > 0) & (tp == 1)),
         (8, (plans.zero > 0) & (plans.dp * cp == 1)),
         (9, (node % tp != 0) & (tp % node != 0)),
+        (12, (wl.num_experts % plans.ep != 0) | ((plans.dp * cp) % plans.ep != 0) if wl.moe else plans.ep != 1),
         (MEMORY_REASON, mem_total > capacity),
     ]
     code = np.zeros(len(plans), dtype=np.int64)

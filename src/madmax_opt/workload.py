@@ -63,14 +63,34 @@ class TransformerWorkload:
     lora_params_per_layer: int
     vocab: int
     final_norm_params: int = 0  # norm after the last layer (last pipeline stage)
+    # mixture of experts: ``gemms`` then hold attention, shared experts and the router; the routed experts are here
+    expert_gemms: tuple[Gemm, ...] = ()  # one expert's MLP
+    num_experts: int = 0
+    top_k: int = 0
+    expert_load_factor: float = 1.0  # capacity factor x load imbalance: routed work on the critical path
+
+    @property
+    def moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def expert_params_per_layer(self) -> int:
+        """Routed-expert parameters of one layer: E x (one expert's MLP)."""
+        return self.num_experts * sum(g.params for g in self.expert_gemms)
+
+    @property
+    def routed_flops_per_token(self) -> int:
+        """Forward FLOPs of the routed experts per token: top_k x one expert's MLP (no padding)."""
+        return self.top_k * sum(g.flops_per_token for g in self.expert_gemms)
 
     @property
     def layer_flops_per_token(self) -> int:
-        return sum(g.flops_per_token for g in self.gemms) + self.attn_flops_per_token
+        return sum(g.flops_per_token for g in self.gemms) + self.attn_flops_per_token + self.routed_flops_per_token
 
     @property
     def params(self) -> int:
-        return self.layers * self.params_per_layer + self.embedding_params + self.head_params + self.final_norm_params
+        per_layer = self.params_per_layer + self.expert_params_per_layer
+        return self.layers * per_layer + self.embedding_params + self.head_params + self.final_norm_params
 
     @property
     def model_flops_per_token(self) -> int:
@@ -85,11 +105,24 @@ def lower(model: TransformerModel, task: Task, stack: Stack) -> TransformerWorkl
     if s is None:
         raise ValueError("task.seq_len is required for an llm")
     swiglu = model.ffn_kind == "swiglu"
+    moe = model.moe
+    if moe is not None:  # the dense MLP is replaced by shared experts + router; routed experts kept apart
+        f = moe.shared_experts * moe.expert_ffn
+        fe = moe.expert_ffn
+        expert_gemms: tuple[Gemm, ...] = (
+            Gemm("expert_up", h, (2 if swiglu else 1) * fe, "n"),
+            Gemm("expert_down", fe, h, "k"),
+        )
+        mlp: tuple[Gemm, ...] = (Gemm("router", h, moe.num_experts, "n"),)
+        if f:
+            mlp = (Gemm("mlp_up", h, (2 if swiglu else 1) * f, "n"), Gemm("mlp_down", f, h, "k"), *mlp)
+    else:
+        expert_gemms = ()
+        mlp = (Gemm("mlp_up", h, (2 if swiglu else 1) * f, "n"), Gemm("mlp_down", f, h, "k"))
     gemms = (
         Gemm("qkv", h, (a + 2 * g) * dh, "n"),
         Gemm("proj", a * dh, h, "k"),
-        Gemm("mlp_up", h, (2 if swiglu else 1) * f, "n"),
-        Gemm("mlp_down", f, h, "k"),
+        *mlp,
     )
     norm_width = (2 if model.norm == "layernorm" else 1) * h  # LayerNorm: scale + shift; RMSNorm: scale
     norm_params = 2 * norm_width  # two norms per layer
@@ -112,12 +145,18 @@ def lower(model: TransformerModel, task: Task, stack: Stack) -> TransformerWorkl
     act_replicated = ACT_BYTES * (2 * h + h + h) + drop * 2 * h
     # Q (2*a*dh) + K, V (2*2*g*dh) + projection input (2*a*dh) + MLP intermediates (gelu 2*2f; swiglu 3*2f)
     act_tp = ACT_BYTES * (2 * a * dh + 2 * g * dh) + (3 if swiglu else 2) * ACT_BYTES * f
+    if moe is not None:  # routed tokens: dispatched input (2h) + expert intermediates, per routed copy
+        act_tp += int(moe.top_k * moe.capacity_factor * ACT_BYTES * (h + (3 if swiglu else 2) * moe.expert_ffn))
     # softmax output (2as) + dropout mask (as) + dropout output (2as), per key position, when not fused
     act_score = 0 if stack.flash_attention else a * (ACT_BYTES + drop * (1 + ACT_BYTES))
     # forward elementwise traffic: 2 norms (read+write 2h each), 2 residual adds (read 2, write 1), dropouts
     elem_repl = ACT_BYTES * (2 * 2 * h + 2 * 3 * h) + drop * 2 * (ACT_BYTES * 2 * h + h)
     # activation function: gelu reads f writes f; swiglu reads 2f writes f
     elem_tp = ACT_BYTES * ((3 if swiglu else 2) * f)
+    # padded capacity or the busiest rank's excess tokens set the routed experts' critical path
+    load = max(moe.capacity_factor, moe.load_imbalance) if moe is not None else 1.0
+    if moe is not None:
+        elem_tp += int(moe.top_k * load * ACT_BYTES * (3 if swiglu else 2) * moe.expert_ffn)
     # unfused: scale+mask+softmax (read, write) and dropout (read, write, mask) over a x s scores per token
     score_elem = 0 if stack.flash_attention else a * (2 * ACT_BYTES + drop * (2 * ACT_BYTES + 1))
 
@@ -150,5 +189,9 @@ def lower(model: TransformerModel, task: Task, stack: Stack) -> TransformerWorkl
         trainable_fraction=trainable_fraction,
         lora_params_per_layer=lora,
         vocab=vocab,
+        expert_gemms=expert_gemms,
+        num_experts=moe.num_experts if moe is not None else 0,
+        top_k=moe.top_k if moe is not None else 0,
+        expert_load_factor=load,
         final_norm_params=norm_width,
     )
