@@ -400,6 +400,21 @@ def training_terms(
     )
     capacity = table.hbm_bytes[plans.hw] * (1.0 - stack.memory_reserve_fraction)
     invalid = invalid_codes(wl, task, table, plans, lc.n_micro, memory.total, capacity)
+    peak = table.peak_flops(task.precision)[plans.hw]
+    return _step_terms(wl, task, time, hidden, memory, capacity, invalid, plans.gpus, peak)
+
+
+def _step_terms(
+    wl: TransformerWorkload,
+    task: Task,
+    time: dict[str, Arr],
+    hidden: dict[str, Arr],
+    memory: MemoryTerms,
+    capacity: Arr,
+    invalid: NDArray[np.int64],
+    gpus: NDArray[np.int64],
+    peak: Arr,
+) -> TrainingTerms:
     tokens_per_step = float(task.global_batch * wl.seq_len)
     return TrainingTerms(
         time=time,
@@ -409,8 +424,8 @@ def training_terms(
         invalid=invalid,
         tokens_per_step=tokens_per_step,
         model_flops_per_step=tokens_per_step * wl.model_flops_per_token,
-        gpus=plans.gpus,
-        peak_flops=table.peak_flops(task.precision)[plans.hw],
+        gpus=gpus,
+        peak_flops=peak,
     )
 
 
@@ -453,24 +468,14 @@ def staged_terms(
     worst = int(np.argmax(sc.memory.total - capacities))  # the stage closest to (or over) its capacity
     memory = MemoryTerms(*(np.array([getattr(sc.memory, f)[worst]]) for f in MEMORY_FIELDS))
     capacity = capacities[worst : worst + 1]
-    invalid = invalid_codes(wl, task, table, base, m, memory.total, capacity, check_layers=False)
-    if stage_hw is not None:  # mixed pipeline: the GPU count is the sum over types, checked by the caller
-        invalid = invalid_codes(wl, task, table, base, m, memory.total, capacity, check_layers=False,
-                                check_gpus=False)
+    # a mixed pipeline's GPU count is a sum over types: the caller checks it against the supplies
+    invalid = invalid_codes(
+        wl, task, table, base, m, memory.total, capacity, check_layers=False, check_gpus=stage_hw is None
+    )
     if sum(stage_layers) != wl.layers:
         invalid = np.where(invalid == 0, 11, invalid)
-    tokens_per_step = float(task.global_batch * wl.seq_len)
-    return TrainingTerms(
-        time=time,
-        hidden_comm=hidden,
-        memory=memory,
-        capacity_bytes=capacity,
-        invalid=invalid,
-        tokens_per_step=tokens_per_step,
-        model_flops_per_step=tokens_per_step * wl.model_flops_per_token,
-        gpus=base.gpus,
-        peak_flops=np.array([table.peak_flops(task.precision)[hw].mean()]),  # equal GPUs per stage
-    )
+    peak = np.array([table.peak_flops(task.precision)[hw].mean()])  # equal GPUs per stage
+    return _step_terms(wl, task, time, hidden, memory, capacity, invalid, base.gpus, peak)
 
 
 def invalid_codes(
