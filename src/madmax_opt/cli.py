@@ -233,6 +233,7 @@ app.command("paper-inference")(__import__("madmax_opt.serving_reports", fromlist
 app.command("pareto")(__import__("madmax_opt.serving_reports", fromlist=["x"]).pareto_cmd)
 app.command("sweep")(__import__("madmax_opt.sweep", fromlist=["sweep_cmd"]).sweep_cmd)
 app.command("report")(__import__("madmax_opt.sweep_report", fromlist=["report_cmd"]).report_cmd)
+app.command("bench-evaluator")(__import__("madmax_opt.bench", fromlist=["x"]).bench_evaluator_cmd)
 app.command("sensitivity")(__import__("madmax_opt.sensitivity", fromlist=["sensitivity_cmd"]).sensitivity_cmd)
 
 

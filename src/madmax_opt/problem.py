@@ -222,7 +222,7 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
     pf = validate(ProblemFile, data, file=source)
     model = resolve_model(pf.model, file=source)
     entries = pf.hardware if isinstance(pf.hardware, list) else [pf.hardware]
-    options = []
+    options: list[HardwareOption] = []
     for i, e in enumerate(entries):
         field = f"hardware[{i}]" if isinstance(pf.hardware, list) else "hardware"
         system = resolve_system(e, file=source, field=field)

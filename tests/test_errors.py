@@ -1,0 +1,306 @@
+"""Bad input: one line on stderr naming file, field and what is allowed, exit 2; infeasible problems exit 3.
+
+Every case is a file in tests/data (bad/, infeasible/, plans/) run through the installed ``madmax-opt`` script.
+The allowed values are taken from the catalog data files (plain YAML) and the pydantic models' field lists, or
+worked out by hand (divisors, line/column positions, memory lower bounds) in the comments.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+from madmax_opt import cli
+from madmax_opt.errors import InternalError
+from madmax_opt.spec import Plan, Task, TransformerModel
+from test_cli import CATALOG, DATA, SMALL, assert_one_line_error, catalog_names, run_cli, run_main
+
+BAD = DATA / "bad"
+PLANS = DATA / "plans"
+
+
+def keys(model: Any) -> list[str]:
+    return list(model.model_fields)
+
+
+# (file in tests/data/bad, field named in the message or None for the whole file, fragments that must appear)
+BAD_PROBLEMS: list[tuple[str, str | None, list[str]]] = [
+    # unknown keys list the allowed keys
+    ("unknown-top-key.yaml", "solver",
+     ["unknown key", "model", "hardware", "task", "space", "stack", "objective", "constraints", "baseline"]),
+    ("unknown-task-key.yaml", "task.batch_size", ["unknown key", *keys(Task)]),
+    ("unknown-hardware-key.yaml", "hardware[1].nodes", ["unknown key", "gpu", "gpus", "supply", "system"]),
+    ("unknown-inline-model-key.yaml", "model.n_layers", ["unknown key", *keys(TransformerModel)]),
+    # wrong types name what the field takes
+    ("wrong-type-gpus.yaml", "hardware.gpus",
+     ["wrong type", "'eight'", "an integer > 0", "a list of integers > 0", "start, stop, step"]),
+    ("wrong-type-global-batch.yaml", "task.global_batch", ["wrong type", "16.5", "an integer > 0"]),
+    ("wrong-type-model.yaml", "model", ["wrong type", "got 7", "a catalog name", "hf_config", "layers"]),
+    ("wrong-type-task.yaml", "task", ["wrong type", "'pretrain'", "global_batch", "seq_len"]),
+    ("wrong-type-sp.yaml", "space.sp", ["wrong type", "'sometimes'", "true or false"]),
+    ("unknown-recompute.yaml", "space.recompute[1]", ["'partial'", "none", "selective", "full"]),
+    ("unknown-objective.yaml", "objective", ["'fastest'", "throughput", "cost", "time_to_train"]),
+    # catalog names list the whole catalog
+    ("unknown-model.yaml", "model", ["'llama-2-7b'", *catalog_names("models")]),
+    ("unknown-system.yaml", "hardware.system", ["'dgx-h1000'", *catalog_names("systems")]),
+    ("unknown-gpu.yaml", "hardware.gpu", ["'h100'", *catalog_names("gpus")]),
+    ("unknown-gpu-in-inline-system.yaml", "hardware.system.gpu", ["'a100'", *catalog_names("gpus")]),
+    # zero and negative sizes
+    ("zero-gpus.yaml", "hardware.gpus", ["greater than 0", "got 0", "an integer > 0"]),
+    ("negative-gpus-in-list.yaml", "hardware.gpus[1]", ["got -16", "an integer > 0"]),
+    ("negative-seq-len.yaml", "task.seq_len", ["got -2048", "an integer > 0"]),
+    ("zero-layers-inline.yaml", "model.layers", ["got 0", "an integer > 0"]),
+    ("baseline-zero-stage-4.yaml", "baseline.zero", ["got 4", "an integer >= 0 and <= 3"]),
+    ("reserve-fraction-one.yaml", "stack.memory_reserve_fraction", ["got 1.0", "< 1"]),
+    # malformed YAML: the unclosed "{" of line 2 is noticed at the ":" after "task" (line 3, column 5)
+    ("malformed.yaml", None, ["malformed YAML", "line 3, column 5"]),
+    ("duplicate-key.yaml", None, ["duplicate key 'task'", "line 4, column 1"]),
+    ("empty.yaml", None, ["empty", "model", "hardware", "task"]),
+    ("top-level-list.yaml", None, ["wrong type", "got a list", "model", "hardware", "task"]),
+    # empty lists
+    ("empty-hardware-list.yaml", "hardware", ["empty list", "system", "gpus"]),
+    ("empty-gpus-list.yaml", "hardware", ["gpus is an empty list", "cluster sizes"]),
+    ("reversed-gpu-range.yaml", "hardware.gpus", ["stop (8) is below start (64)", "stop >= start"]),
+    ("empty-space-list.yaml", "space.tp", ["empty list", "one or more values"]),
+    ("space-zero-stage-5.yaml", "space.zero", ["got [0, 5]", "allowed: ZeRO stages 0, 1, 2, 3"]),
+    # model shapes: the allowed head counts are the divisors, by brute force below
+    ("inline-hidden-not-divisible.yaml", "model",
+     ["hidden (1000) is not divisible by heads (12)",
+      "allowed heads: " + ", ".join(str(d) for d in range(1, 1001) if 1000 % d == 0)]),
+    ("inline-kv-heads-not-divisible.yaml", "model",
+     ["heads (12) is not divisible by kv_heads (5)",
+      "allowed kv_heads: " + ", ".join(str(d) for d in range(1, 13) if 12 % d == 0)]),
+    # Hugging Face configs (paths relative to the problem file); line 4 of the JSON lacks its comma
+    ("hf-config-missing.yaml", "model.hf_config", ["not found", "no-such-config.json"]),
+    ("hf-config-malformed.yaml", "model.hf_config", ["malformed JSON", "line 5, column 3"]),
+    ("hf-config-incomplete.yaml", "model.hf_config", ["lacks", "num_hidden_layers"]),
+    # cross-field rules
+    ("time-to-train-without-tokens.yaml", "task.train_tokens", ["time_to_train", "allowed"]),
+    ("missing-task.yaml", "task", ["required key missing", "global_batch"]),
+    ("llm-without-seq-len.yaml", "task.seq_len", ["required for an llm", "an integer > 0"]),
+    ("frozen-layers-exceed.yaml", "task.frozen_layers", ["40 exceeds the model's 32 layers", "0 to 32"]),
+    ("hardware-gpu-and-system.yaml", "hardware", ["exactly one of system", "gpu"]),
+]
+
+
+@pytest.mark.parametrize(("name", "field", "fragments"), BAD_PROBLEMS, ids=[c[0] for c in BAD_PROBLEMS])
+def test_bad_problem_gives_one_line_and_exit_2(name: str, field: str | None, fragments: list[str]) -> None:
+    path = BAD / name
+    assert path.exists()
+    line = assert_one_line_error(run_main("solve", path), 2, f"error: {path}: ", *fragments)
+    if field is not None:
+        assert line.startswith(f"error: {path}: {field}: "), line
+
+
+@pytest.mark.parametrize("name", ["unknown-task-key.yaml", "wrong-type-gpus.yaml", "unknown-model.yaml",
+                                  "malformed.yaml", "inline-hidden-not-divisible.yaml"])
+def test_bad_problem_through_the_console_script(name: str) -> None:
+    """The same one line and exit code from a separate process running the installed script."""
+    path = BAD / name
+    in_process = run_main("solve", path)
+    assert_one_line_error(run_cli("solve", path), 2, in_process.stderr.strip())
+
+
+def test_every_bad_problem_file_is_tested() -> None:
+    tested = {c[0] for c in BAD_PROBLEMS}
+    on_disk = {p.name for p in BAD.glob("*.yaml")}
+    assert on_disk == tested
+
+
+def test_the_inline_model_error_lists_the_model_keys_not_the_hf_config_branch() -> None:
+    line = assert_one_line_error(run_main("solve", BAD / "unknown-inline-model-key.yaml"), 2)
+    assert "hf_config" not in line
+
+
+@pytest.mark.parametrize("command", [["evaluate", "--plan", str(PLANS / "one-plan.yaml")], ["verify"]])
+def test_other_commands_report_bad_problems_the_same_way(command: list[str]) -> None:
+    path = BAD / "unknown-system.yaml"
+    assert_one_line_error(run_main(command[0], path, *command[1:]), 2, f"{path}: hardware.system: ", "dgx-h100")
+
+
+def test_missing_problem_file() -> None:
+    path = DATA / "no-such-problem.yaml"
+    assert_one_line_error(run_cli("solve", path), 2, str(path), "problem file not found")
+
+
+def test_problem_path_is_a_directory() -> None:
+    assert_one_line_error(run_main("solve", DATA), 2, str(DATA), "is a directory")
+
+
+def test_problem_file_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("model: caf\xe9\n".encode("latin-1"))  # é is byte 0xe9 at offset 10
+    assert_one_line_error(run_main("solve", path), 2, str(path), "not UTF-8", "byte 10")
+
+
+# ---------------------------------------------------------------------------------------------- plan files
+
+BAD_PLANS: list[tuple[str, str | None, list[str]]] = [
+    # small.yaml has one option, 8 GPUs of dgx-h100: 2 x 8 = 16 GPUs is a different cluster
+    ("wrong-gpu-count.yaml", "dp*tp*pp*cp", ["2*8*1*1 = 16 GPUs", "allowed: 8"]),
+    ("wrong-system.yaml", "system", ["'dgx-a100'", "allowed: dgx-h100"]),
+    ("unknown-key.yaml", "[1].micro_batch", ["unknown key", *keys(Plan)]),
+    ("wrong-type.yaml", "recompute", ["none", "selective", "full"]),
+    ("empty-list.yaml", None, ["expected a plan", "allowed", "dp", "tp", "pp"]),
+]
+
+
+@pytest.mark.parametrize(("name", "field", "fragments"), BAD_PLANS, ids=[c[0] for c in BAD_PLANS])
+def test_bad_plan_file_gives_one_line_and_exit_2(name: str, field: str | None, fragments: list[str]) -> None:
+    path = PLANS / name
+    line = assert_one_line_error(run_main("evaluate", SMALL, "--plan", path), 2, f"error: {path}: ", *fragments)
+    if field is not None:
+        assert line.startswith(f"error: {path}: {field}: "), line
+
+
+def test_missing_plan_file() -> None:
+    path = PLANS / "no-such-plan.yaml"
+    assert_one_line_error(run_cli("evaluate", SMALL, "--plan", path), 2, str(path), "plan file not found")
+
+
+def test_malformed_plan_file(tmp_path: Path) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text("dp: 8\ntp: [1, 2\n")
+    assert_one_line_error(run_main("evaluate", SMALL, "--plan", path), 2, str(path), "malformed YAML", "line 3")
+
+
+# ------------------------------------------------------------------------------------ infeasible: exit 3
+
+
+def _gb_needed(line: str) -> float:
+    match = re.search(r"needs at least ([0-9.]+) GB per GPU", line)
+    assert match, line
+    return float(match.group(1))
+
+
+def test_405b_does_not_fit_on_eight_16gb_gpus() -> None:
+    line = assert_one_line_error(
+        run_cli("solve", DATA / "infeasible" / "405b-on-8-v100-16gb.yaml"), 3,
+        "llama3-405b does not fit", "v100-16gb", "binding constraint: memory capacity",
+    )
+    # model states alone: >= 405e9 params x (2 B weights + 4 B fp32 grads + 12 B Adam) / 8 GPUs (dp = 1: no ZeRO)
+    assert _gb_needed(line) >= 405e9 * 18 / 8 / 1e9
+
+
+def test_70b_does_not_fit_on_one_gpu() -> None:
+    line = assert_one_line_error(
+        run_main("solve", DATA / "infeasible" / "70b-on-one-gpu.yaml"), 3,
+        "llama2-70b does not fit", "1 x h100-sxm", "binding constraint: memory capacity",
+    )
+    assert _gb_needed(line) >= 68.9e9 * 18 / 1e9  # Llama-2-70B: 68.98e9 parameters, 18 B each
+
+
+def test_max_gpus_below_the_smallest_cluster() -> None:
+    assert_one_line_error(
+        run_main("solve", DATA / "infeasible" / "max-gpus-below-smallest.yaml"), 3,
+        "binding constraint: max_gpus=4", "smallest feasible cluster has 8 GPUs",
+    )
+
+
+def test_empty_space() -> None:
+    assert_one_line_error(
+        run_main("solve", DATA / "infeasible" / "empty-space.yaml"), 3, "plan space is empty", "tp=3", "8",
+    )
+
+
+def test_space_where_no_plan_is_valid() -> None:
+    assert_one_line_error(
+        run_main("solve", DATA / "infeasible" / "batch-not-divisible.yaml"), 3,
+        "dp*mbs must divide global_batch", "global_batch=16", "mbs=32",
+    )
+
+
+def test_budget_below_the_cheapest_option() -> None:
+    price = yaml.safe_load((CATALOG / "systems.yaml").read_text())["dgx-h100"]["price_per_gpu_hour"]
+    assert_one_line_error(
+        run_main("solve", DATA / "infeasible" / "budget-too-small.yaml"), 3,
+        "binding constraint: max_cost_per_hour=1.0", f"${8 * price:.2f}/h",
+    )
+
+
+def test_verify_of_an_infeasible_problem_agrees_and_exits_0() -> None:
+    result = run_main("verify", DATA / "infeasible" / "empty-space.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "agree: True" in result.stdout
+
+
+# ------------------------------------------------------------------------------------------ usage errors
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["solve"], ["Missing argument", "madmax-opt solve --help"]),
+        (["solve", str(SMALL), "--top-k", "0"], ["--top-k", "madmax-opt solve --help"]),
+        (["solve", str(SMALL), "--fastest"], ["No such option: --fastest"]),
+        (["optimise", str(SMALL)], ["No such command 'optimise'", "madmax-opt --help"]),
+        (["evaluate", str(SMALL)], ["Missing option '--plan'"]),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args: list[str], fragments: list[str]) -> None:
+    assert_one_line_error(run_main(*args), 2, *fragments)
+
+
+def test_no_arguments_prints_help() -> None:
+    result = run_cli()
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.returncode == 2
+    assert "Usage" in result.stdout and "solve" in result.stdout
+
+
+# ------------------------------------------------------------------------- main(): exit codes in-process
+
+
+def _main_exit(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
+    monkeypatch.setattr(sys, "argv", ["madmax-opt", *args])
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    code = stop.value.code
+    return code if isinstance(code, int) else 0
+
+
+def test_main_passes_on_a_commands_exit_code(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    import madmax_opt.verify
+
+    monkeypatch.setattr(madmax_opt.verify, "verify_problem", lambda problem: {"agree": False})
+    assert _main_exit(monkeypatch, "verify", str(SMALL)) == 1  # typer.Exit(1) must not become 0
+    assert "agree: False" in capsys.readouterr().out
+
+
+def test_main_exits_0_on_success(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    assert _main_exit(monkeypatch, "schema") == 0
+    assert '"properties"' in capsys.readouterr().out
+
+
+def test_main_internal_error_exit_4(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    def broken(*args: Any) -> None:
+        raise InternalError("solver/evaluator mismatch on a plan:\n  evaluator 1.0 s, solver 2.0 s")
+
+    monkeypatch.setattr(cli, "solve_result", broken)
+    assert _main_exit(monkeypatch, "solve", str(SMALL)) == 4
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: solver/evaluator mismatch")  # newlines folded
+
+
+def test_main_os_error_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    def read_only(*args: Any) -> None:
+        raise PermissionError(13, "Permission denied", "/results/table.md")
+
+    monkeypatch.setattr(cli, "solve_result", read_only)
+    assert _main_exit(monkeypatch, "solve", str(SMALL)) == 2
+    assert capsys.readouterr().err == "error: /results/table.md: Permission denied\n"
+
+
+def test_main_abort_exit_130(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    def abort(*args: Any) -> None:
+        raise typer.Abort()
+
+    monkeypatch.setattr(cli, "solve_result", abort)
+    assert _main_exit(monkeypatch, "solve", str(SMALL)) == 130
+    assert capsys.readouterr().err == "error: aborted\n"
