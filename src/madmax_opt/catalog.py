@@ -60,7 +60,8 @@ def models() -> dict[str, TransformerModel]:
 
 
 def lookup(kind: str, name: str, *, file: str | None, field: str) -> Any:
-    table: dict[str, Any] = {"gpu": gpus, "system": systems, "model": models}[kind]()
+    loaders: dict[str, Any] = {"gpu": gpus, "system": systems, "model": models}
+    table: dict[str, Any] = loaders[kind]()
     if name not in table:
         allowed = ", ".join(sorted(table))
         raise ProblemError(f"unknown {kind} {name!r}; allowed: {allowed}", file=file, field=field)
@@ -69,4 +70,5 @@ def lookup(kind: str, name: str, *, file: str | None, field: str) -> Any:
 
 def standard_system(gpu: str, *, file: str | None, field: str) -> System:
     lookup("gpu", gpu, file=file, field=field)
-    return lookup("system", STANDARD_SYSTEM[gpu], file=file, field=field)  # type: ignore[no-any-return]
+    system: System = lookup("system", STANDARD_SYSTEM[gpu], file=file, field=field)
+    return system

@@ -235,6 +235,8 @@ app.command("sweep")(__import__("madmax_opt.sweep", fromlist=["sweep_cmd"]).swee
 app.command("report")(__import__("madmax_opt.sweep_report", fromlist=["report_cmd"]).report_cmd)
 app.command("bench-evaluator")(__import__("madmax_opt.bench", fromlist=["x"]).bench_evaluator_cmd)
 app.command("sensitivity")(__import__("madmax_opt.sensitivity", fromlist=["sensitivity_cmd"]).sensitivity_cmd)
+app.command("codesign")(__import__("madmax_opt.codesign", fromlist=["codesign_cmd"]).codesign_cmd)
+app.command("bench-sensitivity")(__import__("madmax_opt.codesign", fromlist=["x"]).bench_sensitivity_cmd)
 
 
 def main() -> None:

@@ -267,7 +267,8 @@ def resolve_model(spec: str | HFConfig | TransformerModel, *, file: str | None) 
     if isinstance(spec, HFConfig):
         base = Path(file).parent if file and file != "<inline>" else Path(".")
         return model_from_hf_config(base / spec.hf_config, file=file)
-    return catalog.lookup("model", spec, file=file, field="model")  # type: ignore[no-any-return]
+    model: TransformerModel = catalog.lookup("model", spec, file=file, field="model")
+    return model
 
 
 def resolve_system(e: HardwareEntry, *, file: str | None, field: str) -> System:
@@ -276,7 +277,8 @@ def resolve_system(e: HardwareEntry, *, file: str | None, field: str) -> System:
     if isinstance(e.system, System):
         return e.system
     if e.system is not None:
-        return catalog.lookup("system", e.system, file=file, field=f"{field}.system")  # type: ignore[no-any-return]
+        system: System = catalog.lookup("system", e.system, file=file, field=f"{field}.system")
+        return system
     assert e.gpu is not None
     return catalog.standard_system(e.gpu, file=file, field=f"{field}.gpu")
 

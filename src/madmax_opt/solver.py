@@ -248,6 +248,7 @@ def solve_records(problem: Problem, **kwargs: Any) -> tuple[SolveOutcome, list[d
                 uneven.booleans,
             )
         outcome.uneven = uneven
+    assert outcome is not None  # a uniform or an uneven plan was found, else InfeasibleError was raised
     return outcome, recs
 
 
