@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from ortools.sat.python import cp_model
 from pydantic import Field, NonNegativeInt, model_validator
 from rich.console import Console
 from rich.table import Table
 
+from madmax_opt.assemble import Limit, admissible_mask, brute_force, cluster_limits, pick_best, supplies
 from madmax_opt.errors import InfeasibleError, InternalError, ProblemError
 from madmax_opt.hardware import HardwareTable
 from madmax_opt.inference import (
@@ -280,51 +280,44 @@ def _gpu_type(model: ServingModel, plans: ServingArrays) -> NDArray[np.str_]:
     return names[plans.hw] if len(plans) else np.array([], dtype=str)
 
 
-def _supplies(model: ServingModel) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for o in model.problem.hardware:
-        if o.supply is not None:
-            out[o.gpu.name] = min(out.get(o.gpu.name, o.supply), o.supply)
+def target_limits(model: ServingModel, c: ServingCandidates) -> list[Limit]:
+    """TTFT, TPOT and throughput targets as linear limits (on the rounded integers CP-SAT sees)."""
+    task = model.task
+    out = []
+    if task.ttft_s is not None:
+        out.append(Limit(c.ttft_us, round(task.ttft_s * US)))
+    if task.tpot_s is not None:
+        out.append(Limit(c.tpot_us, round(task.tpot_s * US)))
+    floor = _min_tokens_per_s(task, model)
+    if floor is not None:
+        out.append(Limit(c.tokens_per_s, floor, at_least=True))
     return out
 
 
+def cluster(model: ServingModel, c: ServingCandidates) -> list[Limit]:
+    """GPU count, $/hour and GPU supply per type."""
+    cons = model.problem.constraints
+    return cluster_limits(
+        model.problem.hardware, c.plans.hw, c.plans.gpus, c.cost_cents_per_hour, cons.max_gpus, cons.max_cost_per_hour
+    )
+
+
 def meets_targets(model: ServingModel, c: ServingCandidates) -> NDArray[np.bool_]:
-    """TTFT, TPOT and throughput targets (on the rounded integers CP-SAT sees)."""
-    task = model.task
-    ok = np.ones(len(c.plans), dtype=bool)
-    if task.ttft_s is not None:
-        ok &= c.ttft_us <= round(task.ttft_s * US)
-    if task.tpot_s is not None:
-        ok &= c.tpot_us <= round(task.tpot_s * US)
-    floor = _min_tokens_per_s(task, model)
-    if floor is not None:
-        ok &= c.tokens_per_s >= floor
-    return ok
+    return admissible_mask(np.ones(len(c.plans), dtype=bool), target_limits(model, c))
 
 
 def within_cluster_limits(model: ServingModel, c: ServingCandidates) -> NDArray[np.bool_]:
-    cons = model.problem.constraints
-    ok = np.ones(len(c.plans), dtype=bool)
-    gpus = c.plans.gpus
-    if cons.max_gpus is not None:
-        ok &= gpus <= cons.max_gpus
-    if cons.max_cost_per_hour is not None:
-        ok &= c.cost_cents_per_hour <= round(cons.max_cost_per_hour * 100)
-    types = _gpu_type(model, c.plans)
-    for name, supply in _supplies(model).items():
-        ok &= ~((types == name) & (gpus > supply))
-    return ok
+    return admissible_mask(np.ones(len(c.plans), dtype=bool), cluster(model, c))
 
 
 def admissible(model: ServingModel, c: ServingCandidates) -> NDArray[np.bool_]:
     """Valid plans meeting every target and constraint: what brute force minimises over."""
-    return c.valid & meets_targets(model, c) & within_cluster_limits(model, c)
+    return admissible_mask(c.valid, target_limits(model, c) + cluster(model, c))
 
 
 def brute_force_order(model: ServingModel, c: ServingCandidates, objective: str) -> IntArr:
     """Admissible candidate indices sorted by (integer objective, enumeration order): the reference answer."""
-    idx = np.flatnonzero(admissible(model, c))
-    return idx[np.lexsort((idx, c.objective(objective)[idx]))]
+    return brute_force(c.objective(objective), admissible(model, c))
 
 
 # ---------------------------------------------------------------------------------------------- CP-SAT
@@ -355,64 +348,22 @@ def solve_serving(
     t0 = time.perf_counter()
     model = model or ServingModel(problem)
     c = candidates(model, plans)
-    ok = admissible(model, c)
-    if not ok.any():
+    lims = target_limits(model, c) + cluster(model, c)
+    pick = pick_best(
+        c.objective(problem.objective),
+        admissible_mask(c.valid, lims),
+        c.plans.hw,
+        lims,
+        top_k=top_k,
+        time_limit_s=time_limit_s,
+        workers=workers,
+        seed=seed,
+    )
+    if pick is None:
         raise InfeasibleError(explain_infeasible(model, c))
-    obj = c.objective(problem.objective)
-    keep: list[int] = []
-    for hw in np.unique(c.plans.hw[ok]):
-        idx = np.flatnonzero(ok & (c.plans.hw == hw))
-        keep.extend(idx[np.lexsort((idx, obj[idx]))][:top_k].tolist())
-    keep_arr = np.array(sorted(keep), dtype=np.int64)
-
-    m = cp_model.CpModel()
-    x = [m.new_bool_var(f"x{i}") for i in keep_arr]
-    m.add_exactly_one(x)
-
-    def linear(coeffs: IntArr) -> Any:
-        return sum(int(q) * v for q, v in zip(coeffs[keep_arr], x, strict=True))
-
-    task, cons = model.task, problem.constraints
-    if task.ttft_s is not None:
-        m.add(linear(c.ttft_us) <= round(task.ttft_s * US))
-    if task.tpot_s is not None:
-        m.add(linear(c.tpot_us) <= round(task.tpot_s * US))
-    floor = _min_tokens_per_s(task, model)
-    if floor is not None:
-        m.add(linear(c.tokens_per_s) >= floor)
-    if cons.max_gpus is not None:
-        m.add(linear(c.plans.gpus) <= cons.max_gpus)
-    if cons.max_cost_per_hour is not None:
-        m.add(linear(c.cost_cents_per_hour) <= round(cons.max_cost_per_hour * 100))
-    types = _gpu_type(model, c.plans)
-    for name, supply in _supplies(model).items():
-        m.add(linear(np.where(types == name, c.plans.gpus, 0)) <= supply)
-    coeffs = obj[keep_arr]
-    # ties broken by enumeration order, like brute force: objective * n + rank among the kept candidates
-    n = len(keep_arr)
-    assert (int(coeffs.max()) + 1) * n < 2**62, "objective coefficient overflow"
-    m.minimize(sum((int(q) * n + j) * v for j, (q, v) in enumerate(zip(coeffs, x, strict=True))))
-
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = seed
-    solver.parameters.max_time_in_seconds = time_limit_s
-    top: list[int] = []
-    status, best, bound = "infeasible", None, None
-    for rank in range(top_k):
-        st = solver.solve(m)
-        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            break
-        chosen = next(j for j, v in enumerate(x) if solver.value(v))
-        top.append(int(keep_arr[chosen]))
-        if rank == 0:
-            status = "optimal" if st == cp_model.OPTIMAL else "feasible"
-            best = int(coeffs[chosen])
-            bound = float(np.floor(solver.best_objective_bound / n))  # back to objective units
-        m.add(x[chosen] == 0)
-    if not top:
-        raise InfeasibleError(explain_infeasible(model, c))
-    return ServingOutcome(status, top, best, bound, time.perf_counter() - t0, c, len(x))
+    return ServingOutcome(
+        pick.status, pick.top, pick.objective, pick.best_bound, time.perf_counter() - t0, c, pick.booleans
+    )
 
 
 # --------------------------------------------------------------------------------------------- records
@@ -616,7 +567,7 @@ def explain_infeasible(model: ServingModel, c: ServingCandidates) -> str:
             cheapest = float(c.cost_per_hour[fit_targets].min())
             reasons.append(
                 f"the targets need at least {fewest} GPUs (${cheapest:,.2f}/h); limits: max_gpus="
-                f"{cons.max_gpus}, max_cost_per_hour={cons.max_cost_per_hour}, supply={_supplies(model)}"
+                f"{cons.max_gpus}, max_cost_per_hour={cons.max_cost_per_hour}, supply={supplies(model.problem.hardware)}"
             )
         else:
             reasons.append("the targets together exclude every valid plan")

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from ortools.sat.python import cp_model
 
+from madmax_opt.assemble import Limit, admissible_mask, brute_force, cluster_limits, pick_best, supplies
 from madmax_opt.errors import InfeasibleError, InternalError
 from madmax_opt.evaluator import Metrics, Model, invalid_reason, metrics, staged_record, to_records
 from madmax_opt.plan import PlanArrays
@@ -59,20 +59,21 @@ def candidates(model: Model, plans: PlanArrays | None = None) -> Candidates:
     return Candidates(plans, metrics(model, plans))
 
 
+def limits(model: Model, c: Candidates) -> list[Limit]:
+    """The problem's side constraints as linear limits over the candidates (same integers for CP-SAT and brute
+    force): GPU count, $/hour, GPU supply per type, minimum throughput (as a maximum step time)."""
+    cons = model.problem.constraints
+    out = cluster_limits(
+        model.problem.hardware, c.plans.hw, c.plans.gpus, c.cost_cents_per_hour, cons.max_gpus, cons.max_cost_per_hour
+    )
+    if cons.min_throughput is not None:
+        out.append(Limit(c.step_us, _max_step_us(model)))
+    return out
+
+
 def admissible(model: Model, c: Candidates) -> NDArray[np.bool_]:
     """Valid plans that meet every constraint: what brute force minimises over (same integers as CP-SAT)."""
-    cons = model.problem.constraints
-    ok = c.met.feasible.copy()
-    gpus = c.plans.gpus
-    if cons.max_gpus is not None:
-        ok &= gpus <= cons.max_gpus
-    if cons.max_cost_per_hour is not None:
-        ok &= c.cost_cents_per_hour <= round(cons.max_cost_per_hour * 100)
-    if cons.min_throughput is not None:
-        ok &= c.step_us <= _max_step_us(model)
-    for name, supply in _supplies(model).items():
-        ok &= ~((_gpu_type(model, c.plans) == name) & (gpus > supply))
-    return ok
+    return admissible_mask(c.met.feasible, limits(model, c))
 
 
 def _max_step_us(model: Model) -> int:
@@ -82,24 +83,9 @@ def _max_step_us(model: Model) -> int:
     return int(np.floor(tokens_per_step / cons.min_throughput * US))  # tokens/step_s >= min  <=>  step <= ...
 
 
-def _gpu_type(model: Model, plans: PlanArrays) -> NDArray[np.str_]:
-    names = np.array([o.gpu.name for o in model.problem.hardware])
-    return names[plans.hw] if len(plans) else np.array([], dtype=str)
-
-
-def _supplies(model: Model) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for o in model.problem.hardware:
-        if o.supply is not None:
-            out[o.gpu.name] = min(out.get(o.gpu.name, o.supply), o.supply)
-    return out
-
-
 def brute_force_order(model: Model, c: Candidates, objective: str) -> IntArr:
     """Admissible candidate indices sorted by (integer objective, enumeration order): the reference answer."""
-    idx = np.flatnonzero(admissible(model, c))
-    obj = c.objective(objective)[idx]
-    return idx[np.lexsort((idx, obj))]
+    return brute_force(c.objective(objective), admissible(model, c))
 
 
 @dataclass
@@ -129,69 +115,27 @@ def solve(
     t0 = time.perf_counter()
     model = model or Model(problem)
     c = candidates(model, plans)
-    ok = admissible(model, c)
-    if not ok.any():
-        raise InfeasibleError(explain_infeasible(model, c))
-    objective = problem.objective
-    obj = c.objective(objective)
-    # keep the k best admissible candidates of each hardware option (exact: constraints are monotone per option)
-    keep: list[int] = []
-    for hw in np.unique(c.plans.hw[ok]):
-        idx = np.flatnonzero(ok & (c.plans.hw == hw))
-        keep.extend(idx[np.lexsort((idx, obj[idx]))][:top_k].tolist())
-    keep_arr = np.array(sorted(keep), dtype=np.int64)
-
-    m = cp_model.CpModel()
-    x = [m.new_bool_var(f"x{i}") for i in keep_arr]
-    m.add_exactly_one(x)
-    cons = problem.constraints
-    gpus = c.plans.gpus[keep_arr]
-    if cons.max_gpus is not None:
-        m.add(sum(int(g) * v for g, v in zip(gpus, x, strict=True)) <= cons.max_gpus)
-    if cons.max_cost_per_hour is not None:
-        cents = c.cost_cents_per_hour[keep_arr]
-        m.add(sum(int(q) * v for q, v in zip(cents, x, strict=True)) <= round(cons.max_cost_per_hour * 100))
-    if cons.min_throughput is not None:
-        steps = c.step_us[keep_arr]
-        m.add(sum(int(q) * v for q, v in zip(steps, x, strict=True)) <= _max_step_us(model))
-    types = _gpu_type(model, c.plans.take(keep_arr))
-    for name, supply in _supplies(model).items():
-        m.add(sum(int(g) * v for g, v, t in zip(gpus, x, types, strict=True) if t == name) <= supply)
-    # ties break by enumeration order (as brute force does): objective * n + position, exact in integers
-    n_keep = len(keep_arr)
-    coeffs = obj[keep_arr] * n_keep + np.arange(n_keep)
-    assert int(coeffs.max()) < 2**50, "objective coefficient overflow"
-    m.minimize(sum(int(q) * v for q, v in zip(coeffs, x, strict=True)))
-
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = seed
-    solver.parameters.max_time_in_seconds = time_limit_s
-    top: list[int] = []
-    status_name = "infeasible"
-    best_obj: int | None = None
-    bound: float | None = None
-    for rank in range(top_k):
-        st = solver.solve(m)
-        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            break
-        chosen = next(j for j, v in enumerate(x) if solver.value(v))
-        top.append(int(keep_arr[chosen]))
-        if rank == 0:
-            status_name = "optimal" if st == cp_model.OPTIMAL else "feasible"
-            best_obj = round(solver.objective_value) // n_keep  # a float in the API: never truncate
-            bound = float(solver.best_objective_bound) // n_keep
-        m.add(x[chosen] == 0)
-    if not top:
+    lims = limits(model, c)
+    pick = pick_best(
+        c.objective(problem.objective),
+        admissible_mask(c.met.feasible, lims),
+        c.plans.hw,
+        lims,
+        top_k=top_k,
+        time_limit_s=time_limit_s,
+        workers=workers,
+        seed=seed,
+    )
+    if pick is None:
         raise InfeasibleError(explain_infeasible(model, c))
     return SolveOutcome(
-        status=status_name,
-        top=top,
-        objective=best_obj,
-        best_bound=bound,
+        status=pick.status,
+        top=pick.top,
+        objective=pick.objective,
+        best_bound=pick.best_bound,
         wall_s=time.perf_counter() - t0,
         candidates=c,
-        model_size=len(x),
+        model_size=pick.booleans,
     )
 
 
@@ -314,14 +258,13 @@ def explain_infeasible(model: Model, c: Candidates) -> str:
             f"min_throughput={cons.min_throughput:.4g} tokens/s: the fastest feasible plan reaches "
             f"{c.met.tokens_per_s[feas].max():.4g} tokens/s"
         )
-    supplies = _supplies(model)
-    within_supply = np.ones(len(c.plans), dtype=bool)
-    for gpu_name, supply in supplies.items():
-        within_supply &= ~((_gpu_type(model, c.plans) == gpu_name) & (c.plans.gpus > supply))
-    if supplies and not (feas & within_supply).any():
-        reasons.append(
-            f"GPU supply {supplies}: the smallest feasible cluster has {c.plans.gpus[feas].min()} GPUs"
-        )
+    supply = supplies(p.hardware)
+    within_supply = admissible_mask(
+        np.ones(len(c.plans), dtype=bool),
+        cluster_limits(p.hardware, c.plans.hw, c.plans.gpus, c.cost_cents_per_hour, None, None),
+    )
+    if supply and not (feas & within_supply).any():
+        reasons.append(f"GPU supply {supply}: the smallest feasible cluster has {c.plans.gpus[feas].min()} GPUs")
     detail = "; ".join(reasons) or "the constraints together exclude every feasible plan"
     return f"no feasible plan meets the constraints (binding constraint: {detail})"
 
