@@ -18,11 +18,13 @@ shared/reference/hardware.md). Every function works on numpy arrays (one entry p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 Arr = NDArray[np.float64]
+Num = NDArray[Any] | float  # an array (one entry per plan) or a scalar, float or integer
 
 
 @dataclass(frozen=True)
@@ -34,21 +36,21 @@ class Tiers:
     latency_s: Arr
 
 
-def members_per_domain(n: Arr | float, stride: Arr | float, tiers: Tiers) -> list[Arr]:
-    """k_i = min(n, max(k_(i-1), floor(D_i / stride))): members of the group in one domain of D_i GPUs."""
+def members_per_domain(n: Num, stride: Num, tiers: Tiers) -> list[Arr]:
+    """k_i = min(n, max(k_(i-1), floor(D_i / stride))): members of the group in one domain of D_i GPUs.
+
+    The outermost tier holds the whole group (k = n). The returned arrays are read-only views (the last may be
+    ``n`` itself).
+    """
     n = np.asarray(n, dtype=np.float64)
     stride = np.asarray(stride, dtype=np.float64)
-    shape = np.broadcast_shapes(n.shape, stride.shape, np.shape(tiers.size[0]))
     ks: list[Arr] = []
-    k_prev: Arr = np.ones(shape)
+    k_prev: Arr | float = 1.0
     for size in tiers.size[:-1]:
-        k = np.asarray(size / stride, dtype=np.float64)
-        np.floor(k, out=k)  # inf / stride stays inf: the outermost tier spans the whole group
-        np.maximum(k, k_prev, out=k)
-        np.minimum(k, n, out=k)
-        ks.append(k)
-        k_prev = k
-    ks.append(np.broadcast_to(n, shape).astype(np.float64))  # the outermost tier holds the whole group
+        ks.append(np.minimum(np.maximum(np.floor(size / stride), k_prev), n))
+        k_prev = ks[-1]
+    shape = np.shape(ks[-1]) if ks else np.broadcast_shapes(n.shape, stride.shape, np.shape(tiers.size[-1]))
+    ks.append(n if n.shape == shape else np.broadcast_to(n, shape))
     return ks
 
 
@@ -64,34 +66,33 @@ class Group:
     latency_s: Arr
 
     @staticmethod
-    def of(n: Arr | float, stride: Arr | float, tiers: Tiers) -> Group:
-        ks = members_per_domain(n, stride, tiers)
-        s_per_byte = np.zeros_like(ks[0])
-        latency = np.zeros_like(ks[0])
+    def of(n: Num, stride: Num, tiers: Tiers) -> Group:
+        s_per_byte: Arr | float = 0.0
+        latency: Arr | float = 0.0
         inv_prev: Arr | float = 1.0
         k_prev: Arr | float = 1.0
-        for i, k in enumerate(ks):
+        for i, k in enumerate(members_per_domain(n, stride, tiers)):
             inv = 1.0 / k
-            s_per_byte += (inv_prev - inv) / tiers.bw[i]  # 0 where the group spans no new domain of tier i
-            latency += np.where(k > k_prev, tiers.latency_s[i], 0.0)
+            s_per_byte = s_per_byte + (inv_prev - inv) / tiers.bw[i]  # + 0 where no new domain of tier i
+            latency = latency + (k > k_prev) * tiers.latency_s[i]
             inv_prev, k_prev = inv, k
-        return Group(s_per_byte, latency)
+        return Group(np.asarray(s_per_byte), np.asarray(latency))
 
-    def all_reduce_s(self, size_bytes: Arr | float) -> Arr:
+    def all_reduce_s(self, size_bytes: Num) -> Arr:
         """Hierarchical ring all-reduce: 2 passes (reduce-scatter + all-gather) per tier."""
         return 2.0 * size_bytes * self.s_per_byte + self.latency_s
 
-    def all_gather_s(self, size_bytes: Arr | float) -> Arr:
+    def all_gather_s(self, size_bytes: Num) -> Arr:
         """All-gather or reduce-scatter whose gathered (unsharded) buffer is ``size_bytes``: one pass."""
         return size_bytes * self.s_per_byte + self.latency_s
 
 
-def all_reduce_s(size_bytes: Arr | float, n: Arr | float, stride: Arr | float, tiers: Tiers) -> Arr:
+def all_reduce_s(size_bytes: Num, n: Num, stride: Num, tiers: Tiers) -> Arr:
     """Hierarchical ring all-reduce of ``size_bytes`` per rank (reduce-scatter + all-gather per tier)."""
     return Group.of(n, stride, tiers).all_reduce_s(size_bytes)
 
 
-def all_gather_s(size_bytes: Arr | float, n: Arr | float, stride: Arr | float, tiers: Tiers) -> Arr:
+def all_gather_s(size_bytes: Num, n: Num, stride: Num, tiers: Tiers) -> Arr:
     """All-gather (or reduce-scatter) whose gathered (unsharded) buffer is ``size_bytes``."""
     return Group.of(n, stride, tiers).all_gather_s(size_bytes)
 
@@ -99,7 +100,7 @@ def all_gather_s(size_bytes: Arr | float, n: Arr | float, stride: Arr | float, t
 reduce_scatter_s = all_gather_s
 
 
-def all_to_all_s(size_bytes: Arr, n: Arr, stride: Arr, tiers: Tiers) -> Arr:
+def all_to_all_s(size_bytes: Num, n: Num, stride: Num, tiers: Tiers) -> Arr:
     """All-to-all where each rank sends ``size_bytes`` in total, spread evenly over the n ranks."""
     worst = np.zeros(np.broadcast(size_bytes, n, stride).shape)
     lat = np.zeros_like(worst)
@@ -111,7 +112,7 @@ def all_to_all_s(size_bytes: Arr, n: Arr, stride: Arr, tiers: Tiers) -> Arr:
     return worst + lat
 
 
-def p2p_s(size_bytes: Arr, stride: Arr, tiers: Tiers, n: Arr | float = 2.0) -> Arr:
+def p2p_s(size_bytes: Num, stride: Num, tiers: Tiers, n: Num = 2.0) -> Arr:
     """Point-to-point send between neighbours of a chain of ``n`` ranks ``stride`` apart (pipeline stages).
 
     A chain that does not fit in one domain has a hop that leaves it, and the slowest hop sets the pace of a

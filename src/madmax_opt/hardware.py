@@ -50,6 +50,7 @@ class HardwareTable:
     tier_size: NDArray[np.float64] = field(init=False)  # (MAX_TIERS, n_options)
     tier_bw: NDArray[np.float64] = field(init=False)
     tier_latency_s: NDArray[np.float64] = field(init=False)
+    tier_rows: NDArray[np.int64] = field(init=False)  # rows of the tier_* tables that ``tiers`` hands out
 
     def __post_init__(self) -> None:
         def col(fn: object) -> NDArray[np.float64]:
@@ -81,6 +82,10 @@ class HardwareTable:
         set_(self, "tier_size", size)
         set_(self, "tier_bw", bw)
         set_(self, "tier_latency_s", lat)
+        # rows that open a new domain for some option; a padded copy (same size as the row before) adds no
+        # collective phase, so ``tiers`` leaves it out and every collective does a third less work
+        rows = [i for i in range(MAX_TIERS) if i == 0 or np.any(size[i] != size[i - 1])]
+        set_(self, "tier_rows", np.array(rows, dtype=np.int64))
 
     def peak_flops(self, precision: str) -> NDArray[np.float64]:
         out = []
@@ -88,8 +93,11 @@ class HardwareTable:
             peaks = o.gpu.peak_flops
             if precision not in peaks:
                 raise ValueError(f"GPU {o.gpu.name} has no {precision} peak in the catalog")
-            out.append(peaks[precision])  # type: ignore[index]
+            out.append(peaks[precision])
         return np.array(out, dtype=np.float64)
 
     def tiers(self, hw: NDArray[np.int64]) -> Tiers:
-        return Tiers(size=self.tier_size[:, hw], bw=self.tier_bw[:, hw], latency_s=self.tier_latency_s[:, hw])
+        """The tiers of the options ``hw`` (one column per plan), padded copies left out."""
+        rows = self.tier_rows
+        size, bw, lat = self.tier_size[rows], self.tier_bw[rows], self.tier_latency_s[rows]
+        return Tiers(size=size[:, hw], bw=bw[:, hw], latency_s=lat[:, hw])

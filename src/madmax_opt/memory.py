@@ -9,6 +9,7 @@ group (dp x cp, Megatron's ``data_parallel_group_with_cp``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,9 +35,10 @@ class MemoryTerms:
 
 
 def model_state_bytes(
-    params: Arr, trainable: Arr, zero: Arr, shard: Arr, grad_bytes: float
+    params: Arr, trainable: Arr, zero: NDArray[np.int64] | Arr, shard: Arr | float, grad_bytes: float
 ) -> tuple[Arr, Arr, Arr]:
-    """(weights, gradients, optimizer) bytes per GPU for ``params`` local parameters (``trainable`` of them)."""
+    """(weights, gradients, optimizer) bytes per GPU for ``params`` local parameters (``trainable`` of them):
+    2 P / (d if ZeRO-3), g T / (d if ZeRO >= 2), 12 T / (d if ZeRO >= 1) (Rajbhandari et al. 2020, Sec. 5)."""
     weights = params * WEIGHT_BYTES / np.where(zero >= 3, shard, 1.0)
     gradients = trainable * grad_bytes / np.where(zero >= 2, shard, 1.0)
     optimizer = trainable * OPTIMIZER_BYTES / np.where(zero >= 1, shard, 1.0)
@@ -46,8 +48,8 @@ def model_state_bytes(
 def layer_activation_bytes(
     tokens: Arr,
     tp: Arr,
-    sp: Arr,
-    recompute: Arr,
+    sp: NDArray[Any],
+    recompute: NDArray[Any],
     replicated_per_token: float,
     tp_sharded_per_token: float,
     score_per_token: Arr,

@@ -28,7 +28,7 @@ class PlanArrays:
     recompute: IntArr
     sp: IntArr
     hw: IntArr
-    ep: IntArr = field(default=None)  # type: ignore[assignment]  # expert parallelism (MoE); omitted = 1
+    ep: IntArr = field(default=None)  # type: ignore[arg-type]  # expert parallelism (MoE); omitted = 1
 
     def __post_init__(self) -> None:
         if self.ep is None:
@@ -85,7 +85,7 @@ class PlanArrays:
             vpp=int(self.vpp[i]),
             mbs=int(self.mbs[i]),
             zero=int(self.zero[i]),
-            recompute=RECOMPUTE_MODES[int(self.recompute[i])],  # type: ignore[arg-type]
+            recompute=RECOMPUTE_MODES[int(self.recompute[i])],
             sp=bool(self.sp[i]),
             ep=int(self.ep[i]),
             system=system,

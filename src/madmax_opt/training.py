@@ -131,7 +131,7 @@ def layer_costs(
         attn_fwd = attn_flops * (0.5 if wl.causal else 1.0) / (peak * table.attn_eff[hw])
         attn_bwd_factor = FLASH_BWD_FACTOR
     else:  # unfused: batched GEMMs of inner dim head_dim over the full s x s matrix + softmax traffic
-        attn_fwd = attn_flops / (peak * table.attn_eff[hw])
+        attn_fwd = gemm_time_s(attn_flops, np.full_like(dp, float(m.head_dim)), peak, eff, half)
         attn_bwd_factor = 2.0
     score_elem = memory_bound_time_s(tokens * s * wl.score_elementwise_bytes_per_key / tp, hbm_bw)
     elem = memory_bound_time_s(
@@ -149,7 +149,7 @@ def layer_costs(
     # (Megatron LinearWithGradAccumulationAndAsyncCommunication; TE alike) at each column-parallel GEMM: without SP
     # the input-grad all-reduce runs under the weight-grad GEMM; with SP the saved sharded input is all-gathered
     # again under the input-grad GEMM and the input grad reduce-scattered under the weight-grad GEMM, while the
-    # all-gather of the output grad (conjugate of the forward reduce-scatter) is exposed (Korthikanti 2022, 4.2.2).
+    # all-gather of the output grad (conjugate of the forward reduce-scatter) stays exposed.
     act_bytes = tokens * h * ACT_BYTES
     ones = np.ones_like(tp)
     ar = np.where(tp > 1, all_reduce_s(act_bytes, tp, ones, tiers), 0.0)
@@ -164,10 +164,8 @@ def layer_costs(
             bwd_exposed = bwd_exposed + np.maximum(0.0, comm - window)
             bwd_hidden = bwd_hidden + np.minimum(comm, window)
     tp_comm = fwd_comm + bwd_exposed + bwd_hidden
-    if stack.tp_comm_overlap:  # userbuffer overlap: hidden behind the GEMMs they join (fwd, 2x bwd, recompute fwd)
-        tp_hidden = np.minimum(tp_comm, gemm_fwd * (3.0 + full_rc))
-    else:
-        tp_hidden = bwd_hidden
+    # --tp-comm-overlap (userbuffers): everything hides behind the GEMMs it joins (fwd, 2x bwd, recompute fwd)
+    tp_hidden = np.minimum(tp_comm, gemm_fwd * (3.0 + full_rc)) if stack.tp_comm_overlap else bwd_hidden
     # overlapped collectives take SMs from the GEMMs under them (~15 % on NVLink; shared/reference/hardware.md)
     tp_exposed = tp_comm - tp_hidden + COMM_INTERFERENCE * tp_hidden
     # MoE token dispatch + combine: 2 all-to-alls forward, 2 backward, 2 more in a full recompute

@@ -1,0 +1,208 @@
+"""Memory per GPU: model states (ZeRO 0-3) and activations, by hand and against Korthikanti et al. 2022, Fig. 1.
+
+Fig. 1 anchors (/work/shared/validation/korthikanti2022_table5.yaml, GiB per GPU, tp = 8): weights + gradients +
+optimizer 45.56 / 45.56 / 31.64 / 32.96 and activations without recomputation 59.25 / 66.84 / 114.02 / 131.25,
+with sequence parallelism + selective recomputation 9.56 / 12.35 / 23.08 / 26.56 for 22B / 175B / 530B / 1T.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import ProblemFactory, toy_model
+from madmax_opt import catalog
+from madmax_opt.evaluator import evaluate
+from madmax_opt.memory import layer_activation_bytes, model_state_bytes
+from madmax_opt.pipeline import in_flight_layer_factor
+from madmax_opt.problem import problem_from_dict
+from madmax_opt.spec import Plan
+
+GIB = 2**30
+
+
+def states(params: float, zero: int, shard: int, grad_bytes: float = 4.0) -> tuple[float, float, float]:
+    w, g, o = model_state_bytes(
+        np.array([params]), np.array([params]), np.array([zero]), np.array([float(shard)]), grad_bytes
+    )
+    return float(w[0]), float(g[0]), float(o[0])
+
+
+def test_mixed_precision_adam_is_18_bytes_per_parameter() -> None:
+    # bf16 weights 2 B + fp32 main gradients 4 B + fp32 master weights, Adam m and v 12 B
+    assert states(1e9, 0, 1) == (2e9, 4e9, 12e9)
+    assert sum(states(1e9, 0, 1)) == 18e9
+    assert sum(states(1e9, 0, 1, grad_bytes=2.0)) == 16e9  # bf16 main gradients
+
+
+@pytest.mark.parametrize(
+    ("zero", "expected"),
+    [
+        (0, (2e9, 4e9, 12e9)),
+        (1, (2e9, 4e9, 12e9 / 8)),  # optimizer states sharded over the 8 data-parallel ranks
+        (2, (2e9, 4e9 / 8, 12e9 / 8)),  # + gradients
+        (3, (2e9 / 8, 4e9 / 8, 12e9 / 8)),  # + weights
+    ],
+)
+def test_zero_stages_shard_by_hand(zero: int, expected: tuple[float, float, float]) -> None:
+    assert states(1e9, zero, 8) == expected
+
+
+def test_frozen_parameters_carry_no_gradients_or_optimizer_states() -> None:
+    w, g, o = model_state_bytes(np.array([1e9]), np.array([0.25e9]), np.array([0]), np.array([1.0]), 4.0)
+    assert (float(w[0]), float(g[0]), float(o[0])) == (2e9, 1e9, 3e9)
+
+
+def test_zero_stages_in_the_evaluator(make_problem: ProblemFactory) -> None:
+    # toy GPT on one 8-GPU node, dp = 8: layer = 4h^2 (QKV + proj) + 8h^2 (MLP) + 4h (two LayerNorms)
+    h = 1024
+    layer = 12 * h * h + 4 * h
+    params = 8 * layer + 1000 * h + 1000 * h  # 8 layers, embedding, untied head (final norm not placed)
+    assert params == 102_744_064
+    problem = make_problem(toy_model(), gpus=8, global_batch=16)
+    recs = evaluate(problem, [Plan(dp=8, zero=z) for z in range(4)])
+    expected = {
+        0: (2 * params, 4 * params, 12 * params, 0.0),
+        1: (2 * params, 4 * params, 12 * params / 8, 0.0),
+        2: (2 * params, 4 * params / 8, 12 * params / 8, 0.0),
+        3: (2 * params / 8, 4 * params / 8, 12 * params / 8, 2 * 2 * layer),  # + two gathered bf16 layers
+    }
+    for z, rec in enumerate(recs):
+        mem = rec["memory_bytes_per_gpu"]
+        got = (mem["weights"], mem["gradients"], mem["optimizer"], mem["temporary"])
+        assert got == pytest.approx(expected[z], rel=1e-14), f"zero={z}"
+        assert mem["total"] == pytest.approx(sum(expected[z]) + mem["activations"], rel=1e-14)
+
+
+def test_zero_shards_over_dp_times_cp(make_problem: ProblemFactory) -> None:
+    problem = make_problem(toy_model(), gpus=8, global_batch=16)
+    (rec,) = evaluate(problem, [Plan(dp=4, cp=2, zero=1)])
+    params = 102_744_064
+    assert rec["memory_bytes_per_gpu"]["optimizer"] == pytest.approx(12 * params / 8, rel=1e-14)
+
+
+# ------------------------------------------------------------------------ Korthikanti et al. 2022, Fig. 1
+
+KORTHIKANTI_CASES: list[dict[str, Any]] = [
+    # name, layers per stage, hidden, heads, pp, vpp, model-states GiB, activations none / seqsel GiB
+    {"model": "megatron-gpt-22b", "pp": 1, "vpp": 1, "mbs": 4, "gbs": 4, "gpus": 8,
+     "states": 45.56, "none": 59.25, "seqsel": 9.56},
+    {"model": "megatron-gpt-175b", "pp": 8, "vpp": 3, "mbs": 1, "gbs": 64, "gpus": 64,
+     "states": 45.56, "none": 66.84, "seqsel": 12.35},
+    {"model": "megatron-gpt-530b", "pp": 35, "vpp": 3, "mbs": 1, "gbs": 280, "gpus": 280,
+     "states": 31.64, "none": 114.02, "seqsel": 23.08},
+    {"model": "megatron-gpt-1t", "pp": 64, "vpp": 1, "mbs": 1, "gbs": 512, "gpus": 512,
+     "states": 32.96, "none": 131.25, "seqsel": 26.56},
+]
+
+
+@pytest.mark.parametrize("case", KORTHIKANTI_CASES, ids=lambda c: c["model"])
+def test_korthikanti_fig1_model_states_of_the_layers(case: dict[str, Any]) -> None:
+    """The figure counts 12h^2 parameters per layer (Megatron's count without biases and LayerNorms; with the
+    13h of those the 22B case would read 45.57), L/p layers per stage, / t, x 18 bytes."""
+    m = catalog.models()[case["model"]]
+    h = m.hidden
+    layer_params = 12 * h * h
+    per_gpu = layer_params * m.layers / case["pp"] / 8
+    assert sum(states(per_gpu, 0, 1)) / GIB == pytest.approx(case["states"], abs=0.005)
+
+
+@pytest.mark.parametrize("case", KORTHIKANTI_CASES, ids=lambda c: c["model"])
+def test_korthikanti_fig1_activations(case: dict[str, Any]) -> None:
+    """sbh(10 + 24/t + 5as/(ht)) or sbh 34/t per layer, x L/p layers x p micro-batches x (1 + (p-1)/(pv))."""
+    m = catalog.models()[case["model"]]
+    s, b, h, a, t = 2048, case["mbs"], m.hidden, m.heads, 8
+    p, v = case["pp"], case["vpp"]
+    n_micro = case["gbs"] / b
+    stage_factor = m.layers / p * in_flight_layer_factor(np.array([n_micro]), np.array([float(p)]), np.array([float(v)]))
+    assert float(stage_factor[0]) == pytest.approx(m.layers * (1 + (p - 1) / (p * v) if v > 1 else 1), rel=1e-14)
+    none = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    seqsel = s * b * h * 34 / t
+    assert float(stage_factor[0]) * none / GIB == pytest.approx(case["none"], abs=0.005)
+    assert float(stage_factor[0]) * seqsel / GIB == pytest.approx(case["seqsel"], abs=0.005)
+    # and the memory module gives the same per-layer numbers (dropout masks, unfused attention: 5as scores)
+    tokens = np.array([float(s * b)])
+    repl, tp_sharded, score = 10 * h, 24 * h, 5 * a * s
+
+    def stored(sp: int, rc: int) -> float:
+        out, _ = layer_activation_bytes(tokens, np.array([8.0]), np.array([sp]), np.array([rc]), repl, tp_sharded,
+                                        np.array([float(score)]), 2.0 * h)
+        return float(out[0])
+
+    assert stored(0, 0) == pytest.approx(none, rel=1e-14)
+    assert stored(1, 1) == pytest.approx(seqsel, rel=1e-14)
+
+
+def korthikanti_problem(case: dict[str, Any], recompute: str, sp: bool) -> tuple[Any, Plan]:
+    problem = problem_from_dict({
+        "model": case["model"],
+        "hardware": {"system": "dgx-a100", "gpus": case["gpus"]},
+        "task": {"seq_len": 2048, "global_batch": case["gbs"]},
+        "stack": {"dropout": True, "flash_attention": False},
+    })
+    plan = Plan(tp=8, pp=case["pp"], vpp=case["vpp"], dp=1, mbs=case["mbs"], recompute=recompute, sp=sp)
+    return problem, plan
+
+
+def test_korthikanti_fig1_22b_model_states_in_the_evaluator_within_2_percent() -> None:
+    problem, plan = korthikanti_problem(KORTHIKANTI_CASES[0], "none", False)
+    (rec,) = evaluate(problem, [plan])
+    mem = rec["memory_bytes_per_gpu"]
+    states_gib = (mem["weights"] + mem["gradients"] + mem["optimizer"]) / GIB
+    # the evaluator also holds the vocab-parallel embedding (51200 x 6144 / 8 parameters): 46.23 GiB, +1.5 %
+    assert states_gib == pytest.approx((22_061_678_592 / 8) * 18 / GIB, rel=1e-12)
+    assert states_gib == pytest.approx(45.56, rel=0.02)
+
+
+def test_korthikanti_fig1_activations_in_the_evaluator() -> None:
+    case = KORTHIKANTI_CASES[0]
+    problem, plan = korthikanti_problem(case, "none", False)
+    (rec,) = evaluate(problem, [plan])
+    # 48 layers x sbh(13 + 5as/(ht)) = 48 x 2048*4*(13*6144 + 5*64*2048/8) B = 59.25 GiB,
+    # + the fp32 logits of the last stage (here the same GPU): 8192 tokens x 51200/8 x 4 B
+    layers = 48 * 2048 * 4 * (13 * 6144 + 5 * 64 * 2048 // 8)
+    assert layers == 63_619_203_072
+    assert rec["memory_bytes_per_gpu"]["activations"] == pytest.approx(layers + 8192 * 51200 // 8 * 4, rel=1e-14)
+    # 175B, pp = 8, vpp = 3: stage 0 holds 12 layers x 8 micro-batches x (1 + 7/24) of 578,813,952 B
+    problem, plan = korthikanti_problem(KORTHIKANTI_CASES[1], "none", False)
+    (rec,) = evaluate(problem, [plan])
+    per_layer = 2048 * (13 * 12288 + 5 * 96 * 2048 // 8)
+    assert per_layer == 578_813_952
+    expected = 12 * 8 * (1 + 7 / 24) * per_layer
+    assert rec["memory_bytes_per_gpu"]["activations"] == pytest.approx(expected, rel=1e-14)
+    assert expected / GIB == pytest.approx(66.84, abs=0.005)
+
+
+# ------------------------------------------------------------------------------- in-flight micro-batches
+
+
+@pytest.mark.parametrize(
+    ("m", "p", "v", "expected"),
+    [
+        (1, 1, 1, 1.0),  # no pipeline: one micro-batch at a time
+        (8, 1, 1, 1.0),
+        (2, 4, 1, 2.0),  # fewer micro-batches than stages: all of them
+        (8, 4, 1, 4.0),  # 1F1B: p in flight on the first stage
+        (64, 8, 3, 8 * (1 + 7 / 24)),  # interleaved: p (1 + (p-1)/(p v))
+        (16, 4, 2, 4 * (1 + 3 / 8)),
+    ],
+)
+def test_in_flight_micro_batches(m: int, p: int, v: int, expected: float) -> None:
+    got = in_flight_layer_factor(np.array([float(m)]), np.array([float(p)]), np.array([float(v)]))
+    assert float(got[0]) == pytest.approx(expected, rel=1e-14)
+
+
+def test_first_stage_keeps_min_p_m_micro_batches_in_the_evaluator(make_problem: ProblemFactory) -> None:
+    model = toy_model()  # 8 layers
+    h, s = 1024, 1024
+    # no dropout, flash attention: replicated 8h, TP-sharded 8h (Q, K, V, proj input) + 4f (GELU in/out) = 32h
+    per_layer_mb = s * (8 * h + 8 * h + 4 * 4096)
+    for gbs, in_flight in [(2, 2), (8, 4), (32, 4)]:
+        problem = make_problem(model, gpus=4, global_batch=gbs)
+        (rec,) = evaluate(problem, [Plan(pp=4, mbs=1)])
+        # stage 0: 2 layers x min(4, m) micro-batches; the last stage has 2 layers x 1 + the fp32 logits
+        assert rec["memory_bytes_per_gpu"]["activations"] == max(
+            2 * in_flight * per_layer_mb, 2 * per_layer_mb + s * 1000 * 4
+        ), f"gbs={gbs}"
