@@ -104,9 +104,16 @@ def solve(
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="return the K best distinct plans")] = 1,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.01, help="CP-SAT time limit, s")] = 60.0,
     workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT workers (1 = deterministic)")] = 1,
+    plot: Annotated[Path | None, typer.Option("--plot", help="write PNG plots (step time, memory, top-k) here")]
+    = None,
+    rerank: Annotated[bool, typer.Option("--rerank", help="re-rank the top-k by simulated step time (trace)")]
+    = False,
 ) -> None:
     """Search the plan space (and hardware options) for the optimal plan; cross-checked by the evaluator."""
-    result = solve_result(load_problem(problem), top_k, time_limit, workers)
+    loaded = load_problem(problem)
+    result = solve_result(loaded, top_k, time_limit, workers)
+    if rerank or plot is not None:  # step timelines (madmax_opt.trace, madmax_opt.plots)
+        result = __import__("madmax_opt.timeline", fromlist=["x"]).rerank_and_plot(loaded, result, rerank, plot)
     if json_out:
         print(json.dumps(result, indent=2))
     elif result.get("task") == "inference":
@@ -120,12 +127,15 @@ def evaluate_cmd(
     problem: ProblemArg,
     plan: Annotated[Path, typer.Option("--plan", help="YAML/JSON file: one plan or a list of plans")],
     json_out: JsonOpt = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="write PNG plots (step time, memory) here")] = None,
 ) -> None:
     """Predict step time, throughput, MFU and memory per GPU of given plan(s)."""
     loaded = load_problem(problem)
     if loaded.task.kind == "inference":  # serving plans (+ precision, prefill_replicas): madmax_opt.serving_reports
         return __import__("madmax_opt.serving_reports", fromlist=["x"]).evaluate_command(loaded, plan, json_out, console)
     records = evaluate(loaded, load_plans(plan, loaded))
+    if plot is not None:
+        __import__("madmax_opt.plots", fromlist=["x"]).plan_figures(records, plot)
     if json_out:  # a file with one plan mapping gives one object, a list gives a list in the same order
         print(json.dumps(records if isinstance(read_yaml(plan), list) else records[0], indent=2))
     else:
@@ -228,6 +238,9 @@ def bench_solver_cmd(
 
 
 # ---- commands defined in their own modules register here (one line each) ----------------------------
+app.command("timeline")(__import__("madmax_opt.timeline", fromlist=["x"]).timeline_cmd)
+app.command("trace-check")(__import__("madmax_opt.timeline", fromlist=["x"]).trace_check_cmd)
+app.command("bench-trace")(__import__("madmax_opt.timeline", fromlist=["x"]).bench_trace_cmd)
 app.command("validate-inference")(__import__("madmax_opt.serving_reports", fromlist=["x"]).validate_inference_cmd)
 app.command("paper-inference")(__import__("madmax_opt.serving_reports", fromlist=["x"]).paper_inference_cmd)
 app.command("pareto")(__import__("madmax_opt.serving_reports", fromlist=["x"]).pareto_cmd)

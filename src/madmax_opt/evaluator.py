@@ -6,10 +6,11 @@ and returns one :class:`Evaluation` per plan.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -33,21 +34,20 @@ from madmax_opt.workload import TransformerWorkload, lower
 Arr = NDArray[np.float64]
 SECONDS_PER_HOUR = 3600.0
 CHUNK_PLANS = 1 << 14  # plans per evaluation pass: a float64 column of 128 KiB stays in L2
-T = TypeVar("T")
 
 
-def concat_chunks(parts: list[T]) -> T:
+def concat_chunks(parts: Sequence[Any]) -> Any:
     """Join results of consecutive plan chunks: arrays end to end, dicts and dataclasses field by field;
     anything else (per-problem scalars such as tokens per step) is the same in every chunk."""
-    first: Any = parts[0]
+    first = parts[0]
     if isinstance(first, np.ndarray):
-        return np.concatenate(parts)  # type: ignore[return-value]
+        return np.concatenate(parts)
     if isinstance(first, dict):
-        return {k: concat_chunks([p[k] for p in parts]) for k in first}  # type: ignore[index, return-value]
+        return {k: concat_chunks([p[k] for p in parts]) for k in first}
     if is_dataclass(first) and not isinstance(first, type):
         joined = {f.name: concat_chunks([getattr(p, f.name) for p in parts]) for f in fields(first) if f.init}
-        return type(first)(**joined)  # type: ignore[no-any-return]
-    return first  # type: ignore[no-any-return]
+        return type(first)(**joined)
+    return first
 
 
 @dataclass
@@ -167,8 +167,10 @@ def to_records(
     t = met.terms
     p = model.problem
 
-    def uniform_at(table: HardwareTable) -> TrainingTerms:
-        return training_terms(model.workload, p.training_task, p.stack, table, plans)
+    def uniform_at(table: HardwareTable, blocks: int) -> dict[str, Arr]:
+        n = len(p.hardware)
+        many = PlanArrays.concat([replace(plans, hw=plans.hw + b * n) for b in range(blocks)])
+        return training_terms(model.workload, p.training_task, p.stack, table, many).time
 
     shares = bottleneck_shares(t, p.hardware, terms_at or uniform_at)
     out = []
@@ -216,9 +218,17 @@ def _staged_at(
     model: Model, base: PlanArrays, layers: list[int], rc: list[int], stage_hw: list[int] | None = None
 ) -> TermsAt:
     """The terms of one uneven pipeline on other hardware (for the bottleneck attribution)."""
-    p = model.problem
-    wl, task = model.workload, p.training_task
-    return lambda table: staged_terms(wl, task, p.stack, table, base, layers, rc, stage_hw)
+    p, n = model.problem, len(model.problem.hardware)
+
+    def at(table: HardwareTable, blocks: int) -> dict[str, Arr]:
+        times = [
+            staged_terms(model.workload, p.training_task, p.stack, table, replace(base, hw=base.hw + b * n), layers,
+                         rc, None if stage_hw is None else [h + b * n for h in stage_hw]).time
+            for b in range(blocks)
+        ]
+        return {k: np.concatenate([t[k] for t in times]) for k in times[0]}
+
+    return at
 
 
 def staged_record(model: Model, plan: Plan) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 from ortools.sat.python import cp_model
 
+from madmax_opt.errors import ProblemError
 from madmax_opt.evaluator import Model
 from madmax_opt.plan import PlanArrays
 from madmax_opt.space import enumerate_plans
@@ -214,6 +215,14 @@ def solve_uneven(model: Model, incumbent_us: float, time_limit_s: float = 30.0) 
     """Best uneven pipeline plan strictly better than ``incumbent_us`` (the best uniform plan), if any."""
     t0 = time.perf_counter()
     pr = model.problem
+    if 0 < model.workload.frozen_layers < model.workload.layers:
+        # a stage's trainable layers depend on where the stage starts, i.e. on the other stages' sizes
+        raise ProblemError(
+            "uneven stages with partly frozen layers are not supported; allowed: frozen_layers 0 (or LoRA), "
+            "or uneven_stages: false",
+            file=pr.source,
+            field="space.uneven_stages",
+        )
     bases = _bases(model)
     if len(bases) == 0:
         return UnevenResult(None, None, "no-improvement", 0, 0, time.perf_counter() - t0, 0)

@@ -74,9 +74,12 @@ class LayerCosts:
     n_micro: Arr
     time: dict[str, Arr]  # compute, recompute, tp_comm, cp_comm, overhead (exposed), per layer per micro-batch
     hidden: dict[str, Arr]  # tp_comm, cp_comm overlapped, per layer per micro-batch
-    bwd_s: Arr  # backward compute of one layer (the DP overlap window)
-    params: Arr  # parameters of one layer on one GPU = params_per_layer / tp
-    trainable: Arr
+    bwd_s: Arr  # backward compute of one layer without its weight-gradient GEMMs
+    wgrad_s: Arr  # weight-gradient GEMMs of one trainable layer
+    params: Arr  # parameters of one layer on one GPU = (params_per_layer + LoRA adapters) / tp
+    trainable: Arr  # parameters with gradients of one trainable layer on one GPU
+    lora_trainable: Arr  # LoRA adapter parameters of one layer on one GPU (trained in every layer)
+    trainable_fraction: float  # share of layers with trainable base weights
     act_stored_bytes: Arr  # activations one layer keeps per micro-batch in flight
     act_working_bytes: Arr  # transient working set (full recompute rebuilds one layer)
     emb_time_s: Arr
@@ -90,7 +93,6 @@ class LayerCosts:
     dp_group: Arr
     zero3_layer_buffers: Arr
     expert_params: Arr | float = 0.0  # routed-expert parameters of one layer on one GPU (MoE)
-    expert_trainable: Arr | float = 0.0
     expert_group: Arr | float = 1.0  # expert-data-parallel group (dp*cp/ep) and its stride
     expert_stride: Arr | float = 1.0
 
@@ -138,9 +140,10 @@ def layer_costs(
         tokens * (wl.elementwise_replicated_bytes / sp_div + wl.elementwise_tp_bytes / tp), hbm_bw
     )
     layer_fwd = gemm_fwd + attn_fwd + score_elem + elem
-    # backward: activation-gradient GEMMs always, weight-gradient GEMMs only for trainable weights
+    # backward: activation-gradient GEMMs always; weight-gradient GEMMs (= forward FLOPs) in trainable layers only,
+    # added per stage by the number of trainable layers it holds
     train_frac = wl.trainable_fraction
-    layer_bwd = gemm_fwd * (1.0 + train_frac) + attn_fwd * attn_bwd_factor + 2.0 * (score_elem + elem)
+    layer_bwd = gemm_fwd + attn_fwd * attn_bwd_factor + 2.0 * (score_elem + elem)
     selective = attn_fwd * (not stack.flash_attention) + score_elem
     layer_recompute = np.select([rc == 1, rc == 2], [selective, layer_fwd], 0.0)
 
@@ -159,7 +162,7 @@ def layer_costs(
     bwd_exposed = np.where(with_sp, 2.0 * ag, 0.0)
     bwd_hidden = np.zeros_like(dp)
     for t_col in column_parallel:
-        wgrad = t_col * train_frac  # weight-grad GEMM: same FLOPs as the forward one, trainable layers only
+        wgrad = t_col * train_frac  # weight-grad GEMM window, averaged over trainable and frozen layers
         for comm, window in ((np.where(with_sp, ag, ar), wgrad), (np.where(with_sp, ag, 0.0), t_col)):
             bwd_exposed = bwd_exposed + np.maximum(0.0, comm - window)
             bwd_hidden = bwd_hidden + np.minimum(comm, window)
@@ -193,7 +196,7 @@ def layer_costs(
     split = (sp > 0) | ((tp > 1) & stack.pp_scatter_gather)
     act_full = tokens * h * ACT_BYTES
     regather = np.where(split & (sp == 0), all_gather_s(act_full, tp, np.ones_like(tp), tiers), 0.0)
-    p2p_each = p2p_s(act_full / np.where(split, tp, 1.0), tp * cp * dp, tiers) + regather
+    p2p_each = p2p_s(act_full / np.where(split, tp, 1.0), tp * cp * dp, tiers, pp) + regather
     pp_comm = np.where(pp > 1, 2.0 * vpp * p2p_each, 0.0)
 
     # ---- parameters and activations ------------------------------------------------------------------
@@ -207,7 +210,7 @@ def layer_costs(
         tiers=tiers,
         n_micro=task.global_batch / (dp * mbs),
         time={
-            "compute": layer_fwd + layer_bwd,
+            "compute": layer_fwd + layer_bwd,  # + wgrad_s per trainable layer (stage_costs)
             "recompute": layer_recompute,
             "tp_comm": tp_exposed,
             "cp_comm": cp_exposed,
@@ -216,8 +219,11 @@ def layer_costs(
         },
         hidden={"tp_comm": tp_hidden, "cp_comm": cp_comm - cp_exposed, "ep_comm": ep_comm - ep_exposed},
         bwd_s=layer_bwd,
-        params=wl.params_per_layer / tp,
-        trainable=(wl.params_per_layer * train_frac + wl.lora_params_per_layer) / tp,
+        wgrad_s=gemm_fwd,
+        params=(wl.params_per_layer + wl.lora_params_per_layer) / tp,
+        trainable=wl.params_per_layer / tp + ones * 0.0,
+        lora_trainable=wl.lora_params_per_layer / tp + ones * 0.0,
+        trainable_fraction=train_frac,
         act_stored_bytes=stored,
         act_working_bytes=working,
         emb_time_s=emb_time,
@@ -231,7 +237,6 @@ def layer_costs(
         dp_group=dp * cp,  # gradients are reduced (and ZeRO shards) over dp x cp
         zero3_layer_buffers=np.where(plans.zero >= 3, 2.0 * 2.0 * (wl.params_per_layer / tp + ex.params), 0.0),
         expert_params=ex.params,
-        expert_trainable=ex.params * train_frac,
         expert_group=ex.group,
         expert_stride=ex.stride,
     )
@@ -260,17 +265,23 @@ def stage_costs(
     first: Arr,
     last: Arr,
     act_multiplier: Arr,
+    train_layers: Arr | None = None,
 ) -> StageCosts:
     """A stage of ``n_layers`` layers (+ embedding if ``first``, + head if ``last``) holding ``act_multiplier``
-    micro-batches of activations (1F1B: min(p - stage, m), times the interleaving factor)."""
+    micro-batches of activations (1F1B: min(p - stage, m), times the interleaving factor), of which
+    ``train_layers`` have trainable base weights (the rest are frozen: no weight gradients, no optimizer state)."""
+    if train_layers is None:  # no position information: the model's average share of trainable layers
+        train_layers = n_layers * lc.trainable_fraction
     zero = lc.plans.zero
     extra_params = first * lc.emb_params + last * lc.head_params
     params = n_layers * lc.params + extra_params
-    trainable = n_layers * lc.trainable + lc.emb_trainable * extra_params
+    trainable = train_layers * lc.trainable + n_layers * lc.lora_trainable + lc.emb_trainable * extra_params
     tiers, group = lc.tiers, lc.dp_group
 
     time = {k: n_layers * lc.time[k] for k in LAYER_TERMS}
-    time["compute"] = time["compute"] + first * lc.emb_time_s + last * lc.head_time_s
+    time["compute"] = time["compute"] + train_layers * lc.wgrad_s + first * lc.emb_time_s + last * lc.head_time_s
+    # compute already hiding TP/CP/EP traffic cannot hide ZeRO or DP traffic as well (one window, not two)
+    layer_hidden = lc.hidden["tp_comm"] + lc.hidden["cp_comm"] + lc.hidden["ep_comm"]
     time["pp_comm"] = lc.pp_comm_s
     # ZeRO-3 / FSDP: gather weights for fwd, bwd (and recompute), reduce-scatter grads, every micro-batch
     gathers = 2.0 + np.where(lc.plans.recompute == 2, 1.0, 0.0)
@@ -278,10 +289,10 @@ def stage_costs(
         (zero >= 3) & (group > 1),
         gathers * all_gather_s(params * 2.0, group, lc.plans.tp, tiers)
         + reduce_scatter_s(trainable * lc.grad_bytes, group, lc.plans.tp, tiers)
-        + _expert_zero3_s(lc, n_layers, gathers),
+        + _expert_zero3_s(lc, n_layers, train_layers, gathers),
         0.0,
     )
-    busy = time["compute"] + time["recompute"]
+    busy = time["compute"] + time["recompute"] - n_layers * layer_hidden
     time["zero3_comm"] = np.maximum(0.0, zero3 - busy) if stack.dp_overlap else zero3
     hidden = {
         "tp_comm": n_layers * lc.hidden["tp_comm"],
@@ -301,11 +312,12 @@ def stage_costs(
         ],
         0.0,
     )
-    sync = np.where(group > 1, sync, 0.0) + _expert_sync_s(lc, n_layers)
-    window = n_layers * lc.bwd_s if stack.dp_overlap else 0.0
+    sync = np.where(group > 1, sync, 0.0) + _expert_sync_s(lc, train_layers)
+    bwd = n_layers * lc.bwd_s + train_layers * lc.wgrad_s - n_layers * layer_hidden
+    window = np.maximum(bwd, 0.0) if stack.dp_overlap else 0.0
     dp_exposed = np.maximum(0.0, sync - window)
     hidden["dp_comm"] = sync - dp_exposed
-    ex_params, ex_train = n_layers * lc.expert_params, n_layers * lc.expert_trainable
+    ex_params, ex_train = n_layers * lc.expert_params, train_layers * lc.expert_params
     opt_params = trainable / np.where(zero >= 1, group, 1.0) + ex_train / np.where(zero >= 1, lc.expert_group, 1.0)
     optimizer = memory_bound_time_s(opt_params * OPTIMIZER_BYTES_PER_PARAM, hbm_bw)
 
@@ -317,27 +329,27 @@ def stage_costs(
     return StageCosts(time, hidden, memory, dp_exposed, optimizer)
 
 
-def _expert_zero3_s(lc: LayerCosts, n_layers: Arr, gathers: Arr) -> Arr | float:
+def _expert_zero3_s(lc: LayerCosts, n_layers: Arr, train_layers: Arr, gathers: Arr) -> Arr | float:
     """ZeRO-3 traffic of the routed experts, over the expert-data-parallel group, per micro-batch."""
     if not np.any(lc.expert_params):
         return 0.0
-    p, t, grp, st = n_layers * lc.expert_params, n_layers * lc.expert_trainable, lc.expert_group, lc.expert_stride
+    p, t, grp, st = n_layers * lc.expert_params, train_layers * lc.expert_params, lc.expert_group, lc.expert_stride
     out = gathers * all_gather_s(p * 2.0, grp, st, lc.tiers) + reduce_scatter_s(t * lc.grad_bytes, grp, st, lc.tiers)
     return np.where(np.asarray(grp) > 1, out, 0.0)
 
 
-def _expert_sync_s(lc: LayerCosts, n_layers: Arr) -> Arr | float:
+def _expert_sync_s(lc: LayerCosts, train_layers: Arr) -> Arr | float:
     """Per-step gradient sync of the routed experts over the expert-data-parallel group (ZeRO 0-2)."""
-    if not np.any(lc.expert_trainable):
+    if not np.any(lc.expert_params) or not np.any(train_layers):
         return 0.0
     zero, grp, st = lc.plans.zero, lc.expert_group, lc.expert_stride
-    grads = n_layers * lc.expert_trainable * lc.grad_bytes
+    grads = train_layers * lc.expert_params * lc.grad_bytes
     sync = np.select(
         [zero == 0, zero <= 2],
         [
             all_reduce_s(grads, grp, st, lc.tiers),
             reduce_scatter_s(grads, grp, st, lc.tiers)
-            + all_gather_s(n_layers * lc.expert_trainable * 2.0, grp, st, lc.tiers),
+            + all_gather_s(train_layers * lc.expert_params * 2.0, grp, st, lc.tiers),
         ],
         0.0,
     )
@@ -365,6 +377,21 @@ def _pick(cond: NDArray[np.bool_], a: dict[str, Arr], b: dict[str, Arr]) -> dict
     return {k: np.where(cond, a[k], b[k]) for k in a}
 
 
+def trainable_layers(stage_end: Arr, n_layers: Arr, frozen: float) -> Arr:
+    """Layers with trainable base weights in a stage of ``n_layers`` ending before layer ``stage_end``, when the
+    model's first ``frozen`` layers are frozen."""
+    return np.clip(stage_end - frozen, 0.0, n_layers)
+
+
+def _worst_memory(stages: list[StageCosts]) -> MemoryTerms:
+    """Per plan, the memory breakdown of the stage with the largest total."""
+    totals = np.stack([st.memory.total for st in stages])
+    worst = np.argmax(totals, axis=0)  # first maximum: ties keep the earlier stage
+    return MemoryTerms(
+        *(np.choose(worst, [getattr(st.memory, f) for st in stages]) for f in MEMORY_FIELDS)
+    )
+
+
 def training_terms(
     wl: TransformerWorkload, task: Task, stack: Stack, table: HardwareTable, plans: PlanArrays
 ) -> TrainingTerms:
@@ -375,11 +402,15 @@ def training_terms(
     single = pp == 1
     ones = np.ones_like(pp)
     hbm_bw = table.hbm_bw[plans.hw]
+    frozen, layers = float(wl.frozen_layers), float(wl.layers)
+    in_flight = in_flight_layer_factor(lc.n_micro, pp, vpp)
     # stage 0 (embedding; holds the most activations) and the last stage (LM head); with pp = 1 they coincide
-    first = stage_costs(lc, stack, hbm_bw, n, ones, np.where(single, 1.0, 0.0),
-                        in_flight_layer_factor(lc.n_micro, pp, vpp))
-    last = stage_costs(lc, stack, hbm_bw, n, np.where(single, 1.0, 0.0), ones, ones)
-    middle = stage_costs(lc, stack, hbm_bw, n, 0.0 * ones, 0.0 * ones, ones)
+    first_train, last_train = trainable_layers(n, n, frozen), trainable_layers(layers * ones, n, frozen)
+    first = stage_costs(lc, stack, hbm_bw, n, ones, np.where(single, 1.0, 0.0), in_flight, first_train)
+    last = stage_costs(lc, stack, hbm_bw, n, np.where(single, 1.0, 0.0), ones, ones, last_train)
+    # the stages in between, on average (stage time is linear in its trainable layers: exact for the mean)
+    middle_train = np.where(pp > 2, (layers - frozen - first_train - last_train) / np.maximum(pp - 2.0, 1.0), 0.0)
+    middle = stage_costs(lc, stack, hbm_bw, n, 0.0 * ones, 0.0 * ones, ones, middle_train)
     t_first, t_last = first.per_micro_batch_s, last.per_micro_batch_s
     first_is_bottleneck = t_first >= t_last
     bottleneck = _pick(first_is_bottleneck, first.time, last.time)
@@ -392,10 +423,17 @@ def training_terms(
     hidden = {k: lc.n_micro * v for k, v in _pick(first_is_bottleneck, first.hidden, last.hidden).items()}
     hidden["dp_comm"] = np.maximum(first.hidden["dp_comm"], last.hidden["dp_comm"])
 
-    first_worse = first.memory.total >= last.memory.total
-    memory = MemoryTerms(
-        *(np.where(first_worse, getattr(first.memory, f), getattr(last.memory, f)) for f in MEMORY_FIELDS)
-    )
+    stages = [first, last]
+    if 0 < frozen < layers:
+        # memory per stage is piecewise linear in the stage index (in-flight micro-batches fall, trainable
+        # layers rise): its maximum is at stage 0, the last stage, or one of these breakpoints
+        interleave = in_flight / np.minimum(pp, lc.n_micro)
+        for s_idx in (np.floor(frozen / n), np.floor(frozen / n) + 1.0, pp - lc.n_micro):
+            s_c = np.clip(s_idx, 0.0, pp - 1.0)
+            mult = np.minimum(pp - s_c, lc.n_micro) * interleave
+            stages.append(stage_costs(lc, stack, hbm_bw, n, (s_c == 0) * 1.0, (s_c == pp - 1) * 1.0, mult,
+                                      trainable_layers((s_c + 1.0) * n, n, frozen)))
+    memory = _worst_memory(stages)
     capacity = table.hbm_bytes[plans.hw] * (1.0 - stack.memory_reserve_fraction)
     invalid = invalid_codes(wl, task, table, plans, lc.n_micro, memory.total, capacity)
     peak = table.peak_flops(task.precision)[plans.hw]
@@ -449,9 +487,11 @@ def staged_terms(
     )
     lc = layer_costs(wl, task, stack, table, stages)
     s_idx = np.arange(p, dtype=np.float64)
+    n_layers = np.asarray(stage_layers, dtype=np.float64)
+    train = trainable_layers(np.cumsum(n_layers), n_layers, float(wl.frozen_layers))
     sc = stage_costs(
-        lc, stack, table.hbm_bw[stages.hw], np.asarray(stage_layers, dtype=np.float64),
-        (s_idx == 0).astype(np.float64), (s_idx == p - 1).astype(np.float64), np.minimum(p - s_idx, lc.n_micro),
+        lc, stack, table.hbm_bw[stages.hw], n_layers, (s_idx == 0).astype(np.float64),
+        (s_idx == p - 1).astype(np.float64), np.minimum(p - s_idx, lc.n_micro), train,
     )
     t = sc.per_micro_batch_s
     b = int(np.argmax(t))

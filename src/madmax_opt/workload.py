@@ -60,6 +60,7 @@ class TransformerWorkload:
     elementwise_tp_bytes: int  # activation function, bias: sharded by TP
     score_elementwise_bytes_per_key: int  # unfused softmax/mask/dropout traffic per key position, /TP
     trainable_fraction: float  # share of layer parameters with gradients (fine-tuning)
+    frozen_layers: int  # leading layers whose base weights have no gradients (all of them with LoRA)
     lora_params_per_layer: int
     vocab: int
     final_norm_params: int = 0  # norm after the last layer (last pipeline stage)
@@ -187,6 +188,7 @@ def lower(model: TransformerModel, task: Task, stack: Stack) -> TransformerWorkl
         elementwise_tp_bytes=elem_tp,
         score_elementwise_bytes_per_key=score_elem,
         trainable_fraction=trainable_fraction,
+        frozen_layers=model.layers if lora else task.frozen_layers,
         lora_params_per_layer=lora,
         vocab=vocab,
         expert_gemms=expert_gemms,
