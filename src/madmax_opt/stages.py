@@ -98,7 +98,14 @@ def _lower_bounds_us(model: Model, bases: PlanArrays) -> NDArray[np.float64]:
     for hw in hw_choices:
         rows = bases if hw is None else PlanArrays(**{**bases.__dict__, "hw": np.full(len(bases), hw)})
         lc = layer_costs(model.workload, p.training_task, p.stack, model.table, rows)
-        per_layer = lc.time["compute"] + lc.time["tp_comm"] + lc.time["cp_comm"] + lc.time["overhead"]
+        per_layer = (
+            lc.time["compute"]
+            + lc.trainable_fraction * lc.wgrad_s  # weight-gradient GEMMs of trainable layers (all or none here)
+            + lc.time["tp_comm"]
+            + lc.time["cp_comm"]
+            + lc.time["ep_comm"]
+            + lc.time["overhead"]
+        )
         parts.append((per_layer, lc.emb_time_s, lc.head_time_s, lc.pp_comm_s, lc.n_micro))
     per_layer, emb, head, p2p, n_micro = (np.min([x[i] for x in parts], axis=0) for i in range(5))
     pp = bases.pp.astype(np.float64)
