@@ -215,13 +215,17 @@ def validate_cmd(
 
 @app.command()
 def paper(
-    study: Annotated[str, typer.Argument(help="pretraining")] = "pretraining",
+    study: Annotated[str, typer.Argument(help="pretraining | inference | codesign")] = "pretraining",
     out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/paper"),
 ) -> None:
-    """Regenerate a paper study (results/paper/STUDY.md)."""
-    from madmax_opt import studies
+    """Regenerate a paper study (results/paper/STUDY.md): pretraining, inference or codesign."""
+    from madmax_opt import codesign, serving_reports, studies
 
-    writers = {"pretraining": studies.write_pretraining_study}
+    writers = {
+        "pretraining": studies.write_pretraining_study,
+        "inference": serving_reports.write_inference_study,
+        "codesign": codesign.write_codesign_study,
+    }
     if study not in writers:
         raise ProblemError(f"unknown study {study!r}; allowed: {', '.join(writers)}", field="STUDY")
     console.print(f"wrote {writers[study](out)}")
@@ -242,13 +246,11 @@ app.command("timeline")(__import__("madmax_opt.timeline", fromlist=["x"]).timeli
 app.command("trace-check")(__import__("madmax_opt.timeline", fromlist=["x"]).trace_check_cmd)
 app.command("bench-trace")(__import__("madmax_opt.timeline", fromlist=["x"]).bench_trace_cmd)
 app.command("validate-inference")(__import__("madmax_opt.serving_reports", fromlist=["x"]).validate_inference_cmd)
-app.command("paper-inference")(__import__("madmax_opt.serving_reports", fromlist=["x"]).paper_inference_cmd)
 app.command("pareto")(__import__("madmax_opt.serving_reports", fromlist=["x"]).pareto_cmd)
 app.command("sweep")(__import__("madmax_opt.sweep", fromlist=["sweep_cmd"]).sweep_cmd)
 app.command("report")(__import__("madmax_opt.sweep_report", fromlist=["report_cmd"]).report_cmd)
 app.command("bench-evaluator")(__import__("madmax_opt.bench", fromlist=["x"]).bench_evaluator_cmd)
 app.command("sensitivity")(__import__("madmax_opt.sensitivity", fromlist=["sensitivity_cmd"]).sensitivity_cmd)
-app.command("codesign")(__import__("madmax_opt.codesign", fromlist=["codesign_cmd"]).codesign_cmd)
 app.command("bench-sensitivity")(__import__("madmax_opt.codesign", fromlist=["x"]).bench_sensitivity_cmd)
 
 
