@@ -439,3 +439,18 @@ def test_disaggregation_is_a_choice_and_wins_on_prompt_heavy_traffic() -> None:
 def test_moe_models_are_refused_for_inference() -> None:
     with pytest.raises(ProblemError, match="mixture-of-experts"):
         ServingModel(problem_from_dict(serve("mixtral-8x7b")))
+
+
+def test_validation_bars_on_the_shared_measurements() -> None:
+    """Issue 4 bars, recomputed from the shared data: median |error| <= 15 % (throughput), <= 20 % (latency)."""
+    import statistics
+
+    from madmax_opt.serving_reports import BAR_LATENCY, BAR_THROUGHPUT, summary_errors, validation_rows
+    from madmax_opt.validation import shared_dir
+
+    if not (shared_dir() / "validation" / "inference_measured.yaml").exists():
+        pytest.skip("shared/validation is not beside the checkout")
+    thr, lat = summary_errors(validation_rows())
+    assert len(thr) == 7 and len(lat) == 8  # every case of the file
+    assert statistics.median(abs(e) for e in thr) <= BAR_THROUGHPUT
+    assert statistics.median(abs(e) for e in lat) <= BAR_LATENCY

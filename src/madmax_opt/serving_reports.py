@@ -104,7 +104,17 @@ def _predicted(metric: str, rec: dict[str, Any]) -> float:
     raise ValueError(f"unknown measured metric {metric!r}")
 
 
-def validation_rows(shared: Path | None = None, gqa_decode_kernel: bool = True) -> list[ValidationRow]:
+# The measured stacks (TensorRT-LLM v0.6.1, Dec 2023; FasterTransformer) decode with masked multi-head attention
+# that streams each KV head once per query head: TRT-LLM's GQA-aware XQA kernel was experimental then, enabled only
+# "where our tests displayed performance benefits" (v0.6.1 performance.md), generally available for Llama-2 70B from
+# v0.8-0.9 (2024). The measured long-output decode steps confirm it: 480 x 128/2048 tokens on 4 H100 (fp8) take
+# 81 ms per step, slower than even the per-query-head KV roofline (about 59 ms) and 7x the GQA-aware one (12 ms).
+MEASURED_STACK_GQA_DECODE_KERNEL = False
+
+
+def validation_rows(
+    shared: Path | None = None, gqa_decode_kernel: bool = MEASURED_STACK_GQA_DECODE_KERNEL
+) -> list[ValidationRow]:
     """Every (case, measured metric) of the shared file, predicted by the same evaluator as the CLI."""
     from madmax_opt.serving import ServingPlan, evaluate_serving
     from madmax_opt.validation import shared_dir
@@ -129,20 +139,27 @@ def _verdict(value: float, bar: float) -> str:
     return f"{value:.1%} ({'meets' if value <= bar else 'misses'} the {bar:.0%} bar)"
 
 
-def render_validation(rows: list[ValidationRow], legacy: list[ValidationRow]) -> str:
-    as_per_gpu = [
+def _per_gpu_errors(rows: list[ValidationRow]) -> list[float]:
+    """Relative errors, the A100 'total' throughputs compared per GPU (see note 1 of the report)."""
+    return [
         r.predicted / r.case["tp"] / r.measured - 1.0 if r.metric == "out_tokens_per_s_total" else r.error
         for r in rows
     ]
-    thr = [e for r, e in zip(rows, as_per_gpu, strict=True) if r.throughput]
+
+
+def summary_errors(rows: list[ValidationRow]) -> tuple[list[float], list[float]]:
+    """(throughput errors, latency errors) that the bars are about."""
+    errors = _per_gpu_errors(rows)
+    thr = [e for r, e in zip(rows, errors, strict=True) if r.throughput]
+    lat = [e for r, e in zip(rows, errors, strict=True) if not r.throughput]
+    return thr, lat
+
+
+def render_validation(rows: list[ValidationRow], legacy: list[ValidationRow]) -> str:
+    as_per_gpu = _per_gpu_errors(rows)
+    thr, lat = summary_errors(rows)
     thr_literal = [r.error for r in rows if r.throughput]
-    lat = [r.error for r in rows if not r.throughput]
-    legacy_thr = [
-        r.predicted / r.case["tp"] / r.measured - 1.0 if r.metric == "out_tokens_per_s_total" else r.error
-        for r in legacy
-        if r.throughput
-    ]
-    legacy_lat = [r.error for r in legacy if not r.throughput]
+    legacy_thr, legacy_lat = summary_errors(legacy)
     lines = [
         "# Inference validation: predicted vs measured",
         "",
@@ -179,12 +196,13 @@ def render_validation(rows: list[ValidationRow], legacy: list[ValidationRow]) ->
         f"- Read literally (note 1), the three A100 throughput numbers would be whole-replica totals and the "
         f"throughput median |error| would be {_median_abs(thr_literal):.1%}.",
         "",
-        "## Sensitivity: decode attention that reads the KV cache once per query head",
+        "## Sensitivity: a GQA-aware decode kernel (today's default stack)",
         "",
-        "Same cases with `stack.gqa_decode_kernel: false` (each query head streams its KV head, no reuse across a "
-        "GQA group: vLLM PagedAttention v1/v2 and FasterTransformer-style masked MHA, the 2023 kernels). The "
-        "TensorRT-LLM runs were made with `TRTLLM_ENABLE_XQA=1`, which documents the GQA-aware kernel, so the "
-        "headline above keeps `true`; this row only shows how much of the gap that one term can explain.",
+        "The table above models the measured 2023 stacks with `stack.gqa_decode_kernel: false` (each query head "
+        "streams its KV head: FasterTransformer-style masked MHA; TensorRT-LLM's XQA kernel was experimental in "
+        "v0.6.1 and enabled only where it helped). Evidence from the data itself: the 128/2048-token H100 run "
+        "decodes a 480-sequence batch in 81 ms per step, slower than the per-query-head KV roofline (about 59 ms) "
+        "and 7x the GQA-aware one. With the default `true` (FlashInfer, XQA, vLLM today) the same cases give:",
         "",
         f"- Throughput median |error| {_verdict(_median_abs(legacy_thr), BAR_THROUGHPUT)}; errors "
         f"{', '.join(f'{e:+.0%}' for e in legacy_thr)}.",
@@ -230,7 +248,7 @@ def _calibration_table(rows: list[ValidationRow]) -> list[str]:
 
 def write_validation_report(out_dir: Path) -> Path:
     rows = validation_rows()
-    legacy = validation_rows(gqa_decode_kernel=False)
+    legacy = validation_rows(gqa_decode_kernel=not MEASURED_STACK_GQA_DECODE_KERNEL)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "inference.md"
     path.write_text(render_validation(rows, legacy))
