@@ -81,11 +81,16 @@ class HardwareEntry(Strict):
         return self
 
     def sizes(self) -> list[int]:
-        if isinstance(self.gpus, int):
-            return [self.gpus]
-        if isinstance(self.gpus, GpuRange):
-            return self.gpus.values()
-        return list(self.gpus)
+        return cluster_sizes(self.gpus)
+
+
+def cluster_sizes(gpus: int | list[int] | GpuRange) -> list[int]:
+    """The cluster sizes a ``gpus`` field stands for: one, a list, or a range."""
+    if isinstance(gpus, int):
+        return [gpus]
+    if isinstance(gpus, GpuRange):
+        return gpus.values()
+    return list(gpus)
 
 
 class HFConfig(Strict):

@@ -57,6 +57,7 @@ from madmax_opt.problem import (
     GpuRange,
     HFConfig,
     ModelRef,
+    cluster_sizes,
     problem_from_dict,
     read_yaml,
     resolve_model,
@@ -92,11 +93,7 @@ class SweepHardware(Strict):
         return self
 
     def sizes(self) -> list[int]:
-        if isinstance(self.gpus, int):
-            return [self.gpus]
-        if isinstance(self.gpus, GpuRange):
-            return self.gpus.values()
-        return list(self.gpus)
+        return cluster_sizes(self.gpus)
 
 
 class SweepConstraints(Strict):
