@@ -110,14 +110,18 @@ def solve(
     = False,
 ) -> None:
     """Search the plan space (and hardware options) for the optimal plan; cross-checked by the evaluator."""
+    from madmax_opt import dlrm, dlrm_report, serving, timeline
+
+    if dlrm.is_dlrm_file(problem):  # recommendation models have their own problem shape and search
+        return dlrm_report.solve_command(problem, json_out, time_limit, workers, console)
     loaded = load_problem(problem)
     result = solve_result(loaded, top_k, time_limit, workers)
-    if rerank or plot is not None:  # step timelines (madmax_opt.trace, madmax_opt.plots)
-        result = __import__("madmax_opt.timeline", fromlist=["x"]).rerank_and_plot(loaded, result, rerank, plot)
+    if rerank or plot is not None:  # step timelines (trace simulation, plots)
+        result = timeline.rerank_and_plot(loaded, result, rerank, plot)
     if json_out:
         print(json.dumps(result, indent=2))
     elif result.get("task") == "inference":
-        __import__("madmax_opt.serving", fromlist=["print_result"]).print_result(result, console)
+        serving.print_result(result, console)
     else:
         print_solution(result, console)
 
@@ -130,12 +134,16 @@ def evaluate_cmd(
     plot: Annotated[Path | None, typer.Option("--plot", help="write PNG plots (step time, memory) here")] = None,
 ) -> None:
     """Predict step time, throughput, MFU and memory per GPU of given plan(s)."""
+    from madmax_opt import dlrm, dlrm_report, plots, serving_reports
+
+    if dlrm.is_dlrm_file(problem):
+        return dlrm_report.evaluate_command(problem, plan, json_out, console)
     loaded = load_problem(problem)
-    if loaded.task.kind == "inference":  # serving plans (+ precision, prefill_replicas): madmax_opt.serving_reports
-        return __import__("madmax_opt.serving_reports", fromlist=["x"]).evaluate_command(loaded, plan, json_out, console)
+    if loaded.task.kind == "inference":  # serving plans (+ precision, prefill_replicas)
+        return serving_reports.evaluate_command(loaded, plan, json_out, console)
     records = evaluate(loaded, load_plans(plan, loaded))
     if plot is not None:
-        __import__("madmax_opt.plots", fromlist=["x"]).plan_figures(records, plot)
+        plots.plan_figures(records, plot)
     if json_out:  # a file with one plan mapping gives one object, a list gives a list in the same order
         print(json.dumps(records if isinstance(read_yaml(plan), list) else records[0], indent=2))
     else:
@@ -215,16 +223,17 @@ def validate_cmd(
 
 @app.command()
 def paper(
-    study: Annotated[str, typer.Argument(help="pretraining | inference | codesign")] = "pretraining",
+    study: Annotated[str, typer.Argument(help="pretraining | inference | codesign | dlrm")] = "pretraining",
     out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/paper"),
 ) -> None:
-    """Regenerate a paper study (results/paper/STUDY.md): pretraining, inference or codesign."""
-    from madmax_opt import codesign, serving_reports, studies
+    """Regenerate a paper study (results/paper/STUDY.md): pretraining, inference, codesign or dlrm."""
+    from madmax_opt import codesign, dlrm_report, serving_reports, studies
 
     writers = {
         "pretraining": studies.write_pretraining_study,
         "inference": serving_reports.write_inference_study,
         "codesign": codesign.write_codesign_study,
+        "dlrm": dlrm_report.write_dlrm_study,
     }
     if study not in writers:
         raise ProblemError(f"unknown study {study!r}; allowed: {', '.join(writers)}", field="STUDY")

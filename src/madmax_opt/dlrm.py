@@ -6,7 +6,7 @@ The cost model has two halves that meet in ``step_terms``:
   column-wise shards on GPUs, table-row-wise on a node, row-wise over all GPUs, data-parallel replicas) adds a fixed
   amount to per-GPU *terms* (lookup time, memory, and each lane of each collective) depending only on whether a GPU
   is the shard's owner, in the owner's node, or elsewhere. Those coefficients (``embedding_options``) are the
-  single source of truth: the exact evaluator sums them in floats (``embedding_loads``), the CP-SAT placement
+  single source of truth: the exact evaluator sums them in floats (``per_gpu_terms``, ``embedding_times``), the CP-SAT placement
   (``placement.py``) rounds them once to integers. A collective takes as long as its busiest GPU lane, so the
   embedding time is a sum of maxima over GPUs.
 - **Dense** part (bottom/top MLPs, interaction, optional transformer block and MoE top MLP) as GEMMs timed by
@@ -306,11 +306,14 @@ def dlrm_models() -> dict[str, DLRMModel]:
 
 
 def is_dlrm_data(data: Any) -> bool:
-    """Whether a parsed problem file describes a DLRM (catalog name or inline ``family: dlrm``)."""
+    """Whether a parsed problem file describes a DLRM: a DLRM catalog name (or a name starting with ``dlrm``, so
+    that a misspelt one gets the DLRM catalog's list of names) or an inline model with ``family: dlrm``."""
     if not isinstance(data, dict):
         return False
     m = data.get("model")
-    return (isinstance(m, str) and m in dlrm_models()) or (isinstance(m, dict) and m.get("family") == "dlrm")
+    if isinstance(m, str):
+        return m in dlrm_models() or m.startswith("dlrm")
+    return isinstance(m, dict) and m.get("family") == "dlrm"
 
 
 def is_dlrm_file(path: str | Path) -> bool:
@@ -620,6 +623,9 @@ def shard_coefficients(t: TableGroup, sharding: str, split: int, task: DLRMTask,
     R, d = float(t.rows), float(t.dim)
     hbm, w0, w1 = lay.hbm_bw, lay.intra_bw, lay.inter_bw
     st = float(ROWWISE_STATE_BYTES)
+    train = task.kind == "train"
+    st_mem = st if train else 0.0  # optimizer state and gradient buffers exist only in training
+    bufs = 2.0 if train else 1.0  # pooled output (+ its gradient)
     v: dict[tuple[str, int], float] = {}
     if sharding in ("table_wise", "column_wise"):
         ds = d / split
@@ -627,7 +633,7 @@ def shard_coefficients(t: TableGroup, sharding: str, split: int, task: DLRMTask,
         # write each row and its rowwise-Adagrad state (FBGEMM fused backward-optimizer)
         v[("lookup_fwd", SELF)] = B * (P * (ds * e + x) + ds * e) / hbm
         v[("lookup_bwd", SELF)] = B * (P * (2 * ds * e + 2 * st + x) + ds * e) / hbm
-        v[("memory", SELF)] = R * (ds * e + st) + 2 * B * ds * e + B * P * x  # rows + state, out/grad, ids
+        v[("memory", SELF)] = R * (ds * e + st_mem) + bufs * B * ds * e + B * P * x  # rows (+ state), out, ids
         ids = b * (P * x + ln)  # one GPU's ids (+ lengths) of this table
         pooled = b * ds * e  # one GPU's pooled output of this shard
         c = "tw" if sharding == "table_wise" else "cw"
@@ -641,7 +647,7 @@ def shard_coefficients(t: TableGroup, sharding: str, split: int, task: DLRMTask,
         for rel in (SELF, NODE):
             v[("lookup_fwd", rel)] = B * (P * (d * e + x) / G + d * e) / hbm
             v[("lookup_bwd", rel)] = B * (P * (2 * d * e + 2 * st + x) / G + d * e) / hbm
-            v[("memory", rel)] = R / G * (d * e + st) + 2 * B * d * e + B * P * x / G
+            v[("memory", rel)] = R / G * (d * e + st_mem) + bufs * B * d * e + B * P * x / G
             per_src = b * (P * x / G + ln)  # what each GPU sends to one GPU of the node
             _lanes(v, "twrw_in", rel, send_intra=(G - 1) * per_src / w0, recv_intra=(G - 1) * per_src / w0,
                    recv_inter=(N - G) * per_src / w1)
@@ -659,7 +665,7 @@ def shard_coefficients(t: TableGroup, sharding: str, split: int, task: DLRMTask,
         for rel in (SELF, NODE, REMOTE):
             v[("lookup_fwd", rel)] = B * (P * (d * e + x) / N + d * e) / hbm
             v[("lookup_bwd", rel)] = B * (P * (2 * d * e + 2 * st + x) / N + d * e) / hbm
-            v[("memory", rel)] = R / N * (d * e + st) + 2 * B * d * e + B * P * x / N
+            v[("memory", rel)] = R / N * (d * e + st_mem) + bufs * B * d * e + B * P * x / N
             v[("rw_in.time", rel)] = float(a2a[0])
             v[("rw_out.time", rel)] = float(rs_all[0])
     elif sharding == "data_parallel":  # a replica everywhere; dense gradient all-reduced, whole table updated
@@ -669,7 +675,7 @@ def shard_coefficients(t: TableGroup, sharding: str, split: int, task: DLRMTask,
             v[("lookup_fwd", rel)] = b * (P * (d * e + x) + d * e) / hbm
             # zero the dense grad, scatter-add b*P rows, then read grad + read/write rows and state of every row
             v[("lookup_bwd", rel)] = (R * (4 * d * e + 2 * st) + b * P * (d * e + x)) / hbm
-            v[("memory", rel)] = R * (d * e + st) + R * d * e + 2 * b * d * e + b * P * x
+            v[("memory", rel)] = R * (d * e + st_mem) + (R * d * e if train else 0.0) + bufs * b * d * e + b * P * x
             v[("dp_allreduce.time", rel)] = float(ar[0])
     else:
         raise ValueError(f"unknown sharding {sharding!r}")
@@ -1079,8 +1085,9 @@ def dense_terms(wl: DLRMWorkload, task: DLRMTask, stack: DLRMStack, lay: Layout,
     local_params = tp_params / tp + rep_params + exp_params / ep
     gb = DENSE_GRAD_BYTES
     one = ones
-    ar_dense = (all_reduce_s(rep_params * gb * one, N * one, one, tiers)
-                + all_reduce_s(tp_params / tp * gb, N / tp, tp, tiers)
+    # one all-reduce per parameter kind that exists: replicated, TP-sharded (over N/t, stride t), experts (N/ep)
+    ar_dense = (np.where(rep_params > 0, all_reduce_s(rep_params * gb * one, N * one, one, tiers), 0.0)
+                + np.where(tp_params > 0, all_reduce_s(tp_params / tp * gb, N / tp, tp, tiers), 0.0)
                 + np.where(exp_params > 0, all_reduce_s(exp_params / ep * gb, N / ep, ep, tiers), 0.0))
     dense_p = tp_params + rep_params
     n_units = float(len([g for g in wl.gemms if not g.expert])) + (float(len([g for g in wl.gemms if g.expert]))

@@ -50,6 +50,7 @@ from madmax_opt.dlrm import (
     collective_maxima,
     collectives_used,
     compact_placement,
+    dense_peak_flops,
     dense_terms,
     embedding_options,
     embedding_times,
@@ -319,49 +320,75 @@ class PlacementModel:
         return ShardArrays(arr[:, 0], arr[:, 1], arr[:, 2])
 
 
+PROOF_PHASE_LIMIT = 5.0  # deterministic time units of the first, single-worker phase
+
+
+def _phase(pm: PlacementModel, hint: ShardArrays | None, *, time_limit_s: float, deterministic_limit: float | None,
+           workers: int, seed: int, portfolio: bool) -> tuple[Any, cp_model.CpSolver]:
+    """One CP-SAT run. Proof phase: one worker following the decision strategies with quick restarts, no presolve,
+    full LP relaxation. Portfolio phase: CP-SAT's own portfolio (LNS included), interleaved in one thread when
+    ``workers`` is 1 so that it stays deterministic."""
+    if hint is not None:
+        pm.hint(hint)
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.random_seed = seed
+    prm.max_time_in_seconds = max(time_limit_s, 0.01)
+    if deterministic_limit is not None:
+        prm.max_deterministic_time = deterministic_limit
+    prm.cp_model_presolve = False
+    prm.linearization_level = 2
+    if portfolio:
+        prm.num_workers = max(workers, PORTFOLIO_WORKERS)
+        prm.interleave_search = workers == 1
+    else:
+        prm.num_workers = 1
+        prm.search_branching = cp_model.PORTFOLIO_WITH_QUICK_RESTART_SEARCH
+    return solver.solve(pm.model), solver
+
+
+PORTFOLIO_WORKERS = 4  # subsolvers of the second phase (interleaved in one thread when workers == 1)
+
+
 def solve_placement(
-    it: IntTables, *, time_limit_s: float = 30.0, workers: int = 1, seed: int = 0
+    it: IntTables, *, time_limit_s: float = 30.0, workers: int = 1, seed: int = 0,
+    deterministic_limit: float | None = None,
 ) -> PlacementResult | None:
     """Minimise the integer placement objective under per-GPU memory; None when no placement fits.
 
-    The greedy plan is the hint; when the solver's best (time-limited) is worse, greedy's plan is returned with
-    the solver's bound, so the result is never worse than the baseline."""
+    Two phases (measured, ortools 9.15, on random small instances, DLRM-A/I at 96 and 128 GPUs and 50-200
+    heterogeneous tables): (1) one worker following the decision strategies with quick restarts, no presolve
+    (its symmetry detection over identical GPUs cost up to 30 s) and the full LP relaxation proves every small and
+    every grouped instance in under 1.5 s, but finds no improvement on heterogeneous tables; (2) when (1) has not
+    proven optimality within PROOF_PHASE_LIMIT deterministic units, CP-SAT's portfolio with LNS (interleaved:
+    deterministic with one worker) continues from the best plan so far for the rest of ``time_limit_s`` (or
+    ``deterministic_limit`` units). The greedy plan is the first hint, and the result is never worse than greedy.
+    """
     t0 = time.perf_counter()
     pm = PlacementModel(it)
     greedy = greedy_placement(it)
     greedy_obj = int_objective(it, greedy)[0] if greedy is not None else None
-    if greedy is not None:
-        pm.hint(greedy)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = seed
-    solver.parameters.max_time_in_seconds = time_limit_s
-    # measured (ortools 9.15, 1 worker) on slow random small instances and DLRM-A/I at 96 and 128 GPUs: presolve's
-    # symmetry detection over identical GPUs cost up to 30 s; without it, with the full LP relaxation
-    # (linearization 2) and the decision strategies followed with quick restarts, all prove in under 1.5 s
-    solver.parameters.cp_model_presolve = False
-    solver.parameters.linearization_level = 2
-    solver.parameters.search_branching = cp_model.PORTFOLIO_WITH_QUICK_RESTART_SEARCH
-    st = solver.solve(pm.model)
-    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE) and (greedy is None or st == cp_model.INFEASIBLE):
+    best: tuple[int, ShardArrays] | None = (greedy_obj, greedy) if greedy is not None and greedy_obj is not None \
+        else None
+    first = PROOF_PHASE_LIMIT if deterministic_limit is None else min(PROOF_PHASE_LIMIT, deterministic_limit)
+    st, solver = _phase(pm, greedy, time_limit_s=time_limit_s, deterministic_limit=first, workers=workers,
+                        seed=seed, portfolio=False)
+    bound = float(solver.best_objective_bound) if st != cp_model.INFEASIBLE else 0.0
+    best = _better(it, pm, solver, st, best)
+    left_s = time_limit_s - (time.perf_counter() - t0)
+    left_det = None if deterministic_limit is None else deterministic_limit - first
+    if st not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) and left_s > 0.1 and (left_det is None or left_det > 0):
+        st, solver = _phase(pm, best[1] if best else None, time_limit_s=left_s, deterministic_limit=left_det,
+                            workers=workers, seed=seed, portfolio=True)
+        if st != cp_model.INFEASIBLE:
+            bound = max(bound, float(solver.best_objective_bound))
+        best = _better(it, pm, solver, st, best)
+    if best is None:
         return None
-    found = st in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    shards = pm.solution(solver) if found else greedy
-    assert shards is not None
-    obj, fits = int_objective(it, shards)
-    # a proven optimum is tight; a time-limited solution may leave slack in the max variables (obj lower)
-    if found and (obj > round(solver.objective_value) or not fits
-                  or (st == cp_model.OPTIMAL and obj != round(solver.objective_value))):
-        raise InternalError(f"placement model mismatch: CP-SAT objective {solver.objective_value:.0f} ns, "
-                            f"re-evaluated {obj} ns, memory fits: {fits}")
-    status = "optimal" if st == cp_model.OPTIMAL else "feasible"
-    if greedy is not None and greedy_obj is not None and greedy_obj < obj:
-        shards, obj, status = greedy, greedy_obj, "feasible"  # the solver did not get back to its hint in time
-    bound = float(solver.best_objective_bound) if st in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN) \
-        else 0.0
+    obj, shards = best
     return PlacementResult(
         shards=shards,
-        status=status,
+        status="optimal" if st == cp_model.OPTIMAL or bound >= obj else "feasible",
         objective=obj,
         bound=min(bound, float(obj)),
         wall_s=time.perf_counter() - t0,
@@ -369,6 +396,21 @@ def solve_placement(
         greedy=greedy,
         greedy_objective=greedy_obj,
     )
+
+
+def _better(it: IntTables, pm: PlacementModel, solver: cp_model.CpSolver, st: Any,
+            best: tuple[int, ShardArrays] | None) -> tuple[int, ShardArrays] | None:
+    """The better of ``best`` and the run's solution (re-evaluated: CP-SAT's value must match the integers)."""
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return best
+    shards = pm.solution(solver)
+    obj, fits = int_objective(it, shards)
+    # a proven optimum is tight; a time-limited solution may leave slack in the max variables (obj lower)
+    if obj > round(solver.objective_value) or not fits or (st == cp_model.OPTIMAL
+                                                            and obj != round(solver.objective_value)):
+        raise InternalError(f"placement model mismatch: CP-SAT objective {solver.objective_value:.0f} ns, "
+                            f"re-evaluated {obj} ns, memory fits: {fits}")
+    return (obj, shards) if best is None or obj < best[0] else best
 
 
 # ======================================================================================= brute force
@@ -516,7 +558,7 @@ def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, 
             "capacity": lay.capacity_bytes,
         },
         "dense_mfu": float(dt.fwd_flops_per_gpu[0] * (3.0 if problem.task.kind == "train" else 1.0)
-                           / (step * float(opt.gpu.peak_flops.get("tf32", opt.gpu.peak_flops.get("fp32", 1.0))))),
+                           / (step * dense_peak_flops(opt.gpu, problem.model.dense_precision, problem.stack))),
     }
     if problem.task.train_samples:
         hours = problem.task.train_samples / samples_s / 3600.0
