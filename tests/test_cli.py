@@ -6,8 +6,6 @@ expected numbers are worked out by hand from the test problems in tests/data.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -19,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from madmax_opt import cli
+from cli_helpers import run_main
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -43,21 +41,6 @@ def run_cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedP
     )
 
 
-def run_main(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """``madmax_opt.cli.main()`` (what the console script calls) in this process: same output, no start-up."""
-    argv = ["madmax-opt", *map(str, args)]
-    out, err = io.StringIO(), io.StringIO()
-    saved = sys.argv
-    sys.argv = argv
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-        code = 0
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 0
-    finally:
-        sys.argv = saved
-    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:

@@ -6,17 +6,14 @@ multiplied here by hand.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from madmax_opt import catalog, cli
+from cli_helpers import run_main
+from madmax_opt import catalog
 from madmax_opt.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant
 from madmax_opt.errors import ProblemError
 from madmax_opt.problem import ProblemFile, load_problem, problem_from_dict
@@ -33,20 +30,6 @@ def problem_with(hardware: dict[str, Any], model: str = "llama2-7b") -> dict[str
     return {"model": model, "hardware": hardware, "task": SMALL_TASK, "space": {"cp": 1, "vpp": 1}}
 
 
-def run_main(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """``madmax_opt.cli.main()`` in this process, as the console script runs it."""
-    argv = ["madmax-opt", *map(str, args)]
-    out, err = io.StringIO(), io.StringIO()
-    saved, sys.argv = sys.argv, argv
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-        code = 0
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 0
-    finally:
-        sys.argv = saved
-    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def test_the_issue_example_scales_and_sets_the_named_fields() -> None:

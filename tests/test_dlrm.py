@@ -7,11 +7,7 @@ Toy hardware (conftest.py): HBM 2e12 B/s x hbm_eff 0.5 = 1e12 B/s achieved, GEMM
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
+from cli_helpers import run_main
 from conftest import toy_gpu, toy_system
-from madmax_opt import cli
 from madmax_opt.dlrm import (
     COLLECTIVE_LANES,
     NODE,
@@ -398,19 +394,6 @@ def test_bad_input_is_one_line(data: dict[str, Any], fragments: list[str]) -> No
 # ===================================================================================================== CLI
 
 
-def run_main(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    argv = ["madmax-opt", *map(str, args)]
-    out, err = io.StringIO(), io.StringIO()
-    saved, sys.argv = sys.argv, argv
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-        code = 0
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 0
-    finally:
-        sys.argv = saved
-    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def test_cli_solve_and_evaluate(tmp_path: Path) -> None:

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from madmax_opt import cli
+from cli_helpers import run_main
 from madmax_opt.derive import HARDWARE_PARAMETERS
 from madmax_opt.errors import InfeasibleError
 from madmax_opt.evaluator import Model, evaluate, metrics
@@ -39,20 +35,6 @@ SEVENTY_B = {"model": "llama2-70b", "hardware": {"system": "dgx-h100", "gpus": 2
              "task": {"seq_len": 4096, "global_batch": 2048}}
 
 
-def run_main(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """``madmax_opt.cli.main()`` in this process, as the console script runs it."""
-    argv = ["madmax-opt", *map(str, args)]
-    out, err = io.StringIO(), io.StringIO()
-    saved, sys.argv = sys.argv, argv
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-        code = 0
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 0
-    finally:
-        sys.argv = saved
-    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 # ------------------------------------------------------------------------------------ factor 1.0 = base
