@@ -124,6 +124,11 @@ def step_time_figure(records: Sequence[dict[str, Any]], path: Path, title: str =
         total = sum(b.values()) * scale
         ax.text(total, y, f" {total:,.1f} {unit}", va="center", fontsize=8)
     ax.set_xlim(0, longest * scale * 1.15)
+    return _finish(plt, fig, ax, title, path)
+
+
+def _finish(plt: Any, fig: Any, ax: Any, title: str, path: Path) -> Path:
+    """Title, x grid, legend right of the axes, save and close: the common end of the bar charts."""
     ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
     _legend_right(ax)
@@ -150,12 +155,7 @@ def memory_figure(records: Sequence[dict[str, Any]], path: Path, title: str = "M
     top = max(max(r["memory_bytes_per_gpu"]["total"], r["memory_bytes_per_gpu"]["capacity"]) for r in records) / GB
     ax.set_xlim(0, top * 1.3)
     ax.set_xlabel("memory per GPU (GB)")
-    ax.set_title(title)
-    ax.grid(axis="x", alpha=0.3)
-    _legend_right(ax)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, title, path)
 
 
 def top_k_figure(records: Sequence[dict[str, Any]], path: Path, title: str = "Top plans") -> Path:
