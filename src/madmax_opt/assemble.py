@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -41,6 +42,22 @@ class Pick:
     objective: int
     best_bound: float
     booleans: int
+
+
+def solver_summary(
+    objective: int | None, best_bound: float | None, wall_s: float, candidates: int, booleans: int
+) -> dict[str, Any]:
+    """The ``solver`` object of the solve JSON: objective, proven bound, relative gap, size, time."""
+    obj = objective or 0
+    bound = best_bound if best_bound is not None else float("nan")
+    return {
+        "wall_s": wall_s,
+        "objective": obj,
+        "best_bound": bound,
+        "gap": (obj - bound) / max(abs(obj), 1),
+        "candidates": candidates,
+        "booleans": booleans,
+    }
 
 
 def supplies(hardware: Sequence[HardwareOption]) -> dict[str, int]:

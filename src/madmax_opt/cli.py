@@ -12,12 +12,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from madmax_opt import catalog
+from madmax_opt import bench, catalog, codesign, sensitivity, serving_reports, sweep, sweep_report, timeline
 from madmax_opt.errors import MadmaxError, ProblemError
 from madmax_opt.evaluator import evaluate
-from madmax_opt.problem import Problem, ProblemFile, load_problem, read_yaml, validate
-from madmax_opt.report import print_evaluations, print_solution
-from madmax_opt.spec import Plan
+from madmax_opt.problem import ProblemFile, load_plans, load_problem, read_yaml
+from madmax_opt.report import print_evaluations, print_solution, solve_result
 
 app = typer.Typer(
     help="Throughput- or cost-optimal, memory-feasible plans for distributed training of large models.",
@@ -30,71 +29,6 @@ err_console = Console(stderr=True)
 
 ProblemArg = Annotated[Path, typer.Argument(help="problem file (YAML)", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
-
-
-def load_plans(path: Path, problem: Problem | None = None) -> list[Plan]:
-    """Plans from a YAML/JSON file (a mapping or a list); with ``problem``, each must fit its hardware."""
-    data = read_yaml(path, what="plan file")
-    items = data if isinstance(data, list) else [data]
-    if not items or not all(isinstance(x, dict) for x in items):
-        keys = ", ".join(Plan.model_fields)
-        allowed = f"a mapping with keys {{{keys}}} or a non-empty list of them"
-        raise ProblemError(f"expected a plan; allowed: {allowed}", file=str(path))
-    plans = []
-    for i, item in enumerate(items):
-        prefix = f"[{i}]" if isinstance(data, list) else ""
-        plan = validate(Plan, item, file=str(path), prefix=prefix)
-        # a plan for other hardware is an input error, not an invalid plan (heterogeneous stages span several)
-        if problem is not None and getattr(plan, "stage_systems", None) is None:
-            systems = {o.system.name for o in problem.hardware}
-            if plan.system is not None and plan.system not in systems | {o.name for o in problem.hardware}:
-                raise ProblemError(
-                    f"{plan.system!r} is not a hardware option of {problem.source}; allowed: "
-                    f"{', '.join(sorted(systems))}",
-                    file=str(path),
-                    field=f"{prefix}.system".lstrip("."),
-                )
-            sizes = sorted({o.gpus for o in problem.hardware if plan.system in (None, o.system.name, o.name)})
-            if plan.gpus not in sizes:
-                raise ProblemError(
-                    f"{plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.gpus} GPUs matches no cluster size of "
-                    f"{problem.source}; allowed: {', '.join(map(str, sizes))}",
-                    file=str(path),
-                    field=f"{prefix}.dp*tp*pp*cp".lstrip("."),
-                )
-        plans.append(plan)
-    return plans
-
-
-def solve_result(problem: Problem, top_k: int, time_limit: float, workers: int) -> dict[str, Any]:
-    """The JSON object of ``solve --json``."""
-    if problem.task.kind == "inference":  # serving plans: madmax_opt.serving
-        return __import__("madmax_opt.serving", fromlist=["solve_result"]).solve_result(problem, top_k, time_limit, workers)
-    from madmax_opt.solver import solve_records
-
-    outcome, records = solve_records(problem, top_k=top_k, time_limit_s=time_limit, workers=workers)
-    baseline = evaluate(problem, [problem.baseline])[0] if problem.baseline else None
-    speedup = None
-    if baseline and baseline["feasible"]:
-        speedup = records[0]["tokens_per_s"] / baseline["tokens_per_s"]
-    obj = outcome.objective or 0
-    bound = outcome.best_bound if outcome.best_bound is not None else float("nan")
-    return {
-        "status": outcome.status,
-        "objective": problem.objective,
-        "best": records[0],
-        "top": records,
-        "solver": {
-            "wall_s": outcome.wall_s,
-            "objective": obj,
-            "best_bound": bound,
-            "gap": (obj - bound) / max(abs(obj), 1),
-            "candidates": len(outcome.candidates.plans),
-            "booleans": outcome.model_size,
-        },
-        "baseline": baseline,
-        "speedup_vs_baseline": speedup,
-    }
 
 
 @app.command()
@@ -250,17 +184,17 @@ def bench_solver_cmd(
     console.print(f"wrote {write_solver_bench(out)}")
 
 
-# ---- commands defined in their own modules register here (one line each) ----------------------------
-app.command("timeline")(__import__("madmax_opt.timeline", fromlist=["x"]).timeline_cmd)
-app.command("trace-check")(__import__("madmax_opt.timeline", fromlist=["x"]).trace_check_cmd)
-app.command("bench-trace")(__import__("madmax_opt.timeline", fromlist=["x"]).bench_trace_cmd)
-app.command("validate-inference")(__import__("madmax_opt.serving_reports", fromlist=["x"]).validate_inference_cmd)
-app.command("pareto")(__import__("madmax_opt.serving_reports", fromlist=["x"]).pareto_cmd)
-app.command("sweep")(__import__("madmax_opt.sweep", fromlist=["sweep_cmd"]).sweep_cmd)
-app.command("report")(__import__("madmax_opt.sweep_report", fromlist=["report_cmd"]).report_cmd)
-app.command("bench-evaluator")(__import__("madmax_opt.bench", fromlist=["x"]).bench_evaluator_cmd)
-app.command("sensitivity")(__import__("madmax_opt.sensitivity", fromlist=["sensitivity_cmd"]).sensitivity_cmd)
-app.command("bench-sensitivity")(__import__("madmax_opt.codesign", fromlist=["x"]).bench_sensitivity_cmd)
+# ---- commands defined in their own modules ----------------------------------------------------------------
+app.command("timeline")(timeline.timeline_cmd)
+app.command("trace-check")(timeline.trace_check_cmd)
+app.command("bench-trace")(timeline.bench_trace_cmd)
+app.command("validate-inference")(serving_reports.validate_inference_cmd)
+app.command("pareto")(serving_reports.pareto_cmd)
+app.command("sweep")(sweep.sweep_cmd)
+app.command("report")(sweep_report.report_cmd)
+app.command("bench-evaluator")(bench.bench_evaluator_cmd)
+app.command("sensitivity")(sensitivity.sensitivity_cmd)
+app.command("bench-sensitivity")(codesign.bench_sensitivity_cmd)
 
 
 def main() -> None:

@@ -21,7 +21,15 @@ from pydantic import Field, NonNegativeInt, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from madmax_opt.assemble import Limit, admissible_mask, brute_force, cluster_limits, pick_best, supplies
+from madmax_opt.assemble import (
+    Limit,
+    admissible_mask,
+    brute_force,
+    cluster_limits,
+    pick_best,
+    solver_summary,
+    supplies,
+)
 from madmax_opt.errors import InfeasibleError, InternalError, ProblemError
 from madmax_opt.hardware import HardwareTable
 from madmax_opt.inference import (
@@ -623,26 +631,16 @@ def solve_result(problem: Problem, top_k: int, time_limit: float, workers: int) 
     pareto = [
         dict(r, meets_targets=bool(ok[i])) for i, r in zip(front, to_records(model, c, front), strict=True)
     ]
-    obj = outcome.objective or 0
-    bound = outcome.best_bound if outcome.best_bound is not None else float("nan")
+    summary = solver_summary(outcome.objective, outcome.best_bound, outcome.wall_s, len(c.plans), outcome.model_size)
+    summary["objective_unit"] = "uUSD per million tokens" if problem.objective == "cost" else "GPU-ns per token"
+    summary["admissible"] = int(admissible(model, c).sum())
     return {
         "task": "inference",
         "status": outcome.status,
         "objective": problem.objective,
         "best": records[0],
         "top": records,
-        "solver": {
-            "wall_s": outcome.wall_s,
-            "objective": obj,
-            "objective_unit": "uUSD per million tokens"
-            if problem.objective == "cost"
-            else "GPU-ns per token",
-            "best_bound": bound,
-            "gap": (obj - bound) / max(abs(obj), 1),
-            "candidates": len(c.plans),
-            "admissible": int(admissible(model, c).sum()),
-            "booleans": outcome.model_size,
-        },
+        "solver": summary,
         "pareto": pareto,
         "baseline": baseline,
         "speedup_vs_baseline": speedup,

@@ -378,7 +378,7 @@ def solve_one(
     key: str, label: dict[str, Any], problem: dict[str, Any], source: str, solver: dict[str, Any]
 ) -> dict[str, Any]:
     """Solve one combination; never raises: an infeasible or failing problem becomes a row with its error."""
-    from madmax_opt.cli import solve_result  # the CLI's solve JSON (imported here: cli registers this module)
+    from madmax_opt.report import solve_result  # the solve JSON of `madmax-opt solve --json`
 
     t0 = time.perf_counter()
     row: dict[str, Any] = {"key": key, "combination": label, "status": "ok", "result": None, "error": None}

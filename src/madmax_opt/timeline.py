@@ -47,7 +47,7 @@ def write_timeline(sim: Simulation, out_dir: Path, stem: str, detail: str = "ops
 
 
 def _one_plan(path: Path, problem: Problem, index: int) -> Plan:
-    from madmax_opt.cli import load_plans
+    from madmax_opt.problem import load_plans
 
     plans = load_plans(path, problem)
     if not 0 <= index < len(plans):
