@@ -29,6 +29,7 @@ from madmax_opt.sensitivity import (
 from madmax_opt.solver import ROUNDING_TOLERANCE_S, solve_records
 from madmax_opt.space import enumerate_plans
 from madmax_opt.spec import Plan
+from strategies import small_hardware, small_models
 
 SMALL = Path(__file__).resolve().parent / "data" / "small.yaml"
 SEVENTY_B = {"model": "llama2-70b", "hardware": {"system": "dgx-h100", "gpus": 2048},
@@ -110,26 +111,12 @@ IMPROVING: dict[str, list[float]] = {
     "power": [0.5],
     "price": [0.5],
 }
-SYSTEMS = ["dgx-a100", "dgx-h100", "dgx-v100", "cloud-b-nc24rs-v3", "gb200-nvl72", "mi300x-platform", "dc-a"]
 
 
 @st.composite
 def small_problems(draw: Any) -> dict[str, Any]:
-    heads = draw(st.sampled_from([8, 16, 32]))
-    hidden = heads * draw(st.sampled_from([64, 128]))
-    model = {
-        "layers": draw(st.sampled_from([4, 8, 12, 16])),
-        "hidden": hidden,
-        "heads": heads,
-        "kv_heads": draw(st.sampled_from([heads, max(heads // 4, 1)])),
-        "ffn": draw(st.sampled_from([2, 4])) * hidden,
-        "ffn_kind": draw(st.sampled_from(["gelu", "swiglu"])),
-        "vocab": draw(st.sampled_from([32000, 51200])),
-    }
-    hardware = [
-        {"system": s, "gpus": draw(st.sampled_from([[4], [8], [16], [8, 32], [2, 4, 16]]))}
-        for s in draw(st.lists(st.sampled_from(SYSTEMS), min_size=1, max_size=2, unique=True))
-    ]
+    model = draw(small_models([4, 8, 12, 16]))
+    hardware = draw(small_hardware(2))
     constraints: dict[str, Any] = {}
     if draw(st.booleans()):
         constraints["max_gpus"] = draw(st.sampled_from([8, 16]))

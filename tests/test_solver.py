@@ -13,28 +13,13 @@ from madmax_opt.errors import InfeasibleError
 from madmax_opt.evaluator import Model, to_records
 from madmax_opt.problem import problem_from_dict
 from madmax_opt.solver import ROUNDING_TOLERANCE_S, brute_force_order, candidates, solve, solve_records
-
-SYSTEMS = ["dgx-a100", "dgx-h100", "dgx-v100", "cloud-b-nc24rs-v3", "gb200-nvl72", "mi300x-platform", "dc-a"]
+from strategies import small_hardware, small_models
 
 
 @st.composite
 def small_problems(draw: Any) -> dict[str, Any]:
-    heads = draw(st.sampled_from([8, 16, 32]))
-    head_dim = draw(st.sampled_from([64, 128]))
-    hidden = heads * head_dim
-    model = {
-        "layers": draw(st.sampled_from([4, 6, 8, 12, 16])),
-        "hidden": hidden,
-        "heads": heads,
-        "kv_heads": draw(st.sampled_from([heads, max(heads // 4, 1)])),
-        "ffn": draw(st.sampled_from([2, 4])) * hidden,
-        "ffn_kind": draw(st.sampled_from(["gelu", "swiglu"])),
-        "vocab": draw(st.sampled_from([32000, 51200])),
-    }
-    hardware = [
-        {"system": s, "gpus": draw(st.sampled_from([[4], [8], [16], [8, 32], [2, 4, 16]]))}
-        for s in draw(st.lists(st.sampled_from(SYSTEMS), min_size=1, max_size=3, unique=True))
-    ]
+    model = draw(small_models([4, 6, 8, 12, 16]))
+    hardware = draw(small_hardware(3))
     space: dict[str, Any] = {
         "cp": draw(st.sampled_from([1, [1, 2]])),
         "mbs": draw(st.sampled_from([[1, 2], [1, 2, 4]])),
