@@ -42,12 +42,11 @@ from pydantic import (
     model_validator,
 )
 
-from madmax_opt import catalog
 from madmax_opt.collectives import Tiers, all_gather_s, all_reduce_s, all_to_all_s, reduce_scatter_s
 from madmax_opt.compute import gemm_time_s, memory_bound_time_s
 from madmax_opt.errors import ProblemError
 from madmax_opt.hardware import HardwareOption, HardwareTable
-from madmax_opt.problem import HardwareEntry, read_yaml, resolve_system, validate
+from madmax_opt.problem import HardwareEntry, hardware_options, read_yaml, resolve_system, validate
 from madmax_opt.spec import GPU, Strict
 
 Arr = NDArray[np.float64]
@@ -338,18 +337,15 @@ def dlrm_problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> DL
         model = models[pf.model]
     else:
         model = pf.model
+    options = hardware_options(pf.hardware, file=source)
     entries = pf.hardware if isinstance(pf.hardware, list) else [pf.hardware]
-    options: list[HardwareOption] = []
-    for i, e in enumerate(entries):
+    for i, e in enumerate(entries):  # DLRM placement works on whole nodes
         field = f"hardware[{i}]" if isinstance(pf.hardware, list) else "hardware"
-        system = resolve_system(e, file=source, field=field)
-        gpu: GPU = catalog.lookup("gpu", system.gpu, file=source, field=f"{field}.system.gpu")
-        node = system.tiers[0].size
+        node = resolve_system(e, file=source, field=field).tiers[0].size
         for n in e.sizes():
             if node is not None and n > node and n % node:
                 raise ProblemError(f"{n} GPUs is not a whole number of {node}-GPU nodes; allowed: multiples of "
                                    f"{node} or at most {node}", file=source, field=f"{field}.gpus")
-            options.append(HardwareOption(system, gpu, n, e.supply))
     if pf.objective == "time_to_train" and pf.task.train_samples is None:
         raise ProblemError("objective time_to_train needs task.train_samples", file=source,
                            field="task.train_samples")

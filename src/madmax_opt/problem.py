@@ -223,20 +223,28 @@ def load_problem(path: str | Path) -> Problem:
     return problem_from_dict(data, source=str(path))
 
 
+def hardware_options(
+    hardware: HardwareEntry | list[HardwareEntry], *, file: str | None
+) -> list[HardwareOption]:
+    """Every (system, GPU, cluster size) a ``hardware`` section stands for, catalog names and derivations resolved."""
+    entries = hardware if isinstance(hardware, list) else [hardware]
+    options: list[HardwareOption] = []
+    for i, e in enumerate(entries):
+        field = f"hardware[{i}]" if isinstance(hardware, list) else "hardware"
+        system = resolve_system(e, file=file, field=field)
+        gpu: GPU = (
+            derive_hardware(e.derive, file=file, field=f"{field}.derive")[1]
+            if e.derive is not None
+            else catalog.lookup("gpu", system.gpu, file=file, field=f"{field}.system.gpu")
+        )
+        options.extend(HardwareOption(system, gpu, n, e.supply) for n in e.sizes())
+    return options
+
+
 def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem:
     pf = validate(ProblemFile, data, file=source)
     model = resolve_model(pf.model, file=source)
-    entries = pf.hardware if isinstance(pf.hardware, list) else [pf.hardware]
-    options: list[HardwareOption] = []
-    for i, e in enumerate(entries):
-        field = f"hardware[{i}]" if isinstance(pf.hardware, list) else "hardware"
-        system = resolve_system(e, file=source, field=field)
-        gpu: GPU = (
-            derive_hardware(e.derive, file=source, field=f"{field}.derive")[1]
-            if e.derive is not None
-            else catalog.lookup("gpu", system.gpu, file=source, field=f"{field}.system.gpu")
-        )
-        options.extend(HardwareOption(system, gpu, n, e.supply) for n in e.sizes())
+    options = hardware_options(pf.hardware, file=source)
     if isinstance(pf.task, InferenceTask) and model.family != "llm":
         raise ProblemError(f"kind inference needs an llm, got a {model.family}", file=source, field="task.kind")
     if isinstance(pf.task, InferenceTask) and pf.objective == "time_to_train":
