@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from madmax_opt import cli
+from madmax_opt.cli import main as cli
 
 
 def run_main(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    """``madmax_opt.cli.main()`` (what the console script calls) in this process: same output, no start-up."""
+    """``madmax_opt.cli.main.main()`` (what the console script calls) in this process: same output, no start-up."""
     argv = ["madmax-opt", *map(str, args)]
     out, err = io.StringIO(), io.StringIO()
     saved, sys.argv = sys.argv, argv

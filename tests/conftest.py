@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from madmax_opt.collectives import Tiers
-from madmax_opt.hardware import HardwareOption
-from madmax_opt.problem import Problem
-from madmax_opt.spec import (
+from madmax_opt.io.problem import Problem
+from madmax_opt.model.collectives import Tiers
+from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.spec import (
     GPU,
     Calibration,
     Constraints,

@@ -24,12 +24,19 @@ from conftest import (
     ProblemFactory,
     toy_model,
 )
-from madmax_opt.attribution import CATEGORIES, COMM_TERMS, EPS, WHOLE_TERMS, WORK_TERMS, main_bottleneck
-from madmax_opt.evaluator import Model, evaluate, to_records
-from madmax_opt.problem import load_problem, problem_from_dict
-from madmax_opt.space import enumerate_plans
-from madmax_opt.spec import Plan
-from madmax_opt.training import STEP_TERMS
+from madmax_opt.analysis.attribution import (
+    CATEGORIES,
+    COMM_TERMS,
+    EPS,
+    WHOLE_TERMS,
+    WORK_TERMS,
+    main_bottleneck,
+)
+from madmax_opt.analysis.evaluator import Model, evaluate, to_records
+from madmax_opt.io.problem import load_problem, problem_from_dict
+from madmax_opt.model.spec import Plan
+from madmax_opt.model.training import STEP_TERMS
+from madmax_opt.search.space import enumerate_plans
 
 SMALL = "tests/data/small.yaml"
 B0, A0 = TOY_NVLINK_BW * TOY_NVLINK_EFF, TOY_NVLINK_LAT
@@ -127,7 +134,7 @@ def test_recompute_and_zero3_are_memory_capacity_and_the_bubble_is_its_own(make_
 
 def test_a_big_scale_up_domain_turns_inter_node_traffic_intra(make_problem: ProblemFactory) -> None:
     """The same dp = 16 plan on a 16-GPU NVLink domain (derive nvlink_domain = 16) has no inter-node share."""
-    from madmax_opt.sensitivity import variant_problem
+    from madmax_opt.studies.sensitivity import variant_problem
 
     problem = variant_problem(make_problem(gpus=16, global_batch=16, seq_len=1024, dp_overlap=False),
                               values={"nvlink_domain": 16})

@@ -1,6 +1,6 @@
 """The command line, run through the installed console script: schema, catalog, evaluate, solve.
 
-Expected names come from the catalog data files read here with plain YAML (not through ``madmax_opt.catalog``);
+Expected names come from the catalog data files read here with plain YAML (not through ``madmax_opt.io.catalog``);
 expected numbers are worked out by hand from the test problems in tests/data.
 """
 

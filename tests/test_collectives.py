@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import toy_gpu, toy_system
-from madmax_opt.collectives import (
+from madmax_opt.model.collectives import (
     Tiers,
     all_gather_s,
     all_reduce_s,
@@ -20,8 +20,8 @@ from madmax_opt.collectives import (
     p2p_s,
     reduce_scatter_s,
 )
-from madmax_opt.hardware import HardwareOption, HardwareTable
-from madmax_opt.spec import Tier
+from madmax_opt.model.hardware import HardwareOption, HardwareTable
+from madmax_opt.model.spec import Tier
 
 B0, A0 = 100.0e9, 10.0e-6  # 200e9 B/s x 0.5
 B1, A1 = 20.0e9, 20.0e-6  # 25e9 B/s x 0.8

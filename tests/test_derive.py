@@ -1,6 +1,6 @@
 """What-if hardware (``derive``): values by hand from the catalog YAML, identity at factor 1, one-line errors.
 
-Expected numbers are read from the catalog data file with plain YAML (not through ``madmax_opt.catalog``) and
+Expected numbers are read from the catalog data file with plain YAML (not through ``madmax_opt.io.catalog``) and
 multiplied here by hand.
 """
 
@@ -13,12 +13,12 @@ import pytest
 import yaml
 
 from cli_helpers import run_main
-from madmax_opt import catalog
-from madmax_opt.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant
-from madmax_opt.errors import ProblemError
-from madmax_opt.problem import ProblemFile, load_problem, problem_from_dict
-from madmax_opt.solver import solve_records
-from madmax_opt.spec import Tier
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io import catalog
+from madmax_opt.io.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant
+from madmax_opt.io.problem import ProblemFile, load_problem, problem_from_dict
+from madmax_opt.model.spec import Tier
+from madmax_opt.search.solver import solve_records
 
 CATALOG = Path(__file__).resolve().parent.parent / "src" / "madmax_opt" / "data"
 SYSTEMS = yaml.safe_load((CATALOG / "systems.yaml").read_text())

@@ -17,7 +17,8 @@ import yaml
 
 from cli_helpers import run_main
 from conftest import toy_gpu, toy_system
-from madmax_opt.dlrm import (
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.model.dlrm import (
     COLLECTIVE_LANES,
     NODE,
     REMOTE,
@@ -47,9 +48,8 @@ from madmax_opt.dlrm import (
     step_terms,
     step_time_s,
 )
-from madmax_opt.errors import ProblemError
-from madmax_opt.hardware import HardwareOption
-from madmax_opt.spec import Tier
+from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.spec import Tier
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOG = ROOT / "src" / "madmax_opt" / "data" / "dlrm.yaml"
@@ -267,7 +267,7 @@ def test_plan_placement_is_checked() -> None:
     model = toy_model([TableGroup(name="t", count=4, rows=1000, dim=16, pooling=4)])
     lay = layout_of(toy_option(4), DLRMStack())
     opts = embedding_options(model, DLRMTask(global_batch=64), lay)
-    from madmax_opt.dlrm import ShardEntry
+    from madmax_opt.model.dlrm import ShardEntry
 
     ok = [ShardEntry(group="t", count=3, sharding="table_wise", gpus=[1]),
           ShardEntry(group="t", sharding="column_wise", gpus=[0, 3])]
@@ -424,8 +424,8 @@ def test_cli_solve_and_evaluate(tmp_path: Path) -> None:
 
 
 def test_shipped_dlrm_problems_load_and_the_plan_evaluates() -> None:
-    from madmax_opt.dlrm import load_dlrm_plans, load_dlrm_problem
-    from madmax_opt.placement import evaluate_dlrm
+    from madmax_opt.model.dlrm import load_dlrm_plans, load_dlrm_problem
+    from madmax_opt.search.placement import evaluate_dlrm
 
     folder = ROOT / "problems" / "dlrm"
     problems = sorted(p for p in folder.glob("dlrm-*.yaml"))

@@ -16,9 +16,9 @@ import pytest
 import typer
 import yaml
 
-from madmax_opt import cli
-from madmax_opt.errors import InternalError
-from madmax_opt.spec import Plan, Task, TransformerModel
+from madmax_opt.cli import main as cli
+from madmax_opt.core.errors import InternalError
+from madmax_opt.model.spec import Plan, Task, TransformerModel
 from test_cli import CATALOG, DATA, SMALL, assert_one_line_error, catalog_names, run_cli, run_main
 
 BAD = DATA / "bad"
@@ -266,9 +266,9 @@ def _main_exit(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
 
 
 def test_main_passes_on_a_commands_exit_code(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    import madmax_opt.verify
+    import madmax_opt.search.verify
 
-    monkeypatch.setattr(madmax_opt.verify, "verify_problem", lambda problem: {"agree": False})
+    monkeypatch.setattr(madmax_opt.search.verify, "verify_problem", lambda problem: {"agree": False})
     assert _main_exit(monkeypatch, "verify", str(SMALL)) == 1  # typer.Exit(1) must not become 0
     assert "agree: False" in capsys.readouterr().out
 

@@ -12,14 +12,14 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import TOY_PEAK_FLOPS, ProblemFactory, toy_gpu, toy_model
-from madmax_opt.bench import BenchResult, VectorTiming, render
-from madmax_opt.cli import app
-from madmax_opt.evaluator import CHUNK_PLANS, Model, evaluate, metrics, to_records
-from madmax_opt.plan import PlanArrays
-from madmax_opt.problem import load_problem
-from madmax_opt.space import enumerate_plans
-from madmax_opt.spec import Plan
-from madmax_opt.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS, training_terms
+from madmax_opt.analysis.evaluator import CHUNK_PLANS, Model, evaluate, metrics, to_records
+from madmax_opt.cli.main import app
+from madmax_opt.io.problem import load_problem
+from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.spec import Plan
+from madmax_opt.model.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS, training_terms
+from madmax_opt.search.space import enumerate_plans
+from madmax_opt.studies.bench import BenchResult, VectorTiming, render
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_PROBLEM = ROOT / "problems" / "llama2-70b-h100.yaml"

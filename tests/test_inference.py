@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from madmax_opt import catalog
-from madmax_opt.errors import InfeasibleError, ProblemError
-from madmax_opt.inference import kv_bytes_per_token
-from madmax_opt.problem import load_problem, problem_from_dict
-from madmax_opt.serving import (
+from madmax_opt.core.errors import InfeasibleError, ProblemError
+from madmax_opt.io import catalog
+from madmax_opt.io.problem import load_problem, problem_from_dict
+from madmax_opt.model.inference import kv_bytes_per_token
+from madmax_opt.search.serving import (
     ServingModel,
     ServingPlan,
     admissible,
@@ -221,7 +221,7 @@ def test_brute_force_by_hand_on_a_tiny_space() -> None:
     problem = problem_from_dict(data)
     model = ServingModel(problem)
     c = candidates(model)
-    from madmax_opt.serving import to_records
+    from madmax_opt.search.serving import to_records
 
     recs = to_records(model, c)
     best = max((r for r in recs if r["feasible"]), key=lambda r: r["output_tokens_per_s_per_gpu"])
@@ -349,7 +349,7 @@ def test_training_tasks_still_parse_without_kind() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "madmax_opt.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+        [sys.executable, "-m", "madmax_opt.cli.main", *args], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
 
 
@@ -397,7 +397,7 @@ def test_cli_bad_inference_problem_exit_code_2(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_validation_and_paper_study_write_their_reports(tmp_path: Path) -> None:
-    from madmax_opt.serving_reports import write_inference_study, write_validation_report
+    from madmax_opt.report.serving_reports import write_inference_study, write_validation_report
 
     assert "median |error|" in write_validation_report(tmp_path).read_text()
     assert "speedup" in write_inference_study(tmp_path).read_text()
@@ -445,8 +445,8 @@ def test_validation_bars_on_the_shared_measurements() -> None:
     """Issue 4 bars, recomputed from the shared data: median |error| <= 15 % (throughput), <= 20 % (latency)."""
     import statistics
 
-    from madmax_opt.serving_reports import BAR_LATENCY, BAR_THROUGHPUT, summary_errors, validation_rows
-    from madmax_opt.validation import shared_dir
+    from madmax_opt.report.serving_reports import BAR_LATENCY, BAR_THROUGHPUT, summary_errors, validation_rows
+    from madmax_opt.studies.validation import shared_dir
 
     if not (shared_dir() / "validation" / "inference_measured.yaml").exists():
         pytest.skip("shared/validation is not beside the checkout")

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from conftest import ProblemFactory, toy_model
-from madmax_opt import catalog
-from madmax_opt.evaluator import evaluate
-from madmax_opt.memory import layer_activation_bytes, model_state_bytes
-from madmax_opt.pipeline import in_flight_layer_factor
-from madmax_opt.problem import problem_from_dict
-from madmax_opt.spec import Plan
+from madmax_opt.analysis.evaluator import evaluate
+from madmax_opt.io import catalog
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.model.memory import layer_activation_bytes, model_state_bytes
+from madmax_opt.model.pipeline import in_flight_layer_factor
+from madmax_opt.model.spec import Plan
 
 GIB = 2**30
 

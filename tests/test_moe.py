@@ -7,15 +7,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from madmax_opt import catalog
-from madmax_opt.collectives import all_to_all_s
-from madmax_opt.evaluator import Model
-from madmax_opt.plan import PlanArrays
-from madmax_opt.problem import problem_from_dict
-from madmax_opt.solver import brute_force_order, candidates, solve_records
-from madmax_opt.spec import Plan, Stack, Task
-from madmax_opt.training import INVALID_REASONS
-from madmax_opt.workload import lower
+from madmax_opt.analysis.evaluator import Model
+from madmax_opt.io import catalog
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.model.collectives import all_to_all_s
+from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.spec import Plan, Stack, Task
+from madmax_opt.model.training import INVALID_REASONS
+from madmax_opt.model.workload import lower
+from madmax_opt.search.solver import brute_force_order, candidates, solve_records
 
 TASK = Task(seq_len=4096, global_batch=64)
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import ProblemFactory, toy_model
-from madmax_opt.evaluator import evaluate
-from madmax_opt.pipeline import bubble_time_s, pipeline_time_s
-from madmax_opt.spec import Plan
+from madmax_opt.analysis.evaluator import evaluate
+from madmax_opt.model.pipeline import bubble_time_s, pipeline_time_s
+from madmax_opt.model.spec import Plan
 
 
 def arr(x: float) -> np.ndarray:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import toy_gpu, toy_system
-from madmax_opt.dlrm import (
+from madmax_opt.model.dlrm import (
     SHARDINGS,
     TERM_INDEX,
     DLRMModel,
@@ -29,8 +29,9 @@ from madmax_opt.dlrm import (
     phase_weights,
     placement_objective_s,
 )
-from madmax_opt.hardware import HardwareOption
-from madmax_opt.placement import (
+from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.spec import Tier
+from madmax_opt.search.placement import (
     NS,
     PlacementModel,
     brute_force_placement,
@@ -41,7 +42,6 @@ from madmax_opt.placement import (
     solve_placement,
     table_choices,
 )
-from madmax_opt.spec import Tier
 
 MAX_COMBINATIONS = 60_000  # brute-force size per instance (keeps the default suite fast)
 
@@ -200,7 +200,7 @@ def test_dlrm_search_respects_memory() -> None:
 
 def test_does_not_fit_is_infeasible() -> None:
     """DLRM-F's 64 tables of 732 M rows x 256 x fp16 = 24 TB cannot fit on 64 x 40 GB."""
-    from madmax_opt.errors import InfeasibleError
+    from madmax_opt.core.errors import InfeasibleError
 
     p = dlrm_problem_from_dict({"model": "dlrm-f", "hardware": {"system": "zionex", "gpus": 64},
                                 "task": {"global_batch": 4096}})
@@ -228,7 +228,7 @@ def test_solver_matches_brute_force_eight_tables() -> None:
 @pytest.mark.slow
 def test_heterogeneous_tables_beat_greedy() -> None:
     """50 heterogeneous tables (dlrm_report.synthetic_model) on 8 GPUs: >= 20 % below greedy (measured 44.6 %)."""
-    from madmax_opt.dlrm_report import synthetic_model
+    from madmax_opt.report.dlrm_report import synthetic_model
 
     model = synthetic_model(50)
     p = dlrm_problem_from_dict({"model": model.model_dump(), "hardware": {"system": "zionex", "gpus": 8},

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from conftest import ProblemFactory
-from madmax_opt.evaluator import Model, evaluate
-from madmax_opt.plots import (
+from madmax_opt.analysis.evaluator import Model, evaluate
+from madmax_opt.analysis.trace import simulate
+from madmax_opt.model.spec import Plan
+from madmax_opt.report.plots import (
     MEMORY_COLORS,
     TERM_COLORS,
     gantt_figure,
@@ -18,8 +20,6 @@ from madmax_opt.plots import (
     step_time_figure,
     top_k_figure,
 )
-from madmax_opt.spec import Plan
-from madmax_opt.trace import simulate
 
 mpimg = pytest.importorskip("matplotlib.image")
 

@@ -14,11 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cli_helpers import run_main
-from madmax_opt.derive import HARDWARE_PARAMETERS
-from madmax_opt.errors import InfeasibleError
-from madmax_opt.evaluator import Model, evaluate, metrics
-from madmax_opt.problem import Problem, load_problem, problem_from_dict
-from madmax_opt.sensitivity import (
+from madmax_opt.analysis.evaluator import Model, evaluate, metrics
+from madmax_opt.core.errors import InfeasibleError
+from madmax_opt.io.derive import HARDWARE_PARAMETERS
+from madmax_opt.io.problem import Problem, load_problem, problem_from_dict
+from madmax_opt.model.spec import Plan
+from madmax_opt.search.solver import ROUNDING_TOLERANCE_S, solve_records
+from madmax_opt.search.space import enumerate_plans
+from madmax_opt.studies.sensitivity import (
     Study,
     Variant,
     run_sensitivity,
@@ -26,9 +29,6 @@ from madmax_opt.sensitivity import (
     solve_optimum,
     variant_problem,
 )
-from madmax_opt.solver import ROUNDING_TOLERANCE_S, solve_records
-from madmax_opt.space import enumerate_plans
-from madmax_opt.spec import Plan
 from strategies import small_hardware, small_models
 
 SMALL = Path(__file__).resolve().parent / "data" / "small.yaml"
@@ -287,7 +287,7 @@ def test_codesign_study_reports_reoptimised_gains_and_the_best_investment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The study writer on two small workloads (one training, one serving) on one system."""
-    from madmax_opt import codesign
+    from madmax_opt.studies import codesign
 
     monkeypatch.setattr(codesign, "SYSTEMS", ("dgx-h100",))
     monkeypatch.setattr(codesign, "WORKLOADS", (

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from madmax_opt.errors import InfeasibleError
-from madmax_opt.evaluator import Model, to_records
-from madmax_opt.problem import problem_from_dict
-from madmax_opt.solver import ROUNDING_TOLERANCE_S, brute_force_order, candidates, solve, solve_records
+from madmax_opt.analysis.evaluator import Model, to_records
+from madmax_opt.core.errors import InfeasibleError
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.search.solver import ROUNDING_TOLERANCE_S, brute_force_order, candidates, solve, solve_records
 from strategies import small_hardware, small_models
 
 

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from madmax_opt.evaluator import Model, staged_record
-from madmax_opt.problem import problem_from_dict
-from madmax_opt.solver import solve_records
-from madmax_opt.spec import RECOMPUTE_MODES
-from madmax_opt.stages import _bases, _candidates, solve_uneven
+from madmax_opt.analysis.evaluator import Model, staged_record
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.model.spec import RECOMPUTE_MODES
+from madmax_opt.search.solver import solve_records
+from madmax_opt.search.stages import _bases, _candidates, solve_uneven
 
 
 def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:

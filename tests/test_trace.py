@@ -1,4 +1,4 @@
-"""The step-timeline simulator (madmax_opt.trace): schedules written out by hand, exact agreement where the closed
+"""The step-timeline simulator (madmax_opt.analysis.trace): schedules written out by hand, exact agreement where the closed
 form is exact, the pipeline against an independent longest-path computation, link sharing by hand, the Chrome
 trace-event format, agreement with the closed form on the shared validation cases, speed, re-ranking, and the
 ``timeline`` / ``--plot`` / ``--rerank`` command line."""
@@ -18,12 +18,8 @@ from typing import Any
 import pytest
 
 from conftest import ProblemFactory, toy_model, toy_system
-from madmax_opt.errors import ProblemError
-from madmax_opt.evaluator import Model, evaluate
-from madmax_opt.problem import Problem, problem_from_dict
-from madmax_opt.spec import MoE, Plan, Tier
-from madmax_opt.timeline import BENCH_BAR_S, BENCH_PROBLEM, bench_cases
-from madmax_opt.trace import (
+from madmax_opt.analysis.evaluator import Model, evaluate
+from madmax_opt.analysis.trace import (
     TRACE_TOLERANCE,
     SharedLink,
     Simulation,
@@ -33,6 +29,10 @@ from madmax_opt.trace import (
     simulate,
     simulate_setup,
 )
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io.problem import Problem, problem_from_dict
+from madmax_opt.model.spec import MoE, Plan, Tier
+from madmax_opt.report.timeline import BENCH_BAR_S, BENCH_PROBLEM, bench_cases
 
 DATA = Path(__file__).resolve().parent / "data"
 SMALL = DATA / "small.yaml"  # llama2-7b on one DGX H100 node, global batch 16
@@ -284,7 +284,7 @@ def test_invalid_plan_is_an_input_error(make_problem: ProblemFactory) -> None:
 
 
 def test_validation_cases_within_stated_tolerance() -> None:
-    from madmax_opt.validation import korthikanti_cases, vtrain_cases
+    from madmax_opt.studies.validation import korthikanti_cases, vtrain_cases
 
     cases = [*korthikanti_cases(), *vtrain_cases()]
     worst = max(abs(simulate(Model(c.problem), c.plan, record=False).difference) for c in cases)

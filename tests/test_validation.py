@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from madmax_opt import catalog
-from madmax_opt import validation as v
-from madmax_opt.errors import ProblemError
-from madmax_opt.evaluator import evaluate
-from madmax_opt.problem import Problem, problem_from_dict
-from madmax_opt.spec import Plan
-from madmax_opt.training import COMM_INTERFERENCE
+from madmax_opt.analysis.evaluator import evaluate
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io import catalog
+from madmax_opt.io.problem import Problem, problem_from_dict
+from madmax_opt.model.spec import Plan
+from madmax_opt.model.training import COMM_INTERFERENCE
+from madmax_opt.studies import validation as v
 
 try:
     SHARED = v.shared_dir()

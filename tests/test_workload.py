@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from conftest import toy_model
-from madmax_opt import catalog
-from madmax_opt.memory import layer_activation_bytes
-from madmax_opt.spec import Stack, Task, TransformerModel
-from madmax_opt.workload import TransformerWorkload, lower
+from madmax_opt.io import catalog
+from madmax_opt.model.memory import layer_activation_bytes
+from madmax_opt.model.spec import Stack, Task, TransformerModel
+from madmax_opt.model.workload import TransformerWorkload, lower
 
 KORTHIKANTI_STACK = Stack(dropout=True, flash_attention=False)  # GPT-3-era Megatron: dropout, unfused attention
 

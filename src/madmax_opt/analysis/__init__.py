@@ -1,0 +1,1 @@
+"""Exact evaluation of plans, bottleneck attribution and event-level step simulation."""

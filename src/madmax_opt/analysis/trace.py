@@ -1,0 +1,1134 @@
+"""Event-level simulation of one training step: every op of every layer and micro-batch on per-GPU streams.
+
+The closed form (``training.py``) adds per-micro-batch stage times and approximates the pipeline bubble, the DP
+gradient overlap and the ZeRO-3 prefetch by formulas. This module replays the same per-op costs
+(``training.layer_costs`` and ``training.stage_costs``; no cost formula is repeated here) as events on the streams
+of one GPU per pipeline stage (all GPUs of a stage run the same program) and reports when the step really ends.
+
+Streams: ``compute``; one communication stream per layer collective kind that the cost model reports (``tp``,
+``cp``, ``ep``); ``ag`` (ZeRO-3 weight all-gathers) and ``dp`` (DP gradient buckets, ZeRO-3 reduce-scatters) on
+separate streams as FSDP issues them; ``pp`` (pipeline sends). Only the streams a plan uses exist. Each
+communication stream is labelled with the network tier its process group spans (NVLink inside a node, the network
+across nodes). Ops on one stream run in issue order and streams run concurrently, as NCCL communicators do; MAD-Max's
+model (Hsia et al. 2024, two streams with cross-stream dependencies) is the special case of one comm stream. The
+streams of a GPU on one tier share its bandwidth while step-level traffic (ZeRO-3, gradient buckets, pipeline
+sends) is in flight: busy streams split it equally (``SharedLink``; the closed form gives each collective the full
+link, and so does the simulation between such traffic, where only one layer collective runs at a time).
+
+One layer pass (forward; backward runs the blocks in reverse): attention block compute, exposed CP ring exchange,
+TP collective, exposed MoE dispatch, MLP block compute, MoE combine, TP collective. The closed form reports per
+layer and micro-batch: forward compute (compute - bwd), backward compute, recompute, launch overhead, and per
+collective kind the exposed and the overlapped (hidden) time. Placement rules (scheduling, not cost):
+- exposed communication is split over the forward, recompute and backward passes in proportion to their compute
+  (``training.py`` reports it per layer, not per pass), and inside a pass over its blocking points (TP: two equal
+  collectives, one after each block; CP: one in the attention block; EP: dispatch and combine around the MLP);
+- hidden communication runs on its stream under the compute that hides it (TP: every block; CP: attention
+  blocks; EP: MLP blocks), in proportion to that compute; launch overhead is spread like compute;
+- the attention/MLP split of a pass is by model FLOPs (display only: both run back to back on compute);
+- embedding (first stage) and LM head + loss (last stage): 1/3 of their time forward, 2/3 backward.
+
+Step-level rules: pipeline sends are synchronous (Megatron-Core p2p: the sender waits for the transfer, the
+receiver for the data); DP gradients are reduced per layer bucket as soon as the layer's last micro-batch backward
+is done (Megatron DDP ``overlap_grad_reduce``; the closed form's per-stage sync is split evenly over the stage's
+layers); ZeRO-3 gathers one unit (layer pass) ahead and reduce-scatters each layer's gradients after its backward
+(FSDP prefetch; the closed form's per-stage traffic split over layers and, within a layer, by bytes: bf16 weights
+per gather, ``grad_bytes`` per reduce-scatter); the optimizer step waits for every stage's reductions (the
+gradient-norm all-reduce over the model-parallel group) and takes ``stage_costs``'s optimizer time. Schedules:
+1F1B (Narayanan et al. 2021, PipeDream-Flush) and Megatron-Core's interleaved 1F1B.
+
+Identical layers are aggregated: the passes of a chunk's layers that issue no step-level traffic (no ZeRO-3
+gather, no gradient bucket) while none is in flight on their tiers advance in O(1) as n copies of the layer
+template; the others go layer by layer, op by op on a contended tier. The trace expands templates on export.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from madmax_opt.analysis.evaluator import Model, evaluate
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io.problem import Problem
+from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.memory import WEIGHT_BYTES
+from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
+from madmax_opt.model.training import MEMORY_REASON, STEP_TERMS, layer_costs, stage_costs, trainable_layers
+
+# The simulated step time agrees with the closed form within this relative tolerance on the shared validation
+# cases and on random valid plans (results/validation/trace_vs_closed_form.md has the measured distribution).
+TRACE_TOLERANCE = 0.03
+COMPUTE, AG, DP, PP = "compute", "ag", "dp", "pp"
+FULL = RECOMPUTE_MODES.index("full")
+MAX_TRACE_EVENTS = 400_000  # above this, ``events`` falls back to one event per layer pass
+COMPUTE_CATS: tuple[str, ...] = ("compute", "recompute", "overhead", "optimizer")
+HIDDEN_UNDER = {"cp_comm": "attention", "ep_comm": "mlp"}  # ring attention / expert GEMMs; TP hides under both
+
+
+# ------------------------------------------------------------------------------------------ layer templates
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of a layer pass, placed relative to the start of the pass."""
+
+    stream: int
+    name: str
+    cat: str  # compute | recompute | a comm term (tp_comm, ...)
+    start_s: float
+    dur_s: float
+    deps: tuple[int, ...]  # ops of the same pass this one waits for (cross-stream edges)
+    blocking: bool = False  # a collective the compute stream waits for (hidden ones run under compute)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One layer's forward, recompute or backward pass for one micro-batch, laid out on the streams."""
+
+    kind: str  # fwd | rc | bwd
+    ops: tuple[Op, ...]
+    duration_s: float  # compute-stream span: the next pass starts here
+    exit: int  # the op that ends the pass (what later ops depend on)
+    busy_s: tuple[float, ...]  # per stream
+    compute_s: dict[str, float]  # compute-stream busy time by category (compute, recompute, overhead)
+    gaps_s: dict[str, float]  # compute-stream idle time inside the pass, by the communication it waits for
+
+
+class _Layout:
+    """A tiny list scheduler for one pass: compute ops in order, blocking and hidden comm on their streams."""
+
+    def __init__(self, n_streams: int) -> None:
+        self.free = [0.0] * n_streams
+        self.t = 0.0
+        self.ops: list[Op] = []
+        self.last_compute = -1
+        self.last_block = -1
+        self.busy = [0.0] * n_streams
+        self.compute_s: dict[str, float] = {"compute": 0.0, "recompute": 0.0, "overhead": 0.0}
+        self.gaps: dict[str, float] = {}
+        self.streams_cat: dict[int, str] = {}
+
+    def compute(self, name: str, cat: str, work_s: float, overhead_s: float, hidden: dict[int, float]) -> None:
+        dur = work_s + overhead_s
+        if dur <= 0.0:
+            return
+        deps = (self.last_block,) if self.last_block >= 0 else ()
+        start = self.t
+        self.ops.append(Op(0, name, cat, start, dur, deps))
+        self.last_compute, self.last_block = len(self.ops) - 1, -1
+        self.compute_s[cat] += work_s
+        self.compute_s["overhead"] += overhead_s
+        self.busy[0] += dur
+        self.t = start + dur
+        for stream, h in hidden.items():
+            if h > 0.0:
+                hs = max(self.free[stream], start)
+                self.ops.append(Op(stream, f"{self.streams_cat[stream][:2].upper()} overlapped", self.streams_cat[stream],
+                                   hs, h, ()))
+                self.free[stream] = hs + h
+                self.busy[stream] += h
+
+    def block(self, stream: int, name: str, dur: float) -> None:
+        if dur <= 0.0:
+            return
+        cat = self.streams_cat[stream]
+        start = max(self.t, self.free[stream])
+        deps = (self.last_compute,) if self.last_compute >= 0 else ()
+        self.ops.append(Op(stream, name, cat, start, dur, deps, blocking=True))
+        self.last_block = len(self.ops) - 1
+        self.free[stream] = start + dur
+        self.busy[stream] += dur
+        self.gaps[cat] = self.gaps.get(cat, 0.0) + start + dur - self.t
+        self.t = start + dur
+
+    def close(self, kind: str) -> Unit:
+        # hidden comm that outlasts its compute holds the pass open (the next pass's collectives queue behind it)
+        for stream, free in enumerate(self.free):
+            if stream and free > self.t:
+                cat = self.streams_cat[stream]
+                self.gaps[cat] = self.gaps.get(cat, 0.0) + free - self.t
+                self.t = free
+        exit_ = len(self.ops) - 1
+        ends = [op.start_s + op.dur_s for op in self.ops]
+        if ends:
+            exit_ = max(range(len(ends)), key=lambda i: (ends[i], i))
+        return Unit(kind, tuple(self.ops), self.t, exit_, tuple(self.busy), dict(self.compute_s), dict(self.gaps))
+
+
+@dataclass(frozen=True)
+class LayerWork:
+    """One layer, one micro-batch, from ``training.layer_costs`` (seconds)."""
+
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    overhead_s: float
+    exposed_s: dict[str, float]  # per comm term (tp_comm, cp_comm, ep_comm)
+    hidden_s: dict[str, float]
+    full_recompute: bool
+
+
+def layer_units(w: LayerWork, comm_stream: dict[str, int], n_streams: int, attn_share: float,
+                collective_names: dict[str, str]) -> tuple[Unit, ...]:
+    """The passes of one layer: (fwd, bwd) or, with full recompute, (fwd, rc, bwd)."""
+    kinds = ("fwd", "rc", "bwd") if w.full_recompute else ("fwd", "bwd")
+    return tuple(_PassBuilder(w, kind, comm_stream, n_streams, attn_share, collective_names).build() for kind in kinds)
+
+
+class _PassBuilder:
+    """Lays out one pass of one layer: attention block then MLP block (reversed in backward), each followed by
+    the collectives that join it to the next block."""
+
+    def __init__(self, w: LayerWork, kind: str, comm_stream: dict[str, int], n_streams: int, attn_share: float,
+                 collective_names: dict[str, str]) -> None:
+        self.w, self.kind, self.comm_stream, self.names = w, kind, comm_stream, collective_names
+        self.a, self.m = attn_share, 1.0 - attn_share
+        total = w.fwd_s + w.recompute_s + w.bwd_s
+        self.total = total
+        share = {"fwd": w.fwd_s, "rc": w.recompute_s, "bwd": w.bwd_s}
+        if not w.full_recompute:  # selective recompute runs inside the backward pass
+            share = {"fwd": w.fwd_s, "rc": 0.0, "bwd": w.bwd_s + w.recompute_s}
+        self.share = share[kind] / total if total > 0 else float(kind == "fwd")
+        # compute that hides each collective kind, summed over the layer's blocks (the proportional split's base)
+        blocks = w.fwd_s + w.bwd_s + (w.recompute_s if w.full_recompute else 0.0)
+        self.window = {"tp_comm": blocks, "cp_comm": self.a * blocks, "ep_comm": self.m * blocks}
+        self.exposed = {k: v * self.share for k, v in w.exposed_s.items()}
+        self.cat = "recompute" if kind == "rc" else "compute"
+        self.lay = _Layout(n_streams)
+        self.lay.streams_cat = {s: k for k, s in comm_stream.items()}
+
+    def hidden_for(self, block: str, work_s: float) -> dict[int, float]:
+        """Hidden comm under this block: h_k x work / (all compute that hides kind k)."""
+        out = {}
+        for k, stream in self.comm_stream.items():
+            base = self.window.get(k, self.window["tp_comm"])
+            hides = HIDDEN_UNDER.get(k, block) == block
+            out[stream] = self.w.hidden_s.get(k, 0.0) * work_s / base if base > 0 and hides else 0.0
+        return out
+
+    def collective(self, kind: str, fraction: float, name: str | None = None) -> None:
+        if kind in self.comm_stream:
+            label = name or self.names.get(kind, kind)
+            self.lay.block(self.comm_stream[kind], f"{label} (exposed)", self.exposed.get(kind, 0.0) * fraction)
+
+    def attention(self, label: str, work_s: float, ovh_s: float) -> None:
+        self.lay.compute(f"{label} attention", self.cat, work_s, ovh_s, self.hidden_for("attention", work_s))
+        self.collective("cp_comm", 1.0)
+        self.collective("tp_comm", 0.5)
+
+    def mlp(self, label: str, work_s: float, ovh_s: float) -> None:
+        self.collective("ep_comm", 0.5, "MoE dispatch")
+        self.lay.compute(f"{label} mlp", self.cat, work_s, ovh_s, self.hidden_for("mlp", work_s))
+        self.collective("ep_comm", 0.5, "MoE combine")
+        self.collective("tp_comm", 0.5)
+
+    def build(self) -> Unit:
+        w, a, m = self.w, self.a, self.m
+        work = {"fwd": w.fwd_s, "rc": w.recompute_s, "bwd": w.bwd_s}[self.kind]
+        ovh = w.overhead_s * self.share
+        if self.kind == "bwd":
+            if not w.full_recompute and w.recompute_s > 0:
+                rc_ovh = w.overhead_s * w.recompute_s / self.total
+                self.lay.compute("recompute (selective)", "recompute", w.recompute_s, rc_ovh, {})
+                ovh -= rc_ovh
+            self.mlp("bwd", work * m, ovh * m)
+            self.attention("bwd", work * a, ovh * a)
+        else:
+            label = "recompute" if self.kind == "rc" else "fwd"
+            self.attention(label, work * a, ovh * a)
+            self.mlp(label, work * m, ovh * m)
+        return self.lay.close(self.kind)
+
+
+# ------------------------------------------------------------------------------------------ stage programs
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """Everything one pipeline stage does in a step, from the closed form's per-op costs (seconds)."""
+
+    index: int
+    layers: int  # transformer layers on the stage (all its virtual chunks)
+    fwd: tuple[Unit, ...]  # the forward pass of one layer: (fwd,)
+    bwd: tuple[Unit, ...]  # (bwd,) or (rc, bwd)
+    emb_fwd_s: float
+    emb_bwd_s: float
+    head_fwd_s: float
+    head_bwd_s: float
+    send_s: float  # one pipeline send (activation or gradient of one virtual chunk)
+    gather_s: float  # ZeRO-3: one weight all-gather per layer pass
+    reduce_s: float  # ZeRO-3: one gradient reduce-scatter per layer backward
+    bucket_s: float  # DP gradient sync of one layer, once per step
+    optimizer_s: float
+    links: dict[str, str]  # stream -> network tier name
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A plan prepared for simulation: the work of every stage, its streams and the evaluator's record."""
+
+    problem: Problem
+    plan: Plan
+    streams: tuple[str, ...]  # compute, layer comm kinds (tp, cp, ep), ag, dp, pp: those the plan uses
+    stages: tuple[StageWork, ...]
+    n_micro: int
+    vpp: int
+    layer_ids: tuple[tuple[int, ...], ...]  # first global layer of (stage, chunk)
+    chunk_layers: tuple[tuple[int, ...], ...]  # layers of (stage, chunk)
+    closed_form: dict[str, Any]  # the evaluator's record of the plan
+    dp_overlap: bool = True  # stack.dp_overlap: gradient buckets under the backward, ZeRO-3 prefetch
+
+
+def _link(option: HardwareOption, span: int) -> str:
+    """The innermost network tier whose domain holds ``span`` consecutive ranks."""
+    for tier in option.system.tiers:
+        if tier.size is None or span <= tier.size:
+            return tier.name
+    return option.system.tiers[-1].name
+
+
+def _attn_share(model: Model) -> float:
+    wl = model.workload
+    attn = sum(g.flops_per_token for g in wl.gemms if g.name in ("qkv", "proj")) + wl.attn_flops_per_token
+    return float(min(0.95, max(0.05, attn / max(wl.layer_flops_per_token, 1))))
+
+
+def _collective_names(plan: Plan) -> dict[str, str]:
+    return {"tp_comm": "TP reduce-scatter/all-gather" if plan.sp else "TP all-reduce",
+            "cp_comm": "CP ring KV exchange", "ep_comm": "MoE all-to-all"}
+
+
+def setup(model: Model, plan: Plan) -> Setup:
+    """Per-stage work of ``plan`` from ``training.layer_costs`` / ``stage_costs`` (the evaluator's numbers)."""
+    problem = model.problem
+    task = problem.training_task
+    record = evaluate(problem, [plan])[0]
+    code = _invalid_code(model, plan)
+    if code not in (0, MEMORY_REASON):
+        raise ProblemError(f"cannot simulate an invalid plan: {record['infeasible_reason']}", file=problem.source,
+                           field="plan")
+    p, v = plan.pp, plan.vpp
+    wl = model.workload
+    if plan.stage_systems is not None:
+        stage_hw = [model.system_index(name) for name in plan.stage_systems]
+    else:
+        stage_hw = [problem.hw_index(plan)] * p
+    base = PlanArrays.from_plans([plan], [stage_hw[0]])
+    layers = list(plan.stage_layers) if plan.stage_layers is not None else [wl.layers // p] * p
+    rc = ([RECOMPUTE_MODES.index(r) for r in plan.stage_recompute] if plan.stage_recompute is not None
+          else [int(base.recompute[0])] * p)
+    stages_arr = base.take(np.zeros(p, dtype=np.int64))
+    stages_arr = replace(stages_arr, recompute=np.asarray(rc, dtype=np.int64),
+                         hw=np.asarray(stage_hw, dtype=np.int64))
+    lc = layer_costs(wl, task, problem.stack, model.table, stages_arr)
+    s_idx = np.arange(p, dtype=np.float64)
+    train = _trainable_layers(wl.frozen_layers, layers, p, v, plan.stage_layers is not None)
+    sc = stage_costs(lc, problem.stack, model.table.hbm_bw[stages_arr.hw], np.asarray(layers, dtype=np.float64),
+                     (s_idx == 0).astype(np.float64), (s_idx == p - 1).astype(np.float64), np.ones(p), train)
+    n_micro = task.global_batch // (plan.dp * plan.mbs)
+    comm_terms = [k for k in lc.time if k.endswith("_comm")]
+
+    def at(x: Any, s: int) -> float:
+        return float(np.broadcast_to(np.asarray(x, dtype=np.float64), (p,))[s])
+
+    work = [
+        LayerWork(
+            fwd_s=at(lc.time["compute"], s) - at(lc.bwd_s, s),
+            # backward + weight-gradient GEMMs of the stage's trainable layers, averaged over its layers
+            bwd_s=at(lc.bwd_s, s) + at(lc.wgrad_s, s) * float(train[s]) / layers[s],
+            recompute_s=at(lc.time["recompute"], s),
+            overhead_s=at(lc.time["overhead"], s),
+            exposed_s={k: at(lc.time[k], s) for k in comm_terms},
+            hidden_s={k: at(lc.hidden.get(k, 0.0), s) for k in comm_terms},
+            full_recompute=rc[s] == FULL,
+        )
+        for s in range(p)
+    ]
+    used = [k for k in comm_terms if any(w.exposed_s[k] + w.hidden_s[k] > 0 for w in work)]
+    zero3_s = [at(sc.time["zero3_comm"], s) + at(sc.hidden["zero3_comm"], s) for s in range(p)]  # per micro-batch
+    sync_s = [at(sc.dp_exposed_s, s) + at(sc.hidden["dp_comm"], s) for s in range(p)]  # per step
+    streams = (COMPUTE, *(k.removesuffix("_comm") for k in used), *([AG] if any(zero3_s) else []),
+               *([DP] if any(zero3_s) or any(sync_s) else []), *([PP] if p > 1 else []))
+    comm_stream = {k: i + 1 for i, k in enumerate(used)}
+    attn = _attn_share(model)
+    names = _collective_names(plan)
+    spans = {"tp": plan.tp, "cp": plan.tp * plan.cp, "ep": plan.tp * plan.cp * plan.ep,
+             AG: plan.tp * plan.cp * plan.dp, DP: plan.tp * plan.cp * plan.dp, PP: 2 * plan.tp * plan.cp * plan.dp}
+    works = []
+    for s, w in enumerate(work):
+        full = w.full_recompute
+        units = layer_units(w, comm_stream, len(streams), attn, names)
+        n = layers[s]
+        gathers = 3.0 if full else 2.0  # layer passes that need the weights: fwd, (rc), bwd
+        gather_bytes = WEIGHT_BYTES * at(lc.params, s)
+        reduce_bytes = lc.grad_bytes * (at(lc.trainable, s) * float(train[s]) / n + at(lc.lora_trainable, s))
+        per_layer = zero3_s[s] / n  # the stage's ZeRO-3 traffic per micro-batch, split evenly over its layers
+        denom = gathers * gather_bytes + reduce_bytes
+        # one gather = Z_layer * 2 B x params / (g x 2 B x params + grad_bytes x trainable): split by bytes moved
+        gather = per_layer * gather_bytes / denom if denom > 0 else 0.0
+        emb = at(lc.emb_time_s, s) if s == 0 else 0.0
+        head = at(lc.head_time_s, s) if s == p - 1 else 0.0
+        option = problem.hardware[stage_hw[s]]
+        works.append(StageWork(
+            index=s, layers=n, fwd=units[:1], bwd=units[1:],
+            emb_fwd_s=emb / 3, emb_bwd_s=emb * 2 / 3, head_fwd_s=head / 3, head_bwd_s=head * 2 / 3,
+            send_s=at(lc.pp_comm_s, s) / (2 * v) if p > 1 else 0.0,  # pp_comm = 2 v sends per micro-batch
+            gather_s=gather, reduce_s=per_layer - gathers * gather,
+            bucket_s=sync_s[s] / n, optimizer_s=at(sc.optimizer_s, s),  # one gradient bucket per layer
+            links={k: _link(option, span) for k, span in spans.items() if k in streams},
+        ))
+    # layer ids: model chunk k = c * p + s holds layers [k * n_c, (k + 1) * n_c) (uniform) or the stage's block
+    if plan.stage_layers is not None:
+        offsets = np.concatenate([[0], np.cumsum(layers)[:-1]]).astype(int)
+        ids: tuple[tuple[int, ...], ...] = tuple((int(offsets[s]),) for s in range(p))
+        chunk_layers: tuple[tuple[int, ...], ...] = tuple((layers[s],) for s in range(p))
+    else:
+        n_c = wl.layers // (p * v)
+        ids = tuple(tuple((c * p + s) * n_c for c in range(v)) for s in range(p))
+        chunk_layers = tuple((n_c,) * v for _ in range(p))
+    return Setup(problem, plan, streams, tuple(works), n_micro, v, ids, chunk_layers, record,
+                 dp_overlap=problem.stack.dp_overlap)
+
+
+def _trainable_layers(frozen: int, layers: list[int], p: int, v: int, uneven: bool) -> NDArray[np.float64]:
+    """Layers with trainable base weights per stage (the model's first ``frozen`` layers are frozen); stage s holds
+    model chunks c * p + s of n / v layers each (interleaved) or one block of its layers."""
+    if uneven or v == 1:
+        ends = np.cumsum(layers).astype(np.float64)
+        return trainable_layers(ends, np.asarray(layers, dtype=np.float64), float(frozen))
+    n_c = layers[0] / v
+    chunk_end = np.array([[(c * p + s + 1) * n_c for c in range(v)] for s in range(p)])
+    return np.asarray(trainable_layers(chunk_end, np.full_like(chunk_end, n_c), float(frozen)).sum(axis=1))
+
+
+def _invalid_code(model: Model, plan: Plan) -> int:
+    if plan.stage_layers is None:
+        return int(model.terms(model.arrays([plan])).invalid[0])
+    assert plan.stage_recompute is not None
+    rc = [RECOMPUTE_MODES.index(r) for r in plan.stage_recompute]
+    if plan.stage_systems is None:
+        base = model.arrays([plan])
+        return int(model.staged(base, list(plan.stage_layers), rc).invalid[0])
+    stage_hw = [model.system_index(name) for name in plan.stage_systems]
+    base = PlanArrays.from_plans([plan], [stage_hw[0]])
+    return int(model.staged(base, list(plan.stage_layers), rc, stage_hw).invalid[0])
+
+
+# ------------------------------------------------------------------------------------------------ schedules
+
+
+def schedule(p: int, v: int, m: int, stage: int) -> list[tuple[int, int, int]]:
+    """(is_backward, micro-batch, chunk) in the order stage ``stage`` runs them.
+
+    v = 1: 1F1B, min(p - s - 1, m) warm-up forwards, then one forward one backward, then the cool-down backwards.
+    v > 1: Megatron-Core's interleaved 1F1B (m divisible by p): warm-up (p - s - 1) * 2 + (v - 1) * p virtual
+    forwards (all of them when m = p); the k-th virtual op runs chunk (k mod pv) // p (reversed for backward) of
+    micro-batch (k // pv) * p + k mod p.
+    """
+    if v == 1:
+        warm = min(p - stage - 1, m)
+        order = [(0, i, 0) for i in range(warm)]
+        for i in range(m - warm):
+            order += [(0, warm + i, 0), (1, i, 0)]
+        return order + [(1, i, 0) for i in range(m - warm, m)]
+    total = m * v
+    warm = total if m == p else min((p - stage - 1) * 2 + (v - 1) * p, total)
+
+    def op(k: int, backward: bool) -> tuple[int, int, int]:
+        chunk = (k % (p * v)) // p
+        return (int(backward), (k // (p * v)) * p + k % p, v - 1 - chunk if backward else chunk)
+
+    order = [op(k, False) for k in range(warm)]
+    for i in range(total - warm):
+        order += [op(warm + i, False), op(i, True)]
+    return order + [op(k, True) for k in range(total - warm, total)]
+
+
+# ---------------------------------------------------------------------------------------------- simulation
+
+
+@dataclass
+class StageResult:
+    """One stage's step: busy time per stream and where its compute stream's time went."""
+
+    busy_s: list[float]  # per stream
+    breakdown_s: dict[str, float]  # STEP_TERMS: compute-stream busy by category + idle by cause; sums to step
+
+
+@dataclass
+class Simulation:
+    setup: Setup
+    step_time_s: float
+    stages: list[StageResult]
+    records: list[tuple[Any, ...]] = field(repr=False)
+    wall_s: float = 0.0
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        return self.setup.streams
+
+    @property
+    def closed_form_step_s(self) -> float:
+        return float(self.setup.closed_form["step_time_s"])
+
+    @property
+    def difference(self) -> float:
+        """Simulated / closed-form step time - 1."""
+        return self.step_time_s / self.closed_form_step_s - 1.0
+
+    @property
+    def critical_stage(self) -> int:
+        """The stage with the most compute-stream work (the pipeline's bottleneck)."""
+        busy = [sum(r.breakdown_s[k] for k in ("compute", "recompute", "overhead")) for r in self.stages]
+        return int(np.argmax(busy))
+
+    def exposed_comm_s(self, stage: int) -> float:
+        return sum(v for k, v in self.stages[stage].breakdown_s.items() if k.endswith("_comm"))
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON summary of ``madmax-opt timeline --json``."""
+        step = self.step_time_s
+        crit = self.critical_stage
+        su = self.setup
+        return {
+            "plan": su.closed_form["plan"],
+            "hardware": su.closed_form["hardware"],
+            "step_time_s": step,
+            "closed_form_step_time_s": self.closed_form_step_s,
+            "difference": self.difference,
+            "tolerance": TRACE_TOLERANCE,
+            "within_tolerance": abs(self.difference) <= TRACE_TOLERANCE,
+            "micro_batches": su.n_micro,
+            "schedule": "interleaved 1F1B" if su.vpp > 1 else "1F1B",
+            "critical_stage": crit,
+            "breakdown_s": self.stages[crit].breakdown_s,
+            "closed_form_breakdown_s": su.closed_form["time_breakdown_s"],
+            "exposed_comm_s": self.exposed_comm_s(crit),
+            "stages": [
+                {
+                    "stage": s,
+                    "layers": su.stages[s].layers,
+                    "busy_s": dict(zip(self.streams, r.busy_s, strict=True)),
+                    "idle_s": {k: step - b for k, b in zip(self.streams, r.busy_s, strict=True)},
+                    "links": {k: su.stages[s].links.get(k, "gpu") for k in self.streams},
+                    "breakdown_s": r.breakdown_s,
+                    "exposed_comm_s": self.exposed_comm_s(s),
+                }
+                for s, r in enumerate(self.stages)
+            ],
+            "simulation_wall_s": self.wall_s,
+        }
+
+    def events(self, detail: str = "ops") -> list[TraceEvent]:
+        """Every op as a :class:`TraceEvent` (``detail="layers"``: one compute event per layer pass)."""
+        if detail not in ("ops", "layers"):
+            raise ProblemError(f"unknown trace detail {detail!r}; allowed: ops, layers", field="--detail")
+        return list(_expand(self, detail == "ops"))
+
+    def event_count(self, detail: str = "ops") -> int:
+        n = 0
+        for rec in self.records:
+            if rec[0] == "units":
+                units, count = rec[3], rec[5]
+                n += count * (sum(len(u.ops) for u in units) if detail == "ops" else len(units))
+            else:
+                n += 1
+        return n
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    id: int
+    stage: int
+    stream: str
+    name: str
+    cat: str
+    start_s: float
+    dur_s: float
+    deps: tuple[int, ...]  # events that must end before this one starts
+    args: dict[str, Any]
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.dur_s
+
+
+class LinkOp:
+    """A collective on a shared link: ``work_s`` at the link's full bandwidth; start/end known once served."""
+
+    __slots__ = ("end_s", "issue_s", "queue", "rem_s", "start_s", "work_s")
+
+    def __init__(self, queue: int, issue_s: float, work_s: float) -> None:
+        self.queue = queue
+        self.issue_s = issue_s
+        self.work_s = work_s
+        self.rem_s = work_s
+        self.start_s = -1.0
+        self.end_s = -1.0
+
+
+class SharedLink:
+    """The streams of one GPU on one network tier: each stream runs its ops in issue order, and the busy streams
+    split the tier's bandwidth equally (processor sharing).
+
+    E.g. ZeRO-3 all-gathers and gradient reduce-scatters run on separate CUDA streams (FSDP) over the same NIC:
+    neither waits behind the other, and together they never move more bytes per second than the link. Evaluated
+    lazily: ``finish(op)`` advances the link until ``op`` is done, which is exact because the engine issues every
+    op no earlier than the link's current time and never before an op it has already waited for ends.
+    """
+
+    def __init__(self) -> None:
+        self.queues: dict[int, deque[LinkOp]] = {}
+        self.t = 0.0
+        self.busy_s: dict[int, float] = {}
+
+    def issue(self, queue: int, issue_s: float, work_s: float) -> LinkOp:
+        op = LinkOp(queue, max(issue_s, self.t), work_s)
+        if queue not in self.queues:
+            self.queues[queue] = deque()
+            self.busy_s[queue] = 0.0
+        self.queues[queue].append(op)
+        return op
+
+    def idle_at(self, t: float) -> bool:
+        """Advance to ``t``; whether nothing is left in flight."""
+        self.finish(until_s=t)
+        return not any(self.queues.values())
+
+    def finish(self, op: LinkOp | None = None, until_s: float = math.inf) -> float:
+        """Advance until ``op`` ends (default: until every op has ended, or to ``until_s``)."""
+        queues = self.queues
+        while op is None or op.end_s < 0.0:
+            heads = [q[0] for q in queues.values() if q]
+            if not heads or self.t >= until_s:
+                break
+            t = self.t
+            if len(heads) == 1:  # one busy stream: its head runs alone at full bandwidth
+                h = heads[0]
+                start = max(t, h.issue_s)
+                if h.start_s < 0.0:
+                    if start >= until_s:
+                        self.t = until_s
+                        break
+                    h.start_s = start
+                end = start + h.rem_s
+                if end > until_s:
+                    h.rem_s = end - until_s
+                    self.t = until_s
+                    break
+                h.rem_s = 0.0
+                h.end_s = self.t = end
+                self.busy_s[h.queue] += end - h.start_s
+                queues[h.queue].popleft()
+                continue
+            active = [h for h in heads if h.issue_s <= t]
+            if not active:
+                self.t = min(min(h.issue_s for h in heads), until_s)
+                continue
+            k = len(active)
+            for h in active:
+                if h.start_s < 0.0:
+                    h.start_s = t
+            dt = min(h.rem_s for h in active) * k
+            for h in heads:
+                if t < h.issue_s < t + dt:
+                    dt = h.issue_s - t
+            dt = min(dt, until_s - t)
+            self.t = t + dt
+            for h in active:
+                h.rem_s -= dt / k
+                if h.rem_s <= 1e-12 * (h.work_s + 1e-9):
+                    h.end_s = self.t
+                    self.busy_s[h.queue] += h.end_s - h.start_s
+                    queues[h.queue].popleft()
+        return self.t
+
+
+class _Stage:
+    """Mutable state of one stage during the simulation."""
+
+    __slots__ = ("busy", "c_free", "cat", "deps", "gaps", "gather", "gather_rec", "last_link_rec", "last_rec",
+                 "links", "units_left")
+
+    def __init__(self, n_streams: int, n_links: int, units_left: int) -> None:
+        self.c_free = 0.0
+        self.busy = [0.0] * n_streams
+        self.cat = dict.fromkeys(COMPUTE_CATS, 0.0)
+        self.gaps: dict[str, float] = {}
+        self.deps: list[int] = []  # records the next compute op waits for (cross-stream)
+        self.links = [SharedLink() for _ in range(n_links)]
+        self.gather: LinkOp | None = None  # ZeRO-3: the gather issued for the next layer pass
+        self.gather_rec = -1
+        self.last_link_rec = -1
+        self.last_rec = -1  # last record on the compute stream
+        self.units_left = units_left
+
+    def gap(self, cause: str, dt: float) -> None:
+        if dt > 0.0:
+            self.gaps[cause] = self.gaps.get(cause, 0.0) + dt
+
+
+def simulate(model: Model, plan: Plan, *, record: bool = True) -> Simulation:
+    """Simulate one training step of ``plan``; ``record=False`` skips the trace records (benchmarks)."""
+    t0 = time.perf_counter()
+    sim = simulate_setup(setup(model, plan), record=record)
+    sim.wall_s = time.perf_counter() - t0
+    return sim
+
+
+def simulate_setup(su: Setup, *, record: bool = True) -> Simulation:
+    """Simulate prepared per-stage work (what-if studies: edit a :class:`Setup` with ``dataclasses.replace``)."""
+    return _Engine(su, record).run()
+
+
+class _Engine:
+    def __init__(self, su: Setup, record: bool) -> None:
+        self.su = su
+        self.record = record
+        self.p, self.v, self.m = len(su.stages), su.vpp, su.n_micro
+        self.n_streams = len(su.streams)
+        self.ag, self.dp, self.pp = (su.streams.index(k) if k in su.streams else -1 for k in (AG, DP, PP))
+        self.recs: list[tuple[Any, ...]] = []
+        # per stage: the link (network tier) of every comm stream; the layer streams that share a tier with
+        # step-level traffic (ZeRO-3, gradient buckets, pipeline sends) must go op by op while it is in flight
+        self.link_of: list[list[int]] = []
+        self.shared: list[list[int]] = []
+        step_streams = {k for k in (AG, DP, PP) if k in su.streams}
+        self.st = []
+        for s, w in enumerate(su.stages):
+            tiers = sorted({w.links[k] for k in su.streams[1:]})
+            link_of = [-1] + [tiers.index(w.links[k]) for k in su.streams[1:]]
+            step_links = {link_of[su.streams.index(k)] for k in step_streams}
+            layer_links = {link_of[i] for i, k in enumerate(su.streams) if i and k not in step_streams}
+            self.link_of.append(link_of)
+            self.shared.append(sorted(step_links & layer_links))
+            units = self.m * sum(su.chunk_layers[s]) * (len(w.fwd) + len(w.bwd))
+            self.st.append(_Stage(self.n_streams, len(tiers), units))
+        size = self.p * self.v * self.m
+        # data a chunk waits for: (end, start, record) of the send that delivers it, per direction
+        self.inbox: list[list[tuple[float, float, int] | None]] = [[None] * size, [None] * size]
+
+    def _key(self, s: int, c: int, mb: int) -> int:
+        return (s * self.v + c) * self.m + mb
+
+    def _rec(self, rec: tuple[Any, ...]) -> int:
+        if not self.record:
+            return -1
+        self.recs.append(rec)
+        return len(self.recs) - 1
+
+    def _link(self, s: int, stream: int) -> SharedLink:
+        return self.st[s].links[self.link_of[s][stream]]
+
+    def run(self) -> Simulation:
+        p, v = self.p, self.v
+        orders = [schedule(p, v, self.m, s) for s in range(p)]
+        ptr = [0] * p
+        waiting: dict[tuple[int, int], int] = {}
+        ready = deque(range(p))
+        done = 0
+        while ready:
+            s = ready.popleft()
+            order = orders[s]
+            while ptr[s] < len(order):
+                bwd, mb, c = order[ptr[s]]
+                msg = None
+                if self._has_source(s, c, bwd):
+                    key = self._key(s, c, mb)
+                    msg = self.inbox[bwd][key]
+                    if msg is None:
+                        waiting[(bwd, key)] = s
+                        break
+                target = self._block(s, bwd, mb, c, msg)
+                ptr[s] += 1
+                if target is not None and target in waiting:
+                    ready.append(waiting.pop(target))
+            else:
+                done += 1
+        if done != p:  # a schedule bug, never a user error
+            raise RuntimeError(f"pipeline schedule deadlocked: {ptr} of {[len(o) for o in orders]} ops done")
+        return self._finish()
+
+    def _has_source(self, s: int, c: int, bwd: int) -> bool:
+        """Whether a send from another (stage, chunk) feeds this block (not the model's first / last chunk)."""
+        if not bwd:
+            return s > 0 or c > 0
+        return s < self.p - 1 or c < self.v - 1
+
+    def _block(self, s: int, bwd: int, mb: int, c: int, msg: tuple[float, float, int] | None
+               ) -> tuple[int, int] | None:
+        st, w = self.st[s], self.su.stages[s]
+        t = st.c_free
+        if msg is not None:
+            end, start, rec = msg
+            if end > t:
+                pp_part = end - max(start, t)
+                st.gap("pp_comm", pp_part)
+                st.gap("bubble", end - t - pp_part)
+                t = end
+            if rec >= 0:
+                st.deps.append(rec)
+        first = s == 0 and c == 0
+        last = s == self.p - 1 and c == self.v - 1
+        n = self.su.chunk_layers[s][c]
+        layer0 = self.su.layer_ids[s][c]
+        args = {"mb": mb, "chunk": c}
+        if not bwd:
+            if first:
+                t = self._compute(s, t, "embedding fwd", "compute", w.emb_fwd_s, args)
+            t = self._layers(s, t, w.fwd, n, layer0, 1, mb, c, bucket=False)
+            if last:
+                t = self._compute(s, t, "LM head + loss fwd", "compute", w.head_fwd_s, args)
+        else:
+            if last:
+                t = self._compute(s, t, "LM head + loss bwd", "compute", w.head_bwd_s, args)
+            t = self._layers(s, t, w.bwd, n, layer0 + n - 1, -1, mb, c, bucket=mb == self.m - 1)
+            if first:
+                t = self._compute(s, t, "embedding bwd", "compute", w.emb_bwd_s, args)
+        st.c_free = t
+        if (not bwd and last) or (bwd and first):
+            return None
+        # synchronous pipeline send of the activation (forward) or the gradient (backward)
+        if not bwd:
+            dst_s, dst_c = (s + 1, c) if s < self.p - 1 else (0, c + 1)
+        else:
+            dst_s, dst_c = (s - 1, c) if s > 0 else (self.p - 1, c - 1)
+        link = self._link(s, self.pp)
+        op = link.issue(self.pp, t, w.send_s)
+        end = link.finish(op)
+        st.gap("pp_comm", end - t)
+        st.c_free = end
+        name = f"send {'grad' if bwd else 'act'} mb{mb} -> stage {dst_s}"
+        rec = self._rec(("link", s, self.pp, name, "pp_comm", op, [st.last_rec] if st.last_rec >= 0 else [],
+                         {"mb": mb, "chunk": c, "to_stage": dst_s}))
+        if rec >= 0:
+            st.deps.append(rec)
+        key = self._key(dst_s, dst_c, mb)
+        self.inbox[bwd][key] = (end, op.start_s, rec)
+        return bwd, key
+
+    def _compute(self, s: int, t: float, name: str, cat: str, dur: float, args: dict[str, Any]) -> float:
+        if dur <= 0.0:
+            return t
+        st = self.st[s]
+        st.busy[0] += dur
+        st.cat[cat] += dur
+        if self.record:
+            st.last_rec = self._rec(("op", s, 0, name, cat, t, dur, st.deps, args))
+            st.deps = []
+        return t + dur
+
+    def _account(self, st: _Stage, u: Unit, n: int, comm: bool = True) -> None:
+        """Busy time and template gaps of ``n`` passes (``comm=False``: the comm ops went through the links)."""
+        for k, x in u.compute_s.items():
+            st.cat[k] += n * x
+        if not comm:
+            st.busy[0] += n * u.busy_s[0]
+            return
+        for i, b in enumerate(u.busy_s):
+            st.busy[i] += n * b
+        for k, x in u.gaps_s.items():
+            st.gap(k, n * x)
+
+    def _quiet(self, s: int, t: float) -> bool:
+        """No step-level traffic in flight on a tier the layer collectives use."""
+        st = self.st[s]
+        return all(st.links[i].idle_at(t) for i in self.shared[s])
+
+    def _layers(self, s: int, t: float, units: tuple[Unit, ...], n: int, layer0: int, step: int, mb: int, c: int,
+                bucket: bool) -> float:
+        st, w = self.st[s], self.su.stages[s]
+        zero3 = w.gather_s > 0.0 or w.reduce_s > 0.0
+        overlap = self.su.dp_overlap
+        do_bucket = bucket and w.bucket_s > 0.0 and overlap  # without overlap: one sync after the backward
+        if not zero3 and not do_bucket and self._quiet(s, t):  # identical layers back to back: n templates at once
+            for u in units:
+                self._account(st, u, n)
+            span = sum(u.duration_s for u in units)
+            if self.record:
+                st.last_rec = self._rec(("units", s, t, units, span, n, layer0, step, mb, c, st.deps))
+                st.deps = []
+            return t + n * span
+        for i in range(n):
+            layer = layer0 + i * step
+            for u in units:
+                if zero3:
+                    if st.gather is None:  # nothing prefetched (the step's first pass): gather now
+                        self._gather(s, t)
+                    assert st.gather is not None
+                    ready = self._link(s, self.ag).finish(st.gather)
+                    if ready > t:
+                        st.gap("zero3_comm", ready - t)
+                        t = ready
+                    if st.gather_rec >= 0:
+                        st.deps.append(st.gather_rec)
+                    st.gather = None
+                    st.units_left -= 1
+                    if st.units_left > 0 and overlap:  # prefetch the next pass's weights now (one pass ahead)
+                        self._gather(s, t)
+                if self.shared[s] and not self._quiet(s, t):
+                    t, rec = self._unit_ops(s, t, u, layer, {"mb": mb, "chunk": c, "layer": layer})
+                else:
+                    self._account(st, u, 1)
+                    rec = self._rec(("units", s, t, (u,), u.duration_s, 1, layer, step, mb, c, st.deps))
+                    st.deps = []
+                    t += u.duration_s
+                st.last_rec = rec
+                if u.kind != "bwd":
+                    continue
+                if zero3 and w.reduce_s > 0.0:
+                    op = self._link_op(s, t, w.reduce_s, f"ZeRO-3 reduce-scatter L{layer}", "zero3_comm", rec,
+                                       {"mb": mb, "layer": layer})
+                    if not overlap:  # the backward waits for its gradients to be scattered
+                        end = self._link(s, self.dp).finish(op)
+                        st.gap("zero3_comm", end - t)
+                        t = max(t, end)
+                        if st.last_link_rec >= 0:
+                            st.deps.append(st.last_link_rec)
+                if do_bucket:
+                    self._link_op(s, t, w.bucket_s, f"grad reduce L{layer}", "dp_comm", rec, {"layer": layer})
+        return t
+
+    def _unit_ops(self, s: int, t: float, u: Unit, layer: int, args: dict[str, Any]) -> tuple[float, int]:
+        """One layer pass op by op, its collectives on the shared links (contended by step-level traffic)."""
+        st = self.st[s]
+        self._account(st, u, 1, comm=False)
+        cursor = seg_start = t
+        ids: list[int] = []
+        hidden: list[tuple[LinkOp, str]] = []
+        local_free: dict[int, tuple[float, str]] = {}  # streams on tiers without step-level traffic: plain FIFO
+        shared, link_of = self.shared[s], self.link_of[s]
+        exit_rec = -1
+        for j, op in enumerate(u.ops):
+            deps = [ids[d] for d in op.deps if ids[d] >= 0]
+            if j == 0:
+                deps += st.deps
+                st.deps = []
+            if op.stream == 0:
+                seg_start = cursor
+                rec = self._rec(("op", s, 0, f"L{layer} {op.name}", op.cat, cursor, op.dur_s, deps, args))
+                cursor += op.dur_s
+                exit_rec = rec
+            elif link_of[op.stream] not in shared:
+                start = max(cursor if op.blocking else seg_start, local_free.get(op.stream, (0.0, ""))[0])
+                local_free[op.stream] = (start + op.dur_s, op.cat)
+                st.busy[op.stream] += op.dur_s
+                rec = self._rec(("op", s, op.stream, f"L{layer} {op.name}", op.cat, start, op.dur_s, deps, args))
+                if op.blocking:
+                    st.gap(op.cat, start + op.dur_s - cursor)
+                    cursor = start + op.dur_s
+                    exit_rec = rec
+            else:
+                link = self._link(s, op.stream)
+                lop = link.issue(op.stream, cursor if op.blocking else seg_start, op.dur_s)
+                rec = self._rec(("link", s, op.stream, f"L{layer} {op.name}", op.cat, lop, deps, args))
+                if op.blocking:
+                    end = link.finish(lop)
+                    st.gap(op.cat, end - cursor)
+                    cursor = max(cursor, end)
+                    exit_rec = rec
+                else:
+                    hidden.append((lop, op.cat))
+            ids.append(rec)
+        # as in the template, hidden comm that outlasts its compute holds the pass open
+        ends = [(self._link(s, lop.queue).finish(lop), cat) for lop, cat in hidden]
+        ends += list(local_free.values())
+        for end, cat in ends:
+            if end > cursor:
+                st.gap(cat, end - cursor)
+                cursor = end
+        return cursor, exit_rec
+
+    def _gather(self, s: int, issue: float) -> None:
+        st = self.st[s]
+        st.gather = self._link(s, self.ag).issue(self.ag, issue, self.su.stages[s].gather_s)
+        st.gather_rec = self._rec(("link", s, self.ag, "ZeRO-3 weight all-gather", "zero3_comm", st.gather, [], {}))
+
+    def _link_op(self, s: int, issue: float, work: float, name: str, cat: str, dep: int, args: dict[str, Any]
+                 ) -> LinkOp:
+        st = self.st[s]
+        op = self._link(s, self.dp).issue(self.dp, issue, work)
+        st.last_link_rec = self._rec(("link", s, self.dp, name, cat, op, [dep] if dep >= 0 else [], args))
+        return op
+
+    def _finish(self) -> Simulation:
+        # the optimizer waits for every stage's gradient reductions (global gradient-norm all-reduce)
+        sts = self.st
+        if not self.su.dp_overlap:  # unbucketed: the whole stage's gradients after its last backward
+            for s, st in enumerate(sts):
+                w = self.su.stages[s]
+                if w.bucket_s > 0.0:
+                    self._link_op(s, st.c_free, w.bucket_s * w.layers, "grad reduce (after backward)", "dp_comm",
+                                  st.last_rec, {})
+        link_end = [max([st.c_free, *(link.finish() for link in st.links)]) for st in sts]
+        for st in sts:
+            for link in st.links:
+                for q, b in link.busy_s.items():
+                    st.busy[q] += b
+        barrier = max(link_end)
+        barrier_deps = sorted({r for st in sts for r in (st.last_rec, st.last_link_rec) if r >= 0})
+        zero3 = any(w.gather_s > 0 or w.reduce_s > 0 for w in self.su.stages)
+        ends = []
+        for s, st in enumerate(sts):
+            w = self.su.stages[s]
+            st.gap("zero3_comm" if zero3 else "dp_comm", link_end[s] - st.c_free)
+            st.gap("bubble", barrier - link_end[s])
+            st.busy[0] += w.optimizer_s
+            st.cat["optimizer"] += w.optimizer_s
+            if w.optimizer_s > 0:
+                self._rec(("op", s, 0, "optimizer step", "optimizer", barrier, w.optimizer_s, barrier_deps, {}))
+            ends.append(barrier + w.optimizer_s)
+        step = max(ends)
+        results = []
+        for s, st in enumerate(sts):
+            st.gap("bubble", step - ends[s])
+            breakdown = dict.fromkeys(STEP_TERMS, 0.0)
+            breakdown.update({k: st.cat[k] for k in COMPUTE_CATS})
+            for k, x in st.gaps.items():
+                breakdown[k] = breakdown.get(k, 0.0) + x
+            results.append(StageResult(list(st.busy), breakdown))
+        return Simulation(self.su, step, results, self.recs)
+
+
+# -------------------------------------------------------------------------------------------- trace export
+
+
+def _expand(sim: Simulation, ops: bool) -> Iterator[TraceEvent]:
+    """Records -> events with ids; dependencies point at the exit event of the record they name."""
+    streams = sim.streams
+    exit_of: list[int] = []
+    next_id = 0
+    for rec in sim.records:
+        if rec[0] in ("op", "link"):
+            if rec[0] == "op":
+                _, s, stream, name, cat, start, dur, deps, args = rec
+            else:
+                _, s, stream, name, cat, op, deps, args = rec
+                start, dur = op.start_s, op.end_s - op.start_s
+            ev = TraceEvent(next_id, s, streams[stream], name, cat, start, dur,
+                            tuple(exit_of[d] for d in deps), dict(args))
+            next_id += 1
+            exit_of.append(ev.id)
+            yield ev
+            continue
+        _, s, t0, units, span, count, layer0, step, mb, c, deps = rec
+        entry_deps = tuple(exit_of[d] for d in deps)
+        prev_exit = -1
+        for i in range(count):
+            layer = layer0 + i * step
+            t_u = t0 + i * span
+            for u in units:
+                args = {"mb": mb, "chunk": c, "layer": layer}
+                if not ops:
+                    cat = "recompute" if u.kind == "rc" else "compute"
+                    dep = entry_deps if prev_exit < 0 else ()
+                    yield TraceEvent(next_id, s, COMPUTE, f"L{layer} {u.kind}", cat, t_u, u.duration_s, dep, args)
+                    prev_exit = next_id
+                    next_id += 1
+                else:
+                    base = next_id
+                    for j, op in enumerate(u.ops):
+                        dep = tuple(base + d for d in op.deps)
+                        if j == 0:
+                            dep = dep + (entry_deps if prev_exit < 0 else ((prev_exit,) if op.stream == 0 else ()))
+                        yield TraceEvent(next_id, s, streams[op.stream], f"L{layer} {op.name}", op.cat,
+                                         t_u + op.start_s, op.dur_s, dep, args)
+                        next_id += 1
+                    prev_exit = base + u.exit
+                t_u += u.duration_s
+        exit_of.append(prev_exit)
+
+
+STREAM_LABELS = {COMPUTE: "compute", "tp": "TP comm", "cp": "CP comm", "ep": "EP all-to-all",
+                 AG: "ZeRO-3 all-gather", DP: "grad reduce", PP: "pipeline p2p"}
+
+
+def stream_label(stream: str, link: str | None) -> str:
+    label = STREAM_LABELS.get(stream, stream)
+    return f"{label} ({link})" if link and stream != COMPUTE else label
+
+
+def chrome_trace(sim: Simulation, detail: str = "ops") -> dict[str, Any]:
+    """The step as a Chrome trace-event JSON object (Perfetto / chrome://tracing): one process per pipeline stage,
+    one thread per stream; complete events (``ph: X``, ``ts``/``dur`` in microseconds), track-name metadata, and
+    flow arrows for pipeline sends. ``args.deps`` lists the event ids each event waited for."""
+    su = sim.setup
+    out: list[dict[str, Any]] = []
+    plan = su.closed_form["plan"]
+    for s, w in enumerate(su.stages):
+        out.append({"name": "process_name", "ph": "M", "pid": s, "tid": 0,
+                    "args": {"name": f"pipeline stage {s} ({w.layers} layers)"}})
+        out.append({"name": "process_sort_index", "ph": "M", "pid": s, "tid": 0, "args": {"sort_index": s}})
+        for k, stream in enumerate(sim.streams):
+            out.append({"name": "thread_name", "ph": "M", "pid": s, "tid": k,
+                        "args": {"name": stream_label(stream, w.links.get(stream))}})
+            out.append({"name": "thread_sort_index", "ph": "M", "pid": s, "tid": k, "args": {"sort_index": k}})
+    index = {k: i for i, k in enumerate(sim.streams)}
+    flows = 0
+    receivers: dict[int, tuple[int, int]] = {}  # send event id -> (flow id, sending stage)
+    for ev in sim.events(detail):
+        ts = round(ev.start_s * 1e6, 3)
+        dur = round(ev.end_s * 1e6, 3) - ts
+        item: dict[str, Any] = {"name": ev.name, "cat": ev.cat, "ph": "X", "ts": ts, "dur": round(dur, 3),
+                                "pid": ev.stage, "tid": index[ev.stream],
+                                "args": {"id": ev.id, **ev.args, **({"deps": list(ev.deps)} if ev.deps else {})}}
+        out.append(item)
+        if ev.cat == "pp_comm":
+            flows += 1
+            receivers[ev.id] = (flows, ev.stage)
+            out.append({"name": "p2p", "cat": "pp_comm", "ph": "s", "id": flows, "ts": ts, "pid": ev.stage,
+                        "tid": index[ev.stream]})
+        for d in ev.deps:  # the arrow ends where the other stage's compute picks the data up
+            if d in receivers and ev.stream == COMPUTE and receivers[d][1] != ev.stage:
+                out.append({"name": "p2p", "cat": "pp_comm", "ph": "f", "bp": "e", "id": receivers.pop(d)[0],
+                            "ts": ts, "pid": ev.stage, "tid": index[ev.stream]})
+    return {
+        "traceEvents": out,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "generator": "madmax-opt timeline",
+            "plan": plan,
+            "hardware": su.closed_form["hardware"],
+            "step_time_s": sim.step_time_s,
+            "closed_form_step_time_s": sim.closed_form_step_s,
+        },
+    }
+
+
+# ----------------------------------------------------------------------------------------------- re-ranking
+
+
+def rerank(problem: Problem, records: Sequence[dict[str, Any]], tolerance: float = TRACE_TOLERANCE
+           ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Order solver records by their simulated objective; the closed-form best stays first unless another plan
+    beats it by more than ``tolerance`` in simulation. Each record gains ``simulated_step_time_s``."""
+    model = Model(problem)
+    out = []
+    for rec in records:
+        plan = Plan.model_validate({k: v for k, v in rec["plan"].items() if v is not None})
+        sim = simulate(model, plan, record=False)
+        out.append({**rec, "simulated_step_time_s": sim.step_time_s})
+
+    def objective(r: dict[str, Any]) -> float:
+        t = float(r["simulated_step_time_s"])
+        return t * float(r["cost_per_hour_usd"]) if problem.objective == "cost" else t
+
+    order = sorted(range(len(out)), key=lambda i: (objective(out[i]), i))
+    best = order[0]
+    keep = objective(out[0]) <= objective(out[best]) * (1.0 + tolerance)
+    if keep:
+        order = [0, *(i for i in order if i != 0)]
+    info = {
+        "tolerance": tolerance,
+        "kept_closed_form_best": keep,
+        "closed_form_rank": [i + 1 for i in order],
+        "simulated_step_time_s": [out[i]["simulated_step_time_s"] for i in order],
+    }
+    return [out[i] for i in order], info

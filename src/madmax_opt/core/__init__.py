@@ -1,0 +1,1 @@
+"""Errors and order-stable numerics shared by every layer."""

@@ -1,0 +1,1 @@
+"""Problem files and catalogs: YAML loading, validation, catalog resolution, what-if hardware."""

@@ -1,0 +1,1 @@
+"""Specs, workload lowering and pure cost functions: training, serving and recommender models."""

@@ -1,0 +1,460 @@
+"""Inference cost model: prefill and decode with a KV cache, continuous batching over TP x PP replicas (vectorised).
+
+A replica is tp x pp GPUs serving ``batch`` concurrent sequences; ``dp`` replicas serve independently, or, when
+disaggregated, ``prefill_dp`` of them only prefill and ship the KV cache to the others (Zhong et al. 2024,
+DistServe; Patel et al. 2024, Splitwise). Every function works on arrays with one entry per plan.
+
+    layer pass (T tokens, K keys each)  = sum_GEMM roof(F / (peak eff(d)), bytes / BW) + roof(attention) + norms
+                                          + 2 TP all-reduces of T h 2 B + launch overhead
+    decode round   T_dec = max(n_micro t_stage(bottleneck), sum of stage times)         (B/pp sequences per stage)
+    prefill        t_pre = L t_layer(p tokens, p/2 keys) + head + (pp - 1) p2p          (one prompt, latency)
+    steady state   T = T_dec + (B / E[o]) P     (prefill P per request interleaved with decode: Yu et al. 2022,
+                                                 Orca; Agrawal et al. 2024, Sarathi-Serve mixed batches)
+                   TPOT = T,  TTFT = t_pre + the rest of its mixed iteration,  tokens/s = dp B / T
+
+The GEMM, attention and norm times reuse ``compute.gemm_time_s`` / ``compute.memory_bound_time_s`` and the
+workload's GEMM shapes; collectives come from ``collectives``. Roofline (Williams, Waterman, Patterson 2009): a
+kernel that streams its weights while computing takes max(compute, memory) time; see ``roofline_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from madmax_opt.model.collectives import Tiers, all_reduce_s, p2p_s
+from madmax_opt.model.compute import gemm_time_s, memory_bound_time_s
+from madmax_opt.model.hardware import HardwareTable
+from madmax_opt.model.spec import InferenceTask, RequestShape, Stack, Task, TransformerModel
+from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload, lower
+
+Arr = NDArray[np.float64]
+IntArr = NDArray[np.int64]
+
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8", "int4")
+BYTES_PER_VALUE: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+# GEMM math precision per weight precision: fp8/int8 are W8A8 (TensorRT-LLM FP8, SmoothQuant), int4 is weight-only
+# W4A16 (AWQ/GPTQ kernels dequantise to 16 bit): it saves memory and bandwidth, not FLOPs.
+GEMM_PRECISION: dict[str, str] = {
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "fp8": "fp8",
+    "int8": "int8",
+    "int4": "bf16",
+}
+DEFAULT_KV_PRECISION: dict[str, str] = {
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "fp8": "fp8",
+    "int8": "int8",
+    "int4": "bf16",
+}
+LOGIT_BYTES = 4.0  # fp32 logits of the last position of each sequence (sampling)
+# Tokens of one batched prefill pass (vLLM max_num_batched_tokens / TensorRT-LLM max_num_tokens default 8192):
+# prompts shorter than this are prefilled k = floor(8192 / p) at a time for throughput.
+PREFILL_PASS_TOKENS = 8192.0
+STEP_TERMS: tuple[str, ...] = (
+    "gemm",
+    "attention",
+    "elementwise",
+    "tp_comm",
+    "overhead",
+    "head",
+    "pp_comm",
+    "prefill",
+    "kv_transfer",
+)
+
+INVALID_REASONS: dict[int, str] = {
+    1: "dp*tp*pp must equal the number of GPUs",
+    2: "tp must divide heads and divide kv_heads or be a multiple of them (KV heads are replicated)",
+    3: "pp must divide the number of layers",
+    4: "tp must divide the scale-up domain or be a multiple of it",
+    5: "the GPU has no peak FLOP/s for this precision (e.g. fp8 needs Hopper or newer)",
+    6: "prefill_replicas must be 0 without disaggregation, and below dp with it (decode needs a replica)",
+    7: "weights, activations and the KV cache of the batch exceed the GPU memory",
+}
+MEMORY_REASON = 7
+
+
+@dataclass(frozen=True)
+class ServingArrays:
+    """Serving plans as columns: ``precision`` indexes PRECISIONS, ``hw`` the problem's hardware options."""
+
+    dp: IntArr
+    tp: IntArr
+    pp: IntArr
+    batch: IntArr  # concurrent sequences per (decode) replica
+    precision: IntArr
+    prefill_dp: IntArr  # replicas that only prefill (disaggregated); 0 = prefill interleaved with decode
+    hw: IntArr
+
+    def __len__(self) -> int:
+        return int(self.dp.shape[0])
+
+    @property
+    def gpus(self) -> IntArr:
+        return self.dp * self.tp * self.pp
+
+    def take(self, index: IntArr | list[int]) -> ServingArrays:
+        idx = np.asarray(index, dtype=np.int64)
+        return ServingArrays(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    @staticmethod
+    def concat(parts: list[ServingArrays]) -> ServingArrays:
+        return ServingArrays(
+            **{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(ServingArrays)}
+        )
+
+    @staticmethod
+    def empty() -> ServingArrays:
+        return ServingArrays(*(np.zeros(0, dtype=np.int64) for _ in fields(ServingArrays)))
+
+
+@dataclass(frozen=True)
+class ServingWorkload:
+    """The model lowered once (GEMM shapes, parameters, per-token bytes) plus the request mix."""
+
+    wl: TransformerWorkload
+    requests: tuple[RequestShape, ...]
+    share: Arr  # request shares, summing to 1
+
+    @property
+    def model(self) -> TransformerModel:
+        return self.wl.model
+
+    @property
+    def attn_flops_per_key(self) -> float:
+        """QK^T + AV FLOPs of one query token against one key, all heads: 4 a d_h (workload, per key)."""
+        return self.wl.attn_flops_per_token / self.wl.seq_len
+
+    @property
+    def mean_output(self) -> float:
+        return float(sum(w * r.output_len for w, r in zip(self.share, self.requests, strict=True)))
+
+    def running_mean(self, per_request: list[float]) -> float:
+        """Mean over running sequences: a request of output o stays o decode steps, so it weighs share * o."""
+        num = sum(
+            w * r.output_len * v for w, r, v in zip(self.share, self.requests, per_request, strict=True)
+        )
+        return float(num / self.mean_output)
+
+    @property
+    def mean_context(self) -> float:
+        """Keys a decode step attends to, averaged over running sequences: p + o/2 (context grows 1 per step)."""
+        return self.running_mean([r.prompt_len + r.output_len / 2.0 for r in self.requests])
+
+    @property
+    def tokens_held(self) -> float:
+        """KV-cache tokens reserved per running sequence: its full p + o (no preemption)."""
+        return self.running_mean([float(r.prompt_len + r.output_len) for r in self.requests])
+
+
+def serving_workload(model: TransformerModel, task: InferenceTask, stack: Stack) -> ServingWorkload:
+    reqs = tuple(task.requests())
+    longest = max(r.prompt_len + r.output_len for r in reqs)
+    wl = lower(model, Task(kind="pretrain", seq_len=longest, global_batch=1), stack)  # shapes only
+    weights = np.array([r.weight for r in reqs], dtype=np.float64)
+    return ServingWorkload(wl=wl, requests=reqs, share=weights / weights.sum())
+
+
+def kv_bytes_per_token(model: TransformerModel, kv_bytes_per_value: float) -> float:
+    """KV cache of one token, whole model: 2 (K and V) x layers x kv_heads x head_dim x bytes (GQA: kv_heads)."""
+    return 2.0 * model.layers * model.n_kv_heads * model.head_dim * kv_bytes_per_value
+
+
+def kv_heads_per_gpu(model: TransformerModel, tp: Arr) -> Arr:
+    """KV heads one TP rank holds: kv_heads / tp, or 1 when tp > kv_heads (each rank keeps a replica)."""
+    return np.maximum(model.n_kv_heads / tp, 1.0)
+
+
+def roofline_s(compute_s: Arr, memory_s: Arr) -> Arr:
+    """Kernel time = max(compute, memory): weights/KV stream while the math units work (Williams et al. 2009)."""
+    return np.maximum(compute_s, memory_s)
+
+
+@dataclass(frozen=True)
+class Device:
+    """Per-plan hardware and precision columns a layer pass needs."""
+
+    tp: Arr
+    pp: Arr
+    peak_flops: Arr  # GEMM precision
+    peak16_flops: Arr  # 16-bit (attention kernels)
+    gemm_eff: Arr
+    gemm_half_dim: Arr
+    attn_eff: Arr
+    hbm_bw: Arr  # achieved (x hbm_eff)
+    overhead_s: Arr
+    weight_bytes: Arr  # bytes per GEMM weight
+    kv_bytes: Arr  # bytes per KV value
+    tiers: Tiers
+
+
+def layer_pass_s(
+    sw: ServingWorkload, dev: Device, tokens: Arr, keys: Arr, kv_tokens: Arr, kv_reads: Arr | float = 1.0
+) -> dict[str, Arr]:
+    """One transformer layer on one GPU for ``tokens`` tokens attending ``keys`` keys each; ``kv_tokens`` K/V
+    entries are read from (decode) or written to (prefill) the cache, each ``kv_reads`` times. Returns the
+    additive terms."""
+    m = sw.model
+    tp = dev.tp
+    gemm = np.zeros_like(tokens)
+    for g in sw.wl.gemms:
+        sharded = (g.n if g.tp_dim == "n" else g.k) / tp
+        other = float(g.k if g.tp_dim == "n" else g.n)
+        # shape factor over the weight dimensions only: few tokens make a GEMM bandwidth-bound, which the
+        # roofline's memory term models; the calibration's saturating fit was made on training GEMMs (>= 1k tokens)
+        dim = np.minimum(sharded, other) * np.ones_like(tokens)
+        compute = gemm_time_s(
+            tokens * g.flops_per_token / tp, dim, dev.peak_flops, dev.gemm_eff, dev.gemm_half_dim
+        )
+        io_bytes = tokens * (sharded + other) * ACT_BYTES  # input + output activations of the local shard
+        memory = memory_bound_time_s(g.params / tp * dev.weight_bytes + io_bytes, dev.hbm_bw)
+        gemm = gemm + roofline_s(compute, memory)
+    attn_flops = tokens * keys * sw.attn_flops_per_key / tp
+    kv_layer_bytes = (
+        2.0 * kv_heads_per_gpu(m, tp) * m.head_dim * dev.kv_bytes
+    )  # one token, one layer, one GPU
+    attention = roofline_s(
+        attn_flops / (dev.peak16_flops * dev.attn_eff),
+        memory_bound_time_s(kv_reads * kv_tokens * kv_layer_bytes, dev.hbm_bw),
+    )
+    # norms, residual adds, activation function: replicated (no SP in inference) and TP-sharded traffic
+    elementwise = memory_bound_time_s(
+        tokens * (sw.wl.elementwise_replicated_bytes + sw.wl.elementwise_tp_bytes / tp), dev.hbm_bw
+    )
+    # Megatron TP: one all-reduce after attention and one after the MLP (Shoeybi et al. 2019, Fig. 3)
+    tp_comm = np.where(
+        tp > 1, 2.0 * all_reduce_s(tokens * m.hidden * ACT_BYTES, tp, np.ones_like(tp), dev.tiers), 0.0
+    )
+    return {
+        "gemm": gemm,
+        "attention": attention,
+        "elementwise": elementwise,
+        "tp_comm": tp_comm,
+        "overhead": dev.overhead_s,
+    }
+
+
+def head_pass_s(sw: ServingWorkload, dev: Device, tokens: Arr) -> Arr:
+    """LM head (vocab-parallel, 16-bit weights) + fp32 logits write/read for sampling, on the last stage."""
+    wl = sw.wl
+    v_local = wl.vocab / dev.tp
+    compute = gemm_time_s(
+        tokens * wl.head_flops_per_token / dev.tp,
+        np.minimum(float(wl.model.hidden), v_local) * np.ones_like(tokens),
+        dev.peak16_flops,
+        dev.gemm_eff,
+        dev.gemm_half_dim,
+    )
+    memory = memory_bound_time_s(wl.model.hidden * v_local * ACT_BYTES, dev.hbm_bw)
+    return roofline_s(compute, memory) + memory_bound_time_s(tokens * v_local * LOGIT_BYTES * 2.0, dev.hbm_bw)
+
+
+@dataclass(frozen=True)
+class InferenceTerms:
+    """Per-plan serving metrics (SI units) and their parts."""
+
+    ttft_s: Arr
+    tpot_s: Arr
+    output_tokens_per_s: Arr  # whole deployment
+    decode_step_s: Arr  # one decode round of the running batch, without interleaved prefill
+    prefill_s: Arr  # latency of one prompt's prefill (longest prompt of the mix)
+    step: dict[str, Arr]  # additive terms of TPOT (decode round + amortised prefill / KV transfer)
+    max_batch: Arr  # sequences per replica that fit
+    memory: dict[str, Arr]  # weights, kv_cache, activations, total, capacity (bytes per GPU)
+    invalid: IntArr  # 0 = valid, else a key of INVALID_REASONS
+    gpus: IntArr
+
+    @property
+    def output_tokens_per_s_per_gpu(self) -> Arr:
+        return self.output_tokens_per_s / self.gpus
+
+
+def device(sw: ServingWorkload, task: InferenceTask, table: HardwareTable, plans: ServingArrays) -> Device:
+    hw = plans.hw
+    prec = [PRECISIONS[int(i)] for i in plans.precision]
+    peaks = np.full((len(PRECISIONS), len(table.options)), np.nan)
+    for j, o in enumerate(table.options):
+        for i, p in enumerate(PRECISIONS):
+            peaks[i, j] = o.gpu.peak_flops.get(GEMM_PRECISION[p], np.nan)  # type: ignore[call-overload]
+    peak16 = np.array([o.gpu.peak_flops.get("bf16", np.nan) for o in table.options])
+    kv_of = {p: task.kv_precision or DEFAULT_KV_PRECISION[p] for p in PRECISIONS}
+    return Device(
+        tp=plans.tp.astype(np.float64),
+        pp=plans.pp.astype(np.float64),
+        peak_flops=peaks[plans.precision, hw],
+        peak16_flops=peak16[hw],
+        gemm_eff=table.gemm_eff[hw],
+        gemm_half_dim=table.gemm_half_dim[hw],
+        attn_eff=table.attn_eff[hw],
+        hbm_bw=table.hbm_bw[hw],
+        overhead_s=table.layer_overhead_s[hw],
+        weight_bytes=np.array([BYTES_PER_VALUE[p] for p in prec], dtype=np.float64),
+        kv_bytes=np.array([BYTES_PER_VALUE[kv_of[p]] for p in prec], dtype=np.float64),
+        tiers=table.tiers(hw),
+    )
+
+
+def memory_bytes(sw: ServingWorkload, dev: Device, capacity: Arr) -> tuple[dict[str, Arr], Arr, Arr]:
+    """(batch-independent memory terms, bytes per running sequence, max batch) per GPU of the worst stage."""
+    wl, m = sw.wl, sw.model
+    tp, pp = dev.tp, dev.pp
+    layers = wl.layers / pp
+    gemm_params = float(sum(g.params for g in wl.gemms))
+    other_params = wl.params_per_layer - gemm_params  # norms and biases stay 16-bit
+    layer_bytes = layers * (gemm_params * dev.weight_bytes + other_params * ACT_BYTES) / tp
+    emb = wl.embedding_params * ACT_BYTES / tp
+    head = (wl.head_params or (wl.embedding_params if m.tied_embeddings else 0)) * ACT_BYTES / tp
+    ends = np.where(
+        pp > 1,
+        np.maximum(emb, head + wl.final_norm_params * ACT_BYTES),
+        emb + wl.head_params * ACT_BYTES / tp + wl.final_norm_params * ACT_BYTES,
+    )
+    weights = layer_bytes + ends
+    longest_prompt = max(r.prompt_len for r in sw.requests)
+    pass_tokens = max(PREFILL_PASS_TOKENS, float(longest_prompt))
+    activations = pass_tokens * (wl.act_tp_sharded_bytes / tp + wl.act_replicated_bytes) + np.zeros_like(tp)
+    kv_per_seq = sw.tokens_held * layers * 2.0 * kv_heads_per_gpu(m, tp) * m.head_dim * dev.kv_bytes
+    per_seq = kv_per_seq + wl.vocab / tp * LOGIT_BYTES
+    free = capacity - weights - activations
+    max_batch = np.maximum(np.floor(free / per_seq), 0.0)
+    return {"weights": weights, "activations": activations, "kv_per_seq": kv_per_seq}, per_seq, max_batch
+
+
+def inference_terms(
+    sw: ServingWorkload, task: InferenceTask, stack: Stack, table: HardwareTable, plans: ServingArrays
+) -> InferenceTerms:
+    """Evaluate the serving model for every plan in ``plans`` (vectorised)."""
+    dev = device(sw, task, table, plans)
+    m = sw.model
+    tp, pp = dev.tp, dev.pp
+    batch = plans.batch.astype(np.float64)
+    layers = float(m.layers)
+    h = float(m.hidden)
+    chain = pp.copy()  # the p2p chain of pipeline neighbours, tp ranks apart
+
+    def p2p(tokens: Arr) -> Arr:
+        return np.where(pp > 1, p2p_s(tokens * h * ACT_BYTES, tp, dev.tiers, chain), 0.0)
+
+    # ---- decode round: B sequences split into n_micro = min(B, pp) micro-batches of ceil(B/pp) --------------------
+    micro = np.ceil(batch / pp)
+    n_micro = np.minimum(batch, pp)
+    context = np.full_like(batch, sw.mean_context)
+    # a decode kernel without GQA reuse streams each KV head once per query head it serves
+    group = 1.0 if stack.gqa_decode_kernel else m.heads / tp / kv_heads_per_gpu(m, tp)
+    lay = layer_pass_s(sw, dev, micro, context, micro * context, group)
+    head = head_pass_s(sw, dev, micro)
+    hop = p2p(micro)
+    t_layer = np.sum(list(lay.values()), axis=0)
+    bottleneck = layers / pp * t_layer + head + hop  # the last stage (it also runs the head)
+    whole = (
+        layers * t_layer + head + pp * hop
+    )  # one micro-batch around the pipeline (next token needs the last)
+    stage_bound = n_micro * bottleneck >= whole
+    scale_stage = np.where(stage_bound, n_micro * layers / pp, layers)
+    scale_head = np.where(stage_bound, n_micro, 1.0)
+    scale_hop = np.where(stage_bound, n_micro, pp)
+    step = {k: scale_stage * v for k, v in lay.items()}
+    step["head"] = scale_head * head
+    step["pp_comm"] = scale_hop * hop
+    decode_s = np.maximum(n_micro * bottleneck, whole)
+
+    # ---- prefill per request shape: latency of one prompt, replica occupancy per prompt when batched ----------
+    latencies, occupancy, transfers = [], [], []
+    for r in sw.requests:
+        p = np.full_like(batch, float(r.prompt_len))
+        one = layer_pass_s(sw, dev, p, p / 2.0, p)  # causal: a query attends p/2 keys on average
+        ones = np.ones_like(batch)
+        latencies.append(
+            layers * np.sum(list(one.values()), axis=0) + head_pass_s(sw, dev, ones) + (pp - 1) * p2p(p)
+        )
+        k = max(1.0, np.floor(PREFILL_PASS_TOKENS / r.prompt_len))
+        lay_k = layer_pass_s(sw, dev, k * p, p / 2.0, k * p)
+        stage_k = (
+            layers / pp * np.sum(list(lay_k.values()), axis=0) + head_pass_s(sw, dev, k * ones) + p2p(k * p)
+        )
+        occupancy.append(stage_k / k)  # pipelined: a stage takes a new pass every stage time
+        shard = r.prompt_len * layers / pp * 2.0 * kv_heads_per_gpu(m, tp) * m.head_dim * dev.kv_bytes
+        transfers.append(
+            p2p_s(shard, tp * pp, dev.tiers)
+        )  # each GPU sends its KV shard to the decode replica
+    share = sw.share
+    prefill_per_request = np.sum([w * t for w, t in zip(share, occupancy, strict=True)], axis=0)
+    kv_transfer = np.sum([w * t for w, t in zip(share, transfers, strict=True)], axis=0)
+    prefill_latency = np.max(latencies, axis=0)
+    mean_out = sw.mean_output
+    arrivals = batch / mean_out  # requests joining (and leaving) per decode round
+
+    disagg = plans.prefill_dp > 0
+    step["prefill"] = np.where(disagg, 0.0, arrivals * prefill_per_request)
+    step["kv_transfer"] = np.where(disagg, kv_transfer / mean_out, 0.0)
+    tpot = np.sum([step[k] for k in STEP_TERMS], axis=0)
+    others = np.maximum(arrivals - 1.0, 0.0) * prefill_per_request
+    ttft = prefill_latency + np.where(disagg | (batch <= 1), 0.0, decode_s + others)
+    decode_replicas = (plans.dp - plans.prefill_dp).astype(np.float64)
+    decode_rate = decode_replicas * batch / np.where(disagg, decode_s, tpot)
+    prefill_rate = plans.prefill_dp * mean_out / prefill_per_request  # output tokens/s the prefill pool feeds
+    tokens_per_s = np.where(disagg, np.minimum(decode_rate, prefill_rate), decode_rate)
+
+    # ---- memory --------------------------------------------------------------------------------------------
+    capacity = table.hbm_bytes[plans.hw] * (1.0 - stack.memory_reserve_fraction)
+    fixed, per_seq, max_batch = memory_bytes(sw, dev, capacity)
+    kv = batch * fixed["kv_per_seq"]
+    total = fixed["weights"] + fixed["activations"] + batch * per_seq
+    memory = {
+        "weights": fixed["weights"],
+        "kv_cache": kv,
+        "activations": fixed["activations"],
+        "logits": total - fixed["weights"] - fixed["activations"] - kv,
+        "total": total,
+        "capacity": capacity,
+    }
+
+    invalid = _invalid(sw, task, table, plans, dev, batch, max_batch)
+    return InferenceTerms(
+        ttft_s=ttft,
+        tpot_s=tpot,
+        output_tokens_per_s=tokens_per_s,
+        decode_step_s=decode_s,
+        prefill_s=prefill_latency,
+        step=step,
+        max_batch=max_batch,
+        memory=memory,
+        invalid=invalid,
+        gpus=plans.gpus,
+    )
+
+
+def _invalid(
+    sw: ServingWorkload,
+    task: InferenceTask,
+    table: HardwareTable,
+    plans: ServingArrays,
+    dev: Device,
+    batch: Arr,
+    max_batch: Arr,
+) -> IntArr:
+    m = sw.model
+    tp, pp = plans.tp, plans.pp
+    g = m.n_kv_heads
+    node = table.tier_size[0][plans.hw]
+    node = np.where(np.isinf(node), 1 << 30, node).astype(np.int64)
+    pre = plans.prefill_dp
+    checks: list[tuple[int, Any]] = [
+        (1, plans.gpus != table.gpus[plans.hw].astype(np.int64)),
+        (2, (m.heads % tp != 0) | ((g % tp != 0) & (tp % g != 0))),
+        (3, m.layers % pp != 0),
+        (4, (node % tp != 0) & (tp % node != 0)),
+        (5, np.isnan(dev.peak_flops) | np.isnan(dev.peak16_flops)),
+        (6, (pre < 0) | ((pre > 0) & (not task.disaggregated or (pre >= plans.dp)))),
+        (MEMORY_REASON, batch > max_batch),
+    ]
+    code = np.zeros(len(plans), dtype=np.int64)
+    for c, bad in reversed(checks):  # the first violated check wins
+        code = np.where(bad, c, code)
+    return code

@@ -1,0 +1,349 @@
+"""Validated problem specification (pydantic v2): model, hardware, task, space, stack, objective.
+
+Everything here is SI units (bytes, seconds, FLOP/s, bytes/s). Catalog names are resolved by
+``madmax_opt.io.problem`` which turns a YAML file into a :class:`Problem`; this module only holds the shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32", "int8", "int4"]
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
+
+
+class Strict(BaseModel):
+    """Base: unknown keys are errors, never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------------------- hardware
+
+
+class Calibration(Strict):
+    """Per-GPU-type efficiency factors (never per test case). ``source`` says where they come from."""
+
+    gemm_eff: Fraction = Field(description="fraction of peak FLOP/s reached by large bf16 GEMMs")
+    gemm_half_dim: float = Field(
+        ge=0.0, description="per-GPU GEMM dimension at which efficiency halves: eff = gemm_eff * d / (d + half)"
+    )
+    attn_eff: Fraction = Field(description="fraction of peak reached by fused/flash attention kernels")
+    hbm_eff: Fraction = Field(description="fraction of HBM bandwidth reached by memory-bound kernels")
+    layer_overhead_s: float = Field(
+        0.0, ge=0.0, description="fixed kernel-launch/framework time per transformer layer per micro-batch pass"
+    )
+    grouped_gemm_ratio: Fraction = Field(
+        0.61,
+        description="MoE grouped-GEMM efficiency relative to dense GEMMs; default from B200 measurements "
+        "(grouped 0.30 / dense 0.49 of peak, shared/reference/hardware.md)",
+    )
+    source: str
+
+
+class GPU(Strict):
+    name: str
+    description: str = ""
+    peak_flops: dict[Precision, PositiveFloat] = Field(description="dense peak FLOP/s per precision")
+    hbm_bytes: PositiveFloat
+    hbm_bw: PositiveFloat = Field(description="HBM bandwidth, bytes/s")
+    tdp_w: PositiveFloat
+    calibration: Calibration
+    source: str
+
+
+class Tier(Strict):
+    """One level of the network: GPUs in one domain of this tier, per-GPU one-way bandwidth, latency."""
+
+    name: str
+    size: PositiveInt | None = Field(None, description="GPUs in one domain; None for the outermost tier")
+    bw: PositiveFloat = Field(description="one-direction bandwidth per GPU, bytes/s")
+    latency_s: float = Field(ge=0.0)
+    efficiency: Fraction = Field(description="achieved fraction of bw for large collectives (NCCL bus bw)")
+
+
+class System(Strict):
+    name: str
+    description: str = ""
+    gpu: str
+    gpus_per_node: PositiveInt
+    tiers: list[Tier] = Field(min_length=1, max_length=3)
+    price_per_gpu_hour: float = Field(ge=0.0, description="US$ per GPU-hour")
+    power_w_per_gpu: PositiveFloat = Field(description="wall power per GPU incl. host share, W")
+    source: str
+
+    @model_validator(mode="after")
+    def _tiers_nest(self) -> System:
+        sizes = [t.size for t in self.tiers]
+        if sizes[-1] is not None:
+            raise ValueError("the last tier must have size null (it spans the whole cluster)")
+        inner = [s for s in sizes[:-1]]
+        if any(s is None for s in inner):
+            raise ValueError("only the last tier may have size null")
+        prev = 1
+        for s in inner:
+            assert s is not None
+            if s % prev or s <= prev:
+                raise ValueError(f"tier sizes must nest (each a multiple of the previous), got {sizes}")
+            prev = s
+        return self
+
+
+# ----------------------------------------------------------------------------------------------- models
+
+
+class MoE(Strict):
+    """Mixture-of-experts MLP: every layer's MLP is ``num_experts`` experts of which each token uses ``top_k``."""
+
+    num_experts: PositiveInt
+    top_k: PositiveInt
+    expert_ffn: PositiveInt = Field(description="FFN width of one expert")
+    shared_experts: int = Field(0, ge=0, description="always-active experts (DeepSeek style), each expert_ffn wide")
+    capacity_factor: float = Field(
+        1.0, ge=1.0, description="tokens an expert processes relative to a perfect split (padding / dropless max)"
+    )
+    load_imbalance: float = Field(
+        1.0, ge=1.0, description="busiest rank's routed tokens relative to the mean (sets the critical path)"
+    )
+
+    @model_validator(mode="after")
+    def _k(self) -> MoE:
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        return self
+
+
+class TransformerModel(Strict):
+    """A transformer: decoder LLM (``family: llm``, dense or MoE) or encoder ViT (``family: vit``)."""
+
+    family: Literal["llm", "vit"] = "llm"
+    name: str = "custom"
+    layers: PositiveInt
+    hidden: PositiveInt
+    heads: PositiveInt
+    kv_heads: PositiveInt | None = Field(None, description="GQA key/value heads; default = heads (MHA)")
+    ffn: PositiveInt
+    ffn_kind: Literal["gelu", "swiglu"] = "gelu"
+    vocab: int = Field(0, ge=0, description="vocabulary size; 0 for ViT")
+    tied_embeddings: bool = False
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    bias: bool = Field(False, description="linear layers carry bias vectors")
+    image_size: PositiveInt | None = None
+    patch_size: PositiveInt | None = None
+    channels: PositiveInt = 3
+    moe: MoE | None = Field(None, description="mixture-of-experts MLP (replaces the dense MLP of every layer)")
+    source: str = "inline"
+
+    @model_validator(mode="after")
+    def _shapes(self) -> TransformerModel:
+        if self.hidden % self.heads:
+            divisors = [d for d in range(1, min(self.hidden, 1024) + 1) if self.hidden % d == 0]
+            raise ValueError(
+                f"hidden ({self.hidden}) is not divisible by heads ({self.heads}); "
+                f"allowed heads: {', '.join(map(str, divisors))}"
+            )
+        if self.heads % self.n_kv_heads:
+            divisors = [d for d in range(1, self.heads + 1) if self.heads % d == 0]
+            raise ValueError(
+                f"heads ({self.heads}) is not divisible by kv_heads ({self.n_kv_heads}); "
+                f"allowed kv_heads: {', '.join(map(str, divisors))}"
+            )
+        if self.family == "llm" and self.vocab <= 0:
+            raise ValueError("an llm needs vocab > 0")
+        if self.family == "vit" and (self.image_size is None or self.patch_size is None):
+            raise ValueError("a vit needs image_size and patch_size")
+        return self
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def vit_seq_len(self) -> int:
+        """Patches per image plus the class token."""
+        assert self.image_size is not None and self.patch_size is not None
+        return (self.image_size // self.patch_size) ** 2 + 1
+
+
+# ------------------------------------------------------------------------------------------ task, etc.
+
+
+class Task(Strict):
+    kind: Literal["pretrain", "finetune"] = "pretrain"
+    seq_len: PositiveInt | None = Field(None, description="tokens per sequence (ViT: derived from the image)")
+    global_batch: PositiveInt = Field(description="sequences (images) per optimizer step")
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    frozen_layers: int = Field(0, ge=0, description="finetune: leading transformer layers without gradients")
+    lora_rank: int = Field(0, ge=0, description="finetune: LoRA rank (0 = full fine-tuning)")
+    train_tokens: PositiveFloat | None = Field(None, description="token budget for objective time_to_train")
+
+    @model_validator(mode="after")
+    def _finetune_only(self) -> Task:
+        if self.kind == "pretrain" and (self.frozen_layers or self.lora_rank):
+            raise ValueError("frozen_layers and lora_rank need kind: finetune")
+        return self
+
+
+InferencePrecision = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+KVPrecision = Literal["bf16", "fp16", "fp8", "int8"]
+
+
+class RequestShape(Strict):
+    """One kind of serving request: prompt and generated tokens, with its relative share of requests."""
+
+    prompt_len: PositiveInt
+    output_len: PositiveInt
+    weight: PositiveFloat = Field(1.0, description="relative share of requests of this shape")
+
+
+class InferenceTask(Strict):
+    """LLM serving with continuous batching: request shapes, precision and latency/throughput targets."""
+
+    kind: Literal["inference"]
+    prompt_len: PositiveInt | None = Field(None, description="prompt tokens per request")
+    output_len: PositiveInt | None = Field(None, description="generated tokens per request")
+    mix: list[RequestShape] | None = Field(None, min_length=1, description="weighted request shapes (instead "
+                                           "of prompt_len/output_len)")
+    precision: InferencePrecision | list[InferencePrecision] = Field(
+        "bf16", description="weight precision(s) to search; int4 is weight-only (W4A16), fp8/int8 are W8A8"
+    )
+    kv_precision: KVPrecision | None = Field(None, description="KV-cache precision; default: the weights' (int4: bf16)")
+    ttft_s: PositiveFloat | None = Field(None, description="target time to first token, s")
+    tpot_s: PositiveFloat | None = Field(None, description="target time per output token, s")
+    min_throughput: PositiveFloat | None = Field(None, description="output tokens/s of the whole deployment")
+    disaggregated: bool = Field(False, description="separate prefill and decode replicas, KV sent over the network")
+
+    @model_validator(mode="after")
+    def _shapes(self) -> InferenceTask:
+        single = self.prompt_len is not None or self.output_len is not None
+        if single == (self.mix is not None):
+            raise ValueError("give either prompt_len and output_len, or mix; allowed: one of the two")
+        if single and (self.prompt_len is None or self.output_len is None):
+            raise ValueError("give both prompt_len and output_len (or a mix)")
+        if isinstance(self.precision, list) and not self.precision:
+            raise ValueError("precision is an empty list; allowed: one or more of bf16, fp16, fp8, int8, int4")
+        return self
+
+    def requests(self) -> list[RequestShape]:
+        if self.mix is not None:
+            return list(self.mix)
+        assert self.prompt_len is not None and self.output_len is not None
+        return [RequestShape(prompt_len=self.prompt_len, output_len=self.output_len)]
+
+    def precisions(self) -> list[str]:
+        return list(dict.fromkeys(self.precision if isinstance(self.precision, list) else [self.precision]))
+
+
+class Stack(Strict):
+    """Software-stack behaviour. Defaults: Megatron-Core + Transformer Engine + NCCL (2024-26)."""
+
+    flash_attention: bool = Field(True, description="fused/flash attention: no s^2 activations, causal skip")
+    ep_comm_overlap: bool = Field(
+        False, description="overlap MoE token all-to-all with expert GEMMs (off in Megatron-Core by default)"
+    )
+    tp_comm_overlap: bool = Field(False, description="overlap TP/SP collectives with GEMMs (Megatron --tp-comm-overlap)")
+    dp_overlap: bool = Field(True, description="overlap DP gradient reduction with backward (bucketed DDP)")
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Megatron main-grad precision")
+    dropout: bool = Field(False, description="dropout layers store masks (GPT-3-era); off for LLaMA-style models")
+    pp_scatter_gather: bool = Field(
+        False,
+        description="pipeline sends split over the TP ranks, all-gathered on arrival (Megatron-LM 2021-23 "
+        "scatter/gather, DeepSpeed pipe partitioned activations); Megatron-Core sends whole tensors unless SP",
+    )
+    memory_reserve_fraction: float = Field(
+        0.05, ge=0.0, lt=1.0, description="HBM held back for CUDA context, NCCL buffers and fragmentation"
+    )
+    gqa_decode_kernel: bool = Field(
+        True,
+        description="inference: decode attention reads each KV head once per GQA group (FlashInfer, TensorRT-LLM "
+        "XQA); false: once per query head (vLLM PagedAttention v1/v2, FasterTransformer MMHA, 2023 stacks)",
+    )
+
+
+Knob = int | list[int] | None
+
+
+class Space(Strict):
+    """Restrictions of the plan space; a scalar fixes a knob, a list restricts it, absence leaves it free."""
+
+    uneven_stages: bool = Field(
+        False, description="also search uneven pipelines: layers and recompute chosen per stage (CP-SAT)"
+    )
+    mixed_stages: bool = Field(
+        False,
+        description="with uneven_stages: each pipeline stage may run on another listed system (GPU type), "
+        "within each type's supply",
+    )
+    dp: Knob = None
+    tp: Knob = None
+    pp: Knob = None
+    cp: Knob = None
+    vpp: Knob = None
+    mbs: Knob = None
+    zero: Knob = None
+    recompute: Recompute | list[Recompute] | None = None
+    sp: bool | list[bool] | None = None
+    ep: Knob = None
+
+
+class Constraints(Strict):
+    max_gpus: PositiveInt | None = None
+    max_cost_per_hour: PositiveFloat | None = Field(None, description="US$ per hour for the whole job")
+    min_throughput: PositiveFloat | None = Field(None, description="tokens/s")
+
+
+Objective = Literal["throughput", "cost", "time_to_train"]
+
+
+class Plan(Strict):
+    """A parallelization plan (the public names). ``system`` picks the hardware option by name."""
+
+    dp: PositiveInt = 1
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    cp: PositiveInt = 1
+    vpp: PositiveInt = 1
+    mbs: PositiveInt = 1
+    zero: int = Field(0, ge=0, le=3)
+    recompute: Recompute = "none"
+    sp: bool = False
+    ep: PositiveInt = Field(1, description="expert parallelism (MoE): experts sharded over ep ranks of dp x cp")
+    system: str | None = None
+    batch: PositiveInt | None = Field(None, description="inference: concurrent sequences per replica (dp replicas)")
+    stage_layers: list[PositiveInt] | None = Field(
+        None, description="uneven pipeline: transformer layers per stage (sums to the model's layers)"
+    )
+    stage_recompute: list[Recompute] | None = Field(None, description="uneven pipeline: recompute mode per stage")
+    stage_systems: list[str] | None = Field(
+        None, description="mixed pipeline: the system (GPU type) of every stage; needs stage_layers"
+    )
+
+    @model_validator(mode="after")
+    def _stages(self) -> Plan:
+        for name in ("stage_layers", "stage_recompute", "stage_systems"):
+            v = getattr(self, name)
+            if v is not None and len(v) != self.pp:
+                raise ValueError(f"{name} needs one entry per pipeline stage (pp={self.pp}), got {len(v)}")
+        if (self.stage_layers is None) != (self.stage_recompute is None):
+            raise ValueError("give stage_layers and stage_recompute together")
+        if self.stage_systems is not None and self.stage_layers is None:
+            raise ValueError("stage_systems needs stage_layers and stage_recompute")
+        if self.stage_layers is not None and self.vpp != 1:
+            raise ValueError("uneven stages are modelled for the 1F1B schedule (vpp=1)")
+        return self
+
+    @property
+    def uneven(self) -> bool:
+        return self.stage_layers is not None
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp

@@ -1,0 +1,551 @@
+"""Training step model: named additive time terms, memory per GPU and validity for arrays of plans.
+
+This is the single source of truth for every training cost term. The exact evaluator reports these floats; the
+CP-SAT encoder rounds the same arrays to integers. Formulas follow Megatron-Core behaviour (see ``Stack``):
+
+    step = m * t_stage(bottleneck) + (p-1)/v * t_stage(mean) + DP_exposed + optimizer
+    t_stage = compute + recompute + TP_exposed + CP_exposed + PP_p2p + ZeRO3_exposed + launch overhead
+
+per micro-batch, with m = global_batch / (dp * mbs) micro-batches and p = pp stages. Three layers of functions:
+``layer_costs`` (one transformer layer, one micro-batch, plus the embedding/head extras), ``stage_costs`` (a stage of
+n layers: time per micro-batch, memory, gradient sync) and ``training_terms`` (the uniform pipeline). The
+non-uniform pipeline search (``stages.py``) assembles the same ``stage_costs``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from madmax_opt.core.numeric import ordered_sum
+from madmax_opt.model.collectives import Tiers, all_gather_s, all_reduce_s, p2p_s, reduce_scatter_s
+from madmax_opt.model.compute import gemm_time_s, memory_bound_time_s
+from madmax_opt.model.hardware import HardwareTable
+from madmax_opt.model.memory import MemoryTerms, layer_activation_bytes, model_state_bytes
+from madmax_opt.model.moe import expert_costs
+from madmax_opt.model.pipeline import bubble_time_s, in_flight_layer_factor
+from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.spec import Stack, Task
+from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
+
+Arr = NDArray[np.float64]
+
+# Adam step reads grad + master + m + v (16 B), writes master + m + v (12 B) and the bf16 copy (2 B), and the
+# grad zeroing/unscale pass touches the fp32 grad again (4 B): 34 B per local trainable parameter, memory-bound.
+OPTIMIZER_BYTES_PER_PARAM = 34.0
+COMM_INTERFERENCE = 0.15  # compute slowdown while NVLink collectives overlap it (shared/reference/hardware.md)
+FLASH_BWD_FACTOR = 2.5  # flash-attention backward = 2x forward + recomputed QK^T/softmax (Dao 2022, Sec. 3.1)
+STAGE_TERMS: tuple[str, ...] = (
+    "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "overhead"
+)
+LAYER_TERMS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "overhead")
+STEP_TERMS: tuple[str, ...] = (*STAGE_TERMS, "bubble", "dp_comm", "optimizer")
+MEMORY_FIELDS: tuple[str, ...] = ("weights", "gradients", "optimizer", "activations", "temporary")
+
+INVALID_REASONS: dict[int, str] = {
+    1: "dp*tp*pp*cp must equal the number of GPUs",
+    2: "tp must divide heads and kv_heads",
+    3: "pp*vpp must divide the number of layers",
+    4: "dp*mbs must divide global_batch",
+    5: "vpp > 1 needs pp > 1 and a micro-batch count divisible by pp",
+    6: "cp > 1 needs seq_len divisible by 2*cp (load-balanced causal split)",
+    7: "sp needs tp > 1",
+    8: "zero > 0 needs dp*cp > 1",
+    9: "tp must divide the scale-up domain or be a multiple of it",
+    10: "memory per GPU exceeds capacity",
+    11: "stage_layers must sum to the model's layers",
+    12: "ep must divide num_experts and dp*cp (ep = 1 for dense models)",
+}
+MEMORY_REASON = 10
+
+
+def _f(a: NDArray[np.int64]) -> Arr:
+    return a.astype(np.float64)
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Per-plan costs of one transformer layer for one micro-batch on one GPU, plus the stage extras."""
+
+    plans: PlanArrays
+    tiers: Tiers
+    n_micro: Arr
+    time: dict[str, Arr]  # compute, recompute, tp_comm, cp_comm, overhead (exposed), per layer per micro-batch
+    hidden: dict[str, Arr]  # tp_comm, cp_comm overlapped, per layer per micro-batch
+    bwd_s: Arr  # backward compute of one layer without its weight-gradient GEMMs
+    wgrad_s: Arr  # weight-gradient GEMMs of one trainable layer
+    params: Arr  # parameters of one layer on one GPU = (params_per_layer + LoRA adapters) / tp
+    trainable: Arr  # parameters with gradients of one trainable layer on one GPU
+    lora_trainable: Arr  # LoRA adapter parameters of one layer on one GPU (trained in every layer)
+    trainable_fraction: float  # share of layers with trainable base weights
+    act_stored_bytes: Arr  # activations one layer keeps per micro-batch in flight
+    act_working_bytes: Arr  # transient working set (full recompute rebuilds one layer)
+    emb_time_s: Arr
+    emb_params: Arr
+    head_time_s: Arr
+    head_params: Arr  # LM head on the last stage (a copy of the tied embedding when pp > 1)
+    logits_bytes: Arr
+    pp_comm_s: Arr
+    emb_trainable: float  # 1 if embedding/head weights are trained
+    grad_bytes: float
+    dp_group: Arr
+    zero3_layer_buffers: Arr
+    expert_params: Arr | float = 0.0  # routed-expert parameters of one layer on one GPU (MoE)
+    expert_group: Arr | float = 1.0  # expert-data-parallel group (dp*cp/ep) and its stride
+    expert_stride: Arr | float = 1.0
+
+
+def layer_costs(
+    wl: TransformerWorkload, task: Task, stack: Stack, table: HardwareTable, plans: PlanArrays
+) -> LayerCosts:
+    """Costs of one layer (and the embedding/head extras) for every plan in ``plans`` (vectorised)."""
+    dp, tp, pp, cp, vpp, mbs = (_f(x) for x in (plans.dp, plans.tp, plans.pp, plans.cp, plans.vpp, plans.mbs))
+    rc, sp, hw = plans.recompute, plans.sp, plans.hw
+    tiers = table.tiers(hw)
+    peak = table.peak_flops(task.precision)[hw]
+    eff, half = table.gemm_eff[hw], table.gemm_half_dim[hw]
+    hbm_bw = table.hbm_bw[hw]
+    m = wl.model
+    s = float(wl.seq_len)
+    h = float(m.hidden)
+    tokens = mbs * s / cp  # tokens of one micro-batch on one GPU
+    sp_div = np.where(sp > 0, tp, 1.0)
+    full_rc = np.where(rc == 2, 1.0, 0.0)
+
+    # ---- compute (forward) -------------------------------------------------------------------------
+    gemm_fwd = np.zeros_like(dp)
+    column_parallel: list[Arr] = []  # forward times of the GEMMs whose input TP gathers (QKV, MLP up)
+    for g in wl.gemms:
+        sharded = (g.n if g.tp_dim == "n" else g.k) / tp
+        other = float(g.k if g.tp_dim == "n" else g.n)
+        dim = np.minimum(np.minimum(tokens, sharded), other)
+        t_gemm = gemm_time_s(tokens * g.flops_per_token / tp, dim, peak, eff, half)
+        gemm_fwd = gemm_fwd + t_gemm
+        if g.tp_dim == "n":
+            column_parallel.append(t_gemm)
+    ep = _f(plans.ep)
+    ex = expert_costs(wl, tokens, tp, cp, dp, ep, sp_div, tiers, peak, eff, half, table.grouped_gemm_ratio[hw])
+    gemm_fwd = gemm_fwd + ex.fwd_gemm_s
+    attn_flops = tokens * wl.attn_flops_per_token / tp
+    if stack.flash_attention:
+        attn_fwd = attn_flops * (0.5 if wl.causal else 1.0) / (peak * table.attn_eff[hw])
+        attn_bwd_factor = FLASH_BWD_FACTOR
+    else:  # unfused: batched GEMMs of inner dim head_dim over the full s x s matrix + softmax traffic
+        attn_fwd = gemm_time_s(attn_flops, np.full_like(dp, float(m.head_dim)), peak, eff, half)
+        attn_bwd_factor = 2.0
+    score_elem = memory_bound_time_s(tokens * s * wl.score_elementwise_bytes_per_key / tp, hbm_bw)
+    elem = memory_bound_time_s(
+        tokens * (wl.elementwise_replicated_bytes / sp_div + wl.elementwise_tp_bytes / tp), hbm_bw
+    )
+    layer_fwd = gemm_fwd + attn_fwd + score_elem + elem
+    # backward: activation-gradient GEMMs always; weight-gradient GEMMs (= forward FLOPs) in trainable layers only,
+    # added per stage by the number of trainable layers it holds
+    train_frac = wl.trainable_fraction
+    layer_bwd = gemm_fwd + attn_fwd * attn_bwd_factor + 2.0 * (score_elem + elem)
+    selective = attn_fwd * (not stack.flash_attention) + score_elem
+    layer_recompute = np.select([rc == 1, rc == 2], [selective, layer_fwd], 0.0)
+
+    # ---- TP (+SP) and CP communication ---------------------------------------------------------------
+    # Per layer: forward 2 all-reduces (SP: 2 all-gathers + 2 reduce-scatters), again in a full recompute. Backward
+    # (Megatron LinearWithGradAccumulationAndAsyncCommunication; TE alike) at each column-parallel GEMM: without SP
+    # the input-grad all-reduce runs under the weight-grad GEMM; with SP the saved sharded input is all-gathered
+    # again under the input-grad GEMM and the input grad reduce-scattered under the weight-grad GEMM, while the
+    # all-gather of the output grad (conjugate of the forward reduce-scatter) stays exposed.
+    act_bytes = tokens * h * ACT_BYTES
+    ones = np.ones_like(tp)
+    ar = np.where(tp > 1, all_reduce_s(act_bytes, tp, ones, tiers), 0.0)
+    ag = np.where(tp > 1, all_gather_s(act_bytes, tp, ones, tiers), 0.0)  # = one reduce-scatter
+    with_sp = sp > 0
+    fwd_comm = 2.0 * ar * (1.0 + full_rc)
+    bwd_exposed = np.where(with_sp, 2.0 * ag, 0.0)
+    bwd_hidden = np.zeros_like(dp)
+    for t_col in column_parallel:
+        wgrad = t_col * train_frac  # weight-grad GEMM window, averaged over trainable and frozen layers
+        for comm, window in ((np.where(with_sp, ag, ar), wgrad), (np.where(with_sp, ag, 0.0), t_col)):
+            bwd_exposed = bwd_exposed + np.maximum(0.0, comm - window)
+            bwd_hidden = bwd_hidden + np.minimum(comm, window)
+    tp_comm = fwd_comm + bwd_exposed + bwd_hidden
+    # --tp-comm-overlap (userbuffers): everything hides behind the GEMMs it joins (fwd, 2x bwd, recompute fwd)
+    tp_hidden = np.minimum(tp_comm, gemm_fwd * (3.0 + full_rc)) if stack.tp_comm_overlap else bwd_hidden
+    # overlapped collectives take SMs from the GEMMs under them (~15 % on NVLink; shared/reference/hardware.md)
+    tp_exposed = tp_comm - tp_hidden + COMM_INTERFERENCE * tp_hidden
+    # MoE token dispatch + combine: 2 all-to-alls forward, 2 backward, 2 more in a full recompute
+    ep_comm = (4.0 + 2.0 * full_rc) * ex.a2a_each_s
+    if stack.ep_comm_overlap:  # hidden behind the expert GEMMs (fwd, 2x bwd, recompute)
+        ep_exposed = np.maximum(0.0, ep_comm - ex.fwd_gemm_s * (3.0 + full_rc))
+    else:
+        ep_exposed = ep_comm
+    kv_bytes = mbs * s * 2 * m.n_kv_heads * m.head_dim * ACT_BYTES / tp  # whole-sequence K and V of a layer
+    cp_fwd = np.where(cp > 1, all_gather_s(kv_bytes, cp, tp, tiers), 0.0)  # ring attention passes KV blocks
+    cp_comm = cp_fwd * (3.0 + full_rc)  # fwd KV, bwd KV + dKV, recompute KV
+    cp_window = attn_fwd * (1.0 + attn_bwd_factor + full_rc)
+    cp_exposed = np.maximum(0.0, cp_comm - cp_window)
+
+    # ---- extras: embedding (first stage), LM head + loss (last stage), pipeline p2p ----------------
+    if wl.vocab:
+        head_dim = np.minimum(tokens, wl.vocab / tp)
+        head_gemm = gemm_time_s(tokens * wl.head_flops_per_token / tp, head_dim, peak, eff, half)
+    else:
+        head_gemm = np.zeros_like(dp)
+    head_time = head_gemm * 3.0 + memory_bound_time_s(tokens * wl.vocab / tp * 4.0 * 3.0, hbm_bw)
+    emb_time = memory_bound_time_s(tokens * h * ACT_BYTES * 3.0, hbm_bw)
+    # p2p per virtual chunk: fwd activation + bwd gradient. Split over the TP ranks when SP shards it already or
+    # with scatter/gather (Narayanan et al. 2021, Sec. 4.1: send b*s*h/t per rank, all-gather over NVLink on arrival)
+    split = (sp > 0) | ((tp > 1) & stack.pp_scatter_gather)
+    act_full = tokens * h * ACT_BYTES
+    regather = np.where(split & (sp == 0), all_gather_s(act_full, tp, np.ones_like(tp), tiers), 0.0)
+    p2p_each = p2p_s(act_full / np.where(split, tp, 1.0), tp * cp * dp, tiers, pp) + regather
+    pp_comm = np.where(pp > 1, 2.0 * vpp * p2p_each, 0.0)
+
+    # ---- parameters and activations ------------------------------------------------------------------
+    head_params = wl.head_params or (wl.embedding_params if m.tied_embeddings else 0)
+    score_per_token = np.full_like(dp, s * wl.act_score_bytes_per_key)
+    stored, working = layer_activation_bytes(
+        tokens, tp, sp, rc, wl.act_replicated_bytes, wl.act_tp_sharded_bytes, score_per_token, ACT_BYTES * h
+    )
+    return LayerCosts(
+        plans=plans,
+        tiers=tiers,
+        n_micro=task.global_batch / (dp * mbs),
+        time={
+            "compute": layer_fwd + layer_bwd,  # + wgrad_s per trainable layer (stage_costs)
+            "recompute": layer_recompute,
+            "tp_comm": tp_exposed,
+            "cp_comm": cp_exposed,
+            "ep_comm": ep_exposed,
+            "overhead": table.layer_overhead_s[hw] * (2.0 + full_rc),
+        },
+        hidden={"tp_comm": tp_hidden, "cp_comm": cp_comm - cp_exposed, "ep_comm": ep_comm - ep_exposed},
+        bwd_s=layer_bwd,
+        wgrad_s=gemm_fwd,
+        params=(wl.params_per_layer + wl.lora_params_per_layer) / tp,
+        trainable=wl.params_per_layer / tp + ones * 0.0,
+        lora_trainable=wl.lora_params_per_layer / tp + ones * 0.0,
+        trainable_fraction=train_frac,
+        act_stored_bytes=stored,
+        act_working_bytes=working,
+        emb_time_s=emb_time,
+        emb_params=wl.embedding_params / tp,
+        head_time_s=head_time,
+        head_params=np.where(pp > 1, head_params, wl.head_params) / tp,
+        logits_bytes=tokens * wl.vocab / tp * 4.0,
+        pp_comm_s=pp_comm,
+        emb_trainable=1.0 if (train_frac > 0 and wl.lora_params_per_layer == 0) else 0.0,
+        grad_bytes=4.0 if stack.grad_reduce_dtype == "fp32" else 2.0,
+        dp_group=dp * cp,  # gradients are reduced (and ZeRO shards) over dp x cp
+        zero3_layer_buffers=np.where(plans.zero >= 3, 2.0 * 2.0 * (wl.params_per_layer / tp + ex.params), 0.0),
+        expert_params=ex.params,
+        expert_group=ex.group,
+        expert_stride=ex.stride,
+    )
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """One pipeline stage: time per micro-batch by term, memory per GPU, step-level DP sync and optimizer."""
+
+    time: dict[str, Arr]  # STAGE_TERMS, per micro-batch
+    hidden: dict[str, Arr]  # overlapped communication per micro-batch (zero3) or per step (dp)
+    memory: MemoryTerms
+    dp_exposed_s: Arr  # per step
+    optimizer_s: Arr  # per step
+
+    @property
+    def per_micro_batch_s(self) -> Arr:
+        return ordered_sum(self.time[k] for k in STAGE_TERMS)
+
+
+def stage_costs(
+    lc: LayerCosts,
+    stack: Stack,
+    hbm_bw: Arr,
+    n_layers: Arr,
+    first: Arr,
+    last: Arr,
+    act_multiplier: Arr,
+    train_layers: Arr | None = None,
+) -> StageCosts:
+    """A stage of ``n_layers`` layers (+ embedding if ``first``, + head if ``last``) holding ``act_multiplier``
+    micro-batches of activations (1F1B: min(p - stage, m), times the interleaving factor), of which
+    ``train_layers`` have trainable base weights (the rest are frozen: no weight gradients, no optimizer state)."""
+    if train_layers is None:  # no position information: the model's average share of trainable layers
+        train_layers = n_layers * lc.trainable_fraction
+    zero = lc.plans.zero
+    extra_params = first * lc.emb_params + last * lc.head_params
+    params = n_layers * lc.params + extra_params
+    trainable = train_layers * lc.trainable + n_layers * lc.lora_trainable + lc.emb_trainable * extra_params
+    tiers, group = lc.tiers, lc.dp_group
+
+    time = {k: n_layers * lc.time[k] for k in LAYER_TERMS}
+    time["compute"] = time["compute"] + train_layers * lc.wgrad_s + first * lc.emb_time_s + last * lc.head_time_s
+    # compute already hiding TP/CP/EP traffic cannot hide ZeRO or DP traffic as well (one window, not two)
+    layer_hidden = lc.hidden["tp_comm"] + lc.hidden["cp_comm"] + lc.hidden["ep_comm"]
+    time["pp_comm"] = lc.pp_comm_s
+    # ZeRO-3 / FSDP: gather weights for fwd, bwd (and recompute), reduce-scatter grads, every micro-batch
+    gathers = 2.0 + np.where(lc.plans.recompute == 2, 1.0, 0.0)
+    zero3 = np.where(
+        (zero >= 3) & (group > 1),
+        gathers * all_gather_s(params * 2.0, group, lc.plans.tp, tiers)
+        + reduce_scatter_s(trainable * lc.grad_bytes, group, lc.plans.tp, tiers)
+        + _expert_zero3_s(lc, n_layers, train_layers, gathers),
+        0.0,
+    )
+    busy = time["compute"] + time["recompute"] - n_layers * layer_hidden
+    time["zero3_comm"] = np.maximum(0.0, zero3 - busy) if stack.dp_overlap else zero3
+    hidden = {
+        "tp_comm": n_layers * lc.hidden["tp_comm"],
+        "cp_comm": n_layers * lc.hidden["cp_comm"],
+        "ep_comm": n_layers * lc.hidden["ep_comm"],
+        "zero3_comm": zero3 - time["zero3_comm"],
+    }
+
+    # ZeRO 0-2: one gradient sync per step, overlapped with the last micro-batch's backward (bucketed DDP)
+    grads = trainable * lc.grad_bytes
+    tp = lc.plans.tp.astype(np.float64)
+    sync = np.select(
+        [zero == 0, zero <= 2],
+        [
+            all_reduce_s(grads, group, tp, tiers),
+            reduce_scatter_s(grads, group, tp, tiers) + all_gather_s(trainable * 2.0, group, tp, tiers),
+        ],
+        0.0,
+    )
+    sync = np.where(group > 1, sync, 0.0) + _expert_sync_s(lc, train_layers)
+    bwd = n_layers * lc.bwd_s + train_layers * lc.wgrad_s - n_layers * layer_hidden
+    window = np.maximum(bwd, 0.0) if stack.dp_overlap else 0.0
+    dp_exposed = np.maximum(0.0, sync - window)
+    hidden["dp_comm"] = sync - dp_exposed
+    ex_params, ex_train = n_layers * lc.expert_params, train_layers * lc.expert_params
+    opt_params = trainable / np.where(zero >= 1, group, 1.0) + ex_train / np.where(zero >= 1, lc.expert_group, 1.0)
+    optimizer = memory_bound_time_s(opt_params * OPTIMIZER_BYTES_PER_PARAM, hbm_bw)
+
+    w, g, o = model_state_bytes(params, trainable, zero, group, lc.grad_bytes)
+    we, ge, oe = model_state_bytes(ex_params, ex_train, zero, lc.expert_group, lc.grad_bytes)
+    w, g, o = w + we, g + ge, o + oe
+    act = n_layers * act_multiplier * lc.act_stored_bytes + lc.act_working_bytes + last * lc.logits_bytes
+    memory = MemoryTerms(w, g, o, act, lc.zero3_layer_buffers)
+    return StageCosts(time, hidden, memory, dp_exposed, optimizer)
+
+
+def _expert_zero3_s(lc: LayerCosts, n_layers: Arr, train_layers: Arr, gathers: Arr) -> Arr | float:
+    """ZeRO-3 traffic of the routed experts, over the expert-data-parallel group, per micro-batch."""
+    if not np.any(lc.expert_params):
+        return 0.0
+    p, t, grp, st = n_layers * lc.expert_params, train_layers * lc.expert_params, lc.expert_group, lc.expert_stride
+    out = gathers * all_gather_s(p * 2.0, grp, st, lc.tiers) + reduce_scatter_s(t * lc.grad_bytes, grp, st, lc.tiers)
+    return np.where(np.asarray(grp) > 1, out, 0.0)
+
+
+def _expert_sync_s(lc: LayerCosts, train_layers: Arr) -> Arr | float:
+    """Per-step gradient sync of the routed experts over the expert-data-parallel group (ZeRO 0-2)."""
+    if not np.any(lc.expert_params) or not np.any(train_layers):
+        return 0.0
+    zero, grp, st = lc.plans.zero, lc.expert_group, lc.expert_stride
+    grads = train_layers * lc.expert_params * lc.grad_bytes
+    sync = np.select(
+        [zero == 0, zero <= 2],
+        [
+            all_reduce_s(grads, grp, st, lc.tiers),
+            reduce_scatter_s(grads, grp, st, lc.tiers)
+            + all_gather_s(train_layers * lc.expert_params * 2.0, grp, st, lc.tiers),
+        ],
+        0.0,
+    )
+    return np.where(np.asarray(grp) > 1, sync, 0.0)
+
+
+@dataclass(frozen=True)
+class TrainingTerms:
+    time: dict[str, Arr]  # additive terms of the step time, seconds
+    hidden_comm: dict[str, Arr]  # communication overlapped with compute (not in the step time), seconds
+    memory: MemoryTerms
+    capacity_bytes: Arr
+    invalid: NDArray[np.int64]  # 0 = valid, else a key of INVALID_REASONS (the first violated)
+    tokens_per_step: float
+    model_flops_per_step: float
+    gpus: NDArray[np.int64]
+    peak_flops: Arr
+
+    @property
+    def step_time_s(self) -> Arr:
+        return ordered_sum(self.time[k] for k in STEP_TERMS)
+
+
+def _pick(cond: NDArray[np.bool_], a: dict[str, Arr], b: dict[str, Arr]) -> dict[str, Arr]:
+    return {k: np.where(cond, a[k], b[k]) for k in a}
+
+
+def trainable_layers(stage_end: Arr, n_layers: Arr, frozen: float) -> Arr:
+    """Layers with trainable base weights in a stage of ``n_layers`` ending before layer ``stage_end``, when the
+    model's first ``frozen`` layers are frozen."""
+    return np.clip(stage_end - frozen, 0.0, n_layers)
+
+
+def _worst_memory(stages: list[StageCosts]) -> MemoryTerms:
+    """Per plan, the memory breakdown of the stage with the largest total."""
+    totals = np.stack([st.memory.total for st in stages])
+    worst = np.argmax(totals, axis=0)  # first maximum: ties keep the earlier stage
+    return MemoryTerms(
+        *(np.choose(worst, [getattr(st.memory, f) for st in stages]) for f in MEMORY_FIELDS)
+    )
+
+
+def training_terms(
+    wl: TransformerWorkload, task: Task, stack: Stack, table: HardwareTable, plans: PlanArrays
+) -> TrainingTerms:
+    """Evaluate the training cost model for every plan in ``plans`` (uniform pipeline stages, vectorised)."""
+    lc = layer_costs(wl, task, stack, table, plans)
+    pp, vpp = _f(plans.pp), _f(plans.vpp)
+    n = wl.layers / pp
+    single = pp == 1
+    ones = np.ones_like(pp)
+    hbm_bw = table.hbm_bw[plans.hw]
+    frozen, layers = float(wl.frozen_layers), float(wl.layers)
+    in_flight = in_flight_layer_factor(lc.n_micro, pp, vpp)
+    # stage 0 (embedding; holds the most activations) and the last stage (LM head); with pp = 1 they coincide
+    first_train, last_train = trainable_layers(n, n, frozen), trainable_layers(layers * ones, n, frozen)
+    first = stage_costs(lc, stack, hbm_bw, n, ones, np.where(single, 1.0, 0.0), in_flight, first_train)
+    last = stage_costs(lc, stack, hbm_bw, n, np.where(single, 1.0, 0.0), ones, ones, last_train)
+    # the stages in between, on average (stage time is linear in its trainable layers: exact for the mean)
+    middle_train = np.where(pp > 2, (layers - frozen - first_train - last_train) / np.maximum(pp - 2.0, 1.0), 0.0)
+    middle = stage_costs(lc, stack, hbm_bw, n, 0.0 * ones, 0.0 * ones, ones, middle_train)
+    t_first, t_last = first.per_micro_batch_s, last.per_micro_batch_s
+    first_is_bottleneck = t_first >= t_last
+    bottleneck = _pick(first_is_bottleneck, first.time, last.time)
+    t_mean = np.where(single, t_first, ((pp - 2.0) * middle.per_micro_batch_s + t_first + t_last) / pp)
+
+    time = {k: lc.n_micro * bottleneck[k] for k in STAGE_TERMS}
+    time["bubble"] = bubble_time_s(pp, vpp, t_mean)
+    time["dp_comm"] = np.maximum(first.dp_exposed_s, last.dp_exposed_s)
+    time["optimizer"] = np.maximum(first.optimizer_s, last.optimizer_s)
+    hidden = {k: lc.n_micro * v for k, v in _pick(first_is_bottleneck, first.hidden, last.hidden).items()}
+    hidden["dp_comm"] = np.maximum(first.hidden["dp_comm"], last.hidden["dp_comm"])
+
+    stages = [first, last]
+    if 0 < frozen < layers:
+        # memory per stage is piecewise linear in the stage index (in-flight micro-batches fall, trainable
+        # layers rise): its maximum is at stage 0, the last stage, or one of these breakpoints
+        interleave = in_flight / np.minimum(pp, lc.n_micro)
+        for s_idx in (np.floor(frozen / n), np.floor(frozen / n) + 1.0, pp - lc.n_micro):
+            s_c = np.clip(s_idx, 0.0, pp - 1.0)
+            mult = np.minimum(pp - s_c, lc.n_micro) * interleave
+            stages.append(stage_costs(lc, stack, hbm_bw, n, (s_c == 0) * 1.0, (s_c == pp - 1) * 1.0, mult,
+                                      trainable_layers((s_c + 1.0) * n, n, frozen)))
+    memory = _worst_memory(stages)
+    capacity = table.hbm_bytes[plans.hw] * (1.0 - stack.memory_reserve_fraction)
+    invalid = invalid_codes(wl, task, table, plans, lc.n_micro, memory.total, capacity)
+    peak = table.peak_flops(task.precision)[plans.hw]
+    return _step_terms(wl, task, time, hidden, memory, capacity, invalid, plans.gpus, peak)
+
+
+def _step_terms(
+    wl: TransformerWorkload,
+    task: Task,
+    time: dict[str, Arr],
+    hidden: dict[str, Arr],
+    memory: MemoryTerms,
+    capacity: Arr,
+    invalid: NDArray[np.int64],
+    gpus: NDArray[np.int64],
+    peak: Arr,
+) -> TrainingTerms:
+    tokens_per_step = float(task.global_batch * wl.seq_len)
+    return TrainingTerms(
+        time=time,
+        hidden_comm=hidden,
+        memory=memory,
+        capacity_bytes=capacity,
+        invalid=invalid,
+        tokens_per_step=tokens_per_step,
+        model_flops_per_step=tokens_per_step * wl.model_flops_per_token,
+        gpus=gpus,
+        peak_flops=peak,
+    )
+
+
+def staged_terms(
+    wl: TransformerWorkload,
+    task: Task,
+    stack: Stack,
+    table: HardwareTable,
+    base: PlanArrays,
+    stage_layers: list[int],
+    stage_recompute: list[int],
+    stage_hw: list[int] | None = None,
+) -> TrainingTerms:
+    """One uneven 1F1B pipeline: stage s has ``stage_layers[s]`` layers, its own recompute mode (and, for mixed
+    pipelines, its own hardware option), and holds min(p - s, m) micro-batches of activations. Same stage costs
+    and step assembly as ``training_terms``; memory and capacity are compared stage by stage."""
+    p = len(stage_layers)
+    idx = np.zeros(p, dtype=np.int64)
+    stages = base.take(idx)
+    hw = stages.hw if stage_hw is None else np.asarray(stage_hw, dtype=np.int64)
+    stages = PlanArrays(
+        **{**stages.__dict__, "recompute": np.asarray(stage_recompute, dtype=np.int64), "hw": hw}
+    )
+    lc = layer_costs(wl, task, stack, table, stages)
+    s_idx = np.arange(p, dtype=np.float64)
+    n_layers = np.asarray(stage_layers, dtype=np.float64)
+    train = trainable_layers(np.cumsum(n_layers), n_layers, float(wl.frozen_layers))
+    sc = stage_costs(
+        lc, stack, table.hbm_bw[stages.hw], n_layers, (s_idx == 0).astype(np.float64),
+        (s_idx == p - 1).astype(np.float64), np.minimum(p - s_idx, lc.n_micro), train,
+    )
+    t = sc.per_micro_batch_s
+    b = int(np.argmax(t))
+    m = lc.n_micro[:1]
+    time = {k: m * sc.time[k][b] for k in STAGE_TERMS}
+    time["bubble"] = bubble_time_s(np.array([float(p)]), np.ones(1), np.array([t.mean()]))
+    time["dp_comm"] = np.array([sc.dp_exposed_s.max()])
+    time["optimizer"] = np.array([sc.optimizer_s.max()])
+    hidden = {k: m * v[b] for k, v in sc.hidden.items()}
+    hidden["dp_comm"] = np.array([sc.hidden["dp_comm"].max()])
+    capacities = table.hbm_bytes[hw] * (1.0 - stack.memory_reserve_fraction)
+    worst = int(np.argmax(sc.memory.total - capacities))  # the stage closest to (or over) its capacity
+    memory = MemoryTerms(*(np.array([getattr(sc.memory, f)[worst]]) for f in MEMORY_FIELDS))
+    capacity = capacities[worst : worst + 1]
+    # a mixed pipeline's GPU count is a sum over types: the caller checks it against the supplies
+    invalid = invalid_codes(
+        wl, task, table, base, m, memory.total, capacity, check_layers=False, check_gpus=stage_hw is None
+    )
+    if sum(stage_layers) != wl.layers:
+        invalid = np.where(invalid == 0, 11, invalid)
+    peak = np.array([table.peak_flops(task.precision)[hw].mean()])  # equal GPUs per stage
+    return _step_terms(wl, task, time, hidden, memory, capacity, invalid, base.gpus, peak)
+
+
+def invalid_codes(
+    wl: TransformerWorkload,
+    task: Task,
+    table: HardwareTable,
+    plans: PlanArrays,
+    n_micro: Arr,
+    mem_total: Arr,
+    capacity: Arr,
+    check_layers: bool = True,
+    check_gpus: bool = True,
+) -> NDArray[np.int64]:
+    """The first violated validity rule per plan (0 = valid); see INVALID_REASONS."""
+    m = wl.model
+    tp, pp, vpp, cp = plans.tp, plans.pp, plans.vpp, plans.cp
+    node = table.tier_size[0][plans.hw]
+    node = np.where(np.isinf(node), 1 << 30, node).astype(np.int64)
+    checks = [
+        (1, (plans.gpus != table.gpus[plans.hw].astype(np.int64)) & check_gpus),
+        (2, (m.heads % tp != 0) | (m.n_kv_heads % tp != 0)),
+        (3, (wl.layers % (pp * vpp) != 0) & check_layers),
+        (4, task.global_batch % (plans.dp * plans.mbs) != 0),
+        (5, (vpp > 1) & ((pp == 1) | (np.round(n_micro).astype(np.int64) % pp != 0))),
+        (6, (cp > 1) & (wl.seq_len % (2 * cp) != 0)),
+        (7, (plans.sp > 0) & (tp == 1)),
+        (8, (plans.zero > 0) & (plans.dp * cp == 1)),
+        (9, (node % tp != 0) & (tp % node != 0)),
+        (12, (wl.num_experts % plans.ep != 0) | ((plans.dp * cp) % plans.ep != 0) if wl.moe else plans.ep != 1),
+        (MEMORY_REASON, mem_total > capacity),
+    ]
+    code = np.zeros(len(plans), dtype=np.int64)
+    for c, bad in reversed(checks):  # the first violated check wins
+        code = np.where(bad, c, code)
+    return code

@@ -1,0 +1,199 @@
+"""Workload: a model lowered to per-layer operations (FLOPs, bytes, parameters, activations).
+
+All quantities are per token of one sequence and per transformer layer unless the name says otherwise; the cost
+model (``madmax_opt.cost``) scales them by tokens per GPU and divides by the parallel degrees. Nothing here depends
+on a plan or on hardware.
+
+Conventions (Megatron / Korthikanti et al. 2022, "Reducing Activation Recomputation", Sec. 4):
+- one multiply-accumulate = 2 FLOPs; backward GEMMs = 2 x forward (activation grad + weight grad);
+- attention core FLOPs are counted over the full s x s score matrix in *model* FLOPs (MFU convention of
+  Korthikanti eq. for 72*B*s*L*h^2*(1 + s/6h + V/12Lh)); causal flash kernels skip the masked half in *time*.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from madmax_opt.model.spec import Stack, Task, TransformerModel
+
+ACT_BYTES = 2  # bf16/fp16 activations
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One weight GEMM of a layer: y[tokens, n] = x[tokens, k] @ W[k, n]; ``tp_dim`` is the dimension TP shards."""
+
+    name: str
+    k: int
+    n: int
+    tp_dim: str  # "n" (column-parallel) or "k" (row-parallel)
+
+    @property
+    def flops_per_token(self) -> int:
+        return 2 * self.k * self.n  # 2*k*n: one MAC per weight per token
+
+    @property
+    def params(self) -> int:
+        return self.k * self.n
+
+
+@dataclass(frozen=True)
+class TransformerWorkload:
+    """A stack of identical transformer layers plus embedding and (LLM) output head."""
+
+    model: TransformerModel
+    seq_len: int
+    gemms: tuple[Gemm, ...]
+    layers: int
+    params_per_layer: int
+    embedding_params: int  # token (or patch) embedding, on the first pipeline stage
+    head_params: int  # LM head (0 when tied or ViT classifier neglected), on the last stage
+    head_flops_per_token: int  # forward LM-head GEMM
+    attn_flops_per_token: int  # forward QK^T + AV over the full s x s matrix
+    causal: bool
+    # activation bytes per token per layer (Korthikanti Sec. 4.1, generalised to GQA/SwiGLU/no dropout)
+    act_replicated_bytes: int  # layer-norm inputs, QKV/MLP inputs, dropout masks: sharded only by SP
+    act_tp_sharded_bytes: int  # Q, K, V, projection input, MLP intermediates: sharded by TP
+    act_score_bytes_per_key: int  # s^2 terms per token per key position (softmax, mask, dropout), /TP
+    # memory-bound (elementwise) traffic per token per layer in the forward pass
+    elementwise_replicated_bytes: int  # norms, residual adds: sharded only by SP
+    elementwise_tp_bytes: int  # activation function, bias: sharded by TP
+    score_elementwise_bytes_per_key: int  # unfused softmax/mask/dropout traffic per key position, /TP
+    trainable_fraction: float  # share of layer parameters with gradients (fine-tuning)
+    frozen_layers: int  # leading layers whose base weights have no gradients (all of them with LoRA)
+    lora_params_per_layer: int
+    vocab: int
+    final_norm_params: int = 0  # norm after the last layer (last pipeline stage)
+    # mixture of experts: ``gemms`` then hold attention, shared experts and the router; the routed experts are here
+    expert_gemms: tuple[Gemm, ...] = ()  # one expert's MLP
+    num_experts: int = 0
+    top_k: int = 0
+    expert_load_factor: float = 1.0  # capacity factor x load imbalance: routed work on the critical path
+
+    @property
+    def moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def expert_params_per_layer(self) -> int:
+        """Routed-expert parameters of one layer: E x (one expert's MLP)."""
+        return self.num_experts * sum(g.params for g in self.expert_gemms)
+
+    @property
+    def routed_flops_per_token(self) -> int:
+        """Forward FLOPs of the routed experts per token: top_k x one expert's MLP (no padding)."""
+        return self.top_k * sum(g.flops_per_token for g in self.expert_gemms)
+
+    @property
+    def layer_flops_per_token(self) -> int:
+        return sum(g.flops_per_token for g in self.gemms) + self.attn_flops_per_token + self.routed_flops_per_token
+
+    @property
+    def params(self) -> int:
+        per_layer = self.params_per_layer + self.expert_params_per_layer
+        return self.layers * per_layer + self.embedding_params + self.head_params + self.final_norm_params
+
+    @property
+    def model_flops_per_token(self) -> int:
+        """Training model FLOPs per token: 3 x forward (fwd + 2x bwd), full s^2 attention, LM head."""
+        return 3 * (self.layers * self.layer_flops_per_token + self.head_flops_per_token)
+
+
+def lower(model: TransformerModel, task: Task, stack: Stack) -> TransformerWorkload:
+    """Lower a dense transformer to its per-layer operations for ``task``."""
+    h, a, g, dh, f = model.hidden, model.heads, model.n_kv_heads, model.head_dim, model.ffn
+    s = model.vit_seq_len if model.family == "vit" else task.seq_len
+    if s is None:
+        raise ValueError("task.seq_len is required for an llm")
+    swiglu = model.ffn_kind == "swiglu"
+    moe = model.moe
+    if moe is not None:  # the dense MLP is replaced by shared experts + router; routed experts kept apart
+        f = moe.shared_experts * moe.expert_ffn
+        fe = moe.expert_ffn
+        expert_gemms: tuple[Gemm, ...] = (
+            Gemm("expert_up", h, (2 if swiglu else 1) * fe, "n"),
+            Gemm("expert_down", fe, h, "k"),
+        )
+        mlp: tuple[Gemm, ...] = (Gemm("router", h, moe.num_experts, "n"),)
+        if f:
+            mlp = (Gemm("mlp_up", h, (2 if swiglu else 1) * f, "n"), Gemm("mlp_down", f, h, "k"), *mlp)
+    else:
+        expert_gemms = ()
+        mlp = (Gemm("mlp_up", h, (2 if swiglu else 1) * f, "n"), Gemm("mlp_down", f, h, "k"))
+    gemms = (
+        Gemm("qkv", h, (a + 2 * g) * dh, "n"),
+        Gemm("proj", a * dh, h, "k"),
+        *mlp,
+    )
+    norm_width = (2 if model.norm == "layernorm" else 1) * h  # LayerNorm: scale + shift; RMSNorm: scale
+    norm_params = 2 * norm_width  # two norms per layer
+    bias_params = ((a + 2 * g) * dh + h + (2 if swiglu else 1) * f + h) if model.bias else 0
+    params_per_layer = sum(gm.params for gm in gemms) + norm_params + bias_params
+
+    if model.family == "vit":
+        patch_in = model.channels * (model.patch_size or 1) ** 2
+        patch_bias = h if model.bias else 0
+        # patch projection (+ bias) + class token + position embedding of the s = patches + 1 positions
+        embedding_params = patch_in * h + patch_bias + h + s * h
+        head_params, head_flops, vocab = 0, 0, 0
+    else:
+        embedding_params = model.vocab * h
+        head_params = 0 if model.tied_embeddings else model.vocab * h
+        head_flops, vocab = 2 * h * model.vocab, model.vocab
+
+    drop = 1 if stack.dropout else 0
+    # Korthikanti: 2 LN inputs (4h) + QKV input (2h) + MLP input (2h) + 2 dropout masks (2h) = 10h with dropout
+    act_replicated = ACT_BYTES * (2 * h + h + h) + drop * 2 * h
+    # Q (2*a*dh) + K, V (2*2*g*dh) + projection input (2*a*dh) + MLP intermediates (gelu 2*2f; swiglu 3*2f)
+    act_tp = ACT_BYTES * (2 * a * dh + 2 * g * dh) + (3 if swiglu else 2) * ACT_BYTES * f
+    if moe is not None:  # routed tokens: dispatched input (2h) + expert intermediates, per routed copy
+        act_tp += int(moe.top_k * moe.capacity_factor * ACT_BYTES * (h + (3 if swiglu else 2) * moe.expert_ffn))
+    # softmax output (2as) + dropout mask (as) + dropout output (2as), per key position, when not fused
+    act_score = 0 if stack.flash_attention else a * (ACT_BYTES + drop * (1 + ACT_BYTES))
+    # forward elementwise traffic: 2 norms (read+write 2h each), 2 residual adds (read 2, write 1), dropouts
+    elem_repl = ACT_BYTES * (2 * 2 * h + 2 * 3 * h) + drop * 2 * (ACT_BYTES * 2 * h + h)
+    # activation function: gelu reads f writes f; swiglu reads 2f writes f
+    elem_tp = ACT_BYTES * ((3 if swiglu else 2) * f)
+    # padded capacity or the busiest rank's excess tokens set the routed experts' critical path
+    load = max(moe.capacity_factor, moe.load_imbalance) if moe is not None else 1.0
+    if moe is not None:
+        elem_tp += int(moe.top_k * load * ACT_BYTES * (3 if swiglu else 2) * moe.expert_ffn)
+    # unfused: scale+mask+softmax (read, write) and dropout (read, write, mask) over a x s scores per token
+    score_elem = 0 if stack.flash_attention else a * (2 * ACT_BYTES + drop * (2 * ACT_BYTES + 1))
+
+    if task.kind == "finetune" and task.lora_rank:
+        trainable_fraction = 0.0
+        lora = sum(task.lora_rank * (gm.k + gm.n) for gm in gemms)
+    else:
+        trainable_fraction = (model.layers - task.frozen_layers) / model.layers
+        lora = 0
+    if task.frozen_layers > model.layers:
+        raise ValueError(f"frozen_layers ({task.frozen_layers}) exceeds the model's {model.layers} layers")
+
+    return TransformerWorkload(
+        model=model,
+        seq_len=s,
+        gemms=gemms,
+        layers=model.layers,
+        params_per_layer=params_per_layer,
+        embedding_params=embedding_params,
+        head_params=head_params,
+        head_flops_per_token=head_flops,
+        attn_flops_per_token=2 * 2 * s * a * dh,  # QK^T and AV: 2*s*a*dh each
+        causal=model.family == "llm",
+        act_replicated_bytes=act_replicated,
+        act_tp_sharded_bytes=act_tp,
+        act_score_bytes_per_key=act_score,
+        elementwise_replicated_bytes=elem_repl,
+        elementwise_tp_bytes=elem_tp,
+        score_elementwise_bytes_per_key=score_elem,
+        trainable_fraction=trainable_fraction,
+        frozen_layers=model.layers if lora else task.frozen_layers,
+        lora_params_per_layer=lora,
+        vocab=vocab,
+        expert_gemms=expert_gemms,
+        num_experts=moe.num_experts if moe is not None else 0,
+        top_k=moe.top_k if moe is not None else 0,
+        expert_load_factor=load,
+        final_norm_params=norm_width,
+    )

@@ -1,0 +1,125 @@
+"""Human output: rich tables of evaluations and solver results (human units only here, at the edge)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from madmax_opt.analysis.evaluator import evaluate
+from madmax_opt.io.problem import Problem
+
+GB = 1e9
+
+
+def _plan_text(plan: dict[str, Any]) -> str:
+    keys = ("dp", "tp", "pp", "cp", "vpp", "mbs", "zero")
+    return " ".join(f"{k}{plan[k]}" for k in keys) + f" rc={plan['recompute']}" + (" sp" if plan["sp"] else "")
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:,.1f}"
+
+
+def evaluation_table(rec: dict[str, Any], title: str = "plan") -> Table:
+    t = Table(title=f"{title}: {_plan_text(rec['plan'])} on {rec['hardware']['gpus']} x {rec['hardware']['gpu']}"
+              f" ({rec['hardware']['system']})", show_header=True, header_style="bold")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    if not rec["feasible"]:
+        t.add_row("[red]infeasible[/red]", rec["infeasible_reason"])
+    t.add_row("step time (ms)", _ms(rec["step_time_s"]))
+    t.add_row("tokens/s", f"{rec['tokens_per_s']:,.0f}")
+    t.add_row("samples/s", f"{rec['samples_per_s']:,.2f}")
+    t.add_row("MFU", f"{rec['mfu']:.1%}")
+    t.add_row("$ / hour", f"{rec['cost_per_hour_usd']:,.2f}")
+    t.add_row("$ / M tokens", f"{rec['usd_per_million_tokens']:,.4f}")
+    if "time_to_train" in rec:
+        tt = rec["time_to_train"]
+        t.add_row("time to train (h)", f"{tt['hours']:,.1f}")
+        t.add_row("GPU-hours / $ / MWh", f"{tt['gpu_hours']:,.0f} / {tt['cost_usd']:,.0f} / {tt['energy_mwh']:,.1f}")
+    t.add_section()
+    step = rec["step_time_s"] or 1.0
+    for k, v in rec["time_breakdown_s"].items():
+        if v > 0:
+            t.add_row(f"  {k} (ms)", f"{_ms(v)}  ({v / step:.1%})")
+    for k, v in rec["overlapped_comm_s"].items():
+        if v > 0:
+            t.add_row(f"  {k} overlapped (ms)", _ms(v))
+    t.add_section()
+    mem = rec["memory_bytes_per_gpu"]
+    for k in ("weights", "gradients", "optimizer", "activations", "temporary", "total", "capacity"):
+        t.add_row(f"  memory {k} (GB)", f"{mem[k] / GB:,.2f}")
+    return t
+
+
+def plans_table(records: list[dict[str, Any]], title: str) -> Table:
+    t = Table(title=title, header_style="bold")
+    for col in ("#", "hardware", "plan", "step ms", "tokens/s", "MFU", "mem GB", "$/M tok", "feasible"):
+        t.add_column(col, justify="right" if col not in ("plan", "hardware") else "left")
+    for i, r in enumerate(records):
+        t.add_row(
+            str(i + 1),
+            f"{r['hardware']['system']} x{r['hardware']['gpus']}",
+            _plan_text(r["plan"]),
+            _ms(r["step_time_s"]),
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['mfu']:.1%}",
+            f"{r['memory_bytes_per_gpu']['total'] / GB:.1f}",
+            f"{r['usd_per_million_tokens']:.3f}",
+            "yes" if r["feasible"] else f"no: {r['infeasible_reason']}",
+        )
+    return t
+
+
+def print_evaluations(records: list[dict[str, Any]], console: Console) -> None:
+    if len(records) == 1:
+        console.print(evaluation_table(records[0]))
+        return
+    console.print(plans_table(records, "evaluated plans"))
+    for i, r in enumerate(records):
+        console.print(evaluation_table(r, title=f"plan {i + 1}"))
+
+
+def print_solution(result: dict[str, Any], console: Console) -> None:
+    s = result["solver"]
+    console.print(
+        f"[bold]status:[/bold] {result['status']}   objective {s['objective']} (bound {s['best_bound']}, "
+        f"gap {s['gap']:.3g})   candidates {s['candidates']:,}   CP-SAT Booleans {s['booleans']}   "
+        f"wall {s['wall_s']:.3f} s"
+    )
+    console.print(evaluation_table(result["best"], title="best plan"))
+    if len(result["top"]) > 1:
+        console.print(plans_table(result["top"], f"top {len(result['top'])} plans"))
+    if result.get("baseline"):
+        console.print(evaluation_table(result["baseline"], title="baseline"))
+        if result.get("speedup_vs_baseline"):
+            console.print(f"[bold]speedup over baseline: {result['speedup_vs_baseline']:.2f}x[/bold]")
+
+
+def solve_result(problem: Problem, top_k: int, time_limit: float, workers: int) -> dict[str, Any]:
+    """The JSON object of ``solve --json``."""
+    from madmax_opt.search import serving
+    from madmax_opt.search.assemble import solver_summary
+    from madmax_opt.search.solver import solve_records
+
+    if problem.task.kind == "inference":  # serving plans
+        return serving.solve_result(problem, top_k, time_limit, workers)
+    outcome, records = solve_records(problem, top_k=top_k, time_limit_s=time_limit, workers=workers)
+    baseline = evaluate(problem, [problem.baseline])[0] if problem.baseline else None
+    speedup = None
+    if baseline and baseline["feasible"]:
+        speedup = records[0]["tokens_per_s"] / baseline["tokens_per_s"]
+    summary = solver_summary(
+        outcome.objective, outcome.best_bound, outcome.wall_s, len(outcome.candidates.plans), outcome.model_size
+    )
+    return {
+        "status": outcome.status,
+        "objective": problem.objective,
+        "best": records[0],
+        "top": records,
+        "solver": summary,
+        "baseline": baseline,
+        "speedup_vs_baseline": speedup,
+    }

@@ -1,0 +1,598 @@
+"""Sweep report: Pareto fronts, best plans, speedups over the MAD-Max baseline, PNG plots (madmax-opt report).
+
+Reads ``OUTDIR/results.jsonl`` and ``OUTDIR/sweep.json`` written by ``madmax-opt sweep``; only rows of the
+sweep's current combinations are used. Human units (hours, US$, GB) appear only here, at the edge.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.studies.sweep import MANIFEST_FILE, RESULTS_FILE, TABLE_FILE, read_rows, tokens_per_joule
+
+REFERENCE_TOKENS = 1.0e9  # time and cost are per 1e9 tokens when the task has no token budget
+PLOTS = {
+    "pareto": "pareto_time_cost.png",
+    "throughput": "throughput_vs_gpus.png",
+    "per_gpu": "throughput_per_gpu.png",
+    "energy": "tokens_per_joule.png",
+}
+MAX_LISTED_FAILURES = 60
+VIEW_SPAN = 30.0  # the time-cost plot shows points up to 30x the front's largest time and cost
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+@dataclass(frozen=True)
+class Point:
+    """One solved problem: its best plan and the metrics the report ranks by (SI units)."""
+
+    row: dict[str, Any]
+    model: str
+    task: int
+    system: str
+    gpu: str
+    gpus: int
+    objective: str
+    plan: dict[str, Any]
+    tokens_per_s: float
+    mfu: float
+    usd_per_million_tokens: float
+    time_s: float  # to train task.train_tokens (or REFERENCE_TOKENS)
+    cost_usd: float
+    tokens_per_joule: float
+    speedup: float | None
+    baseline_reason: str | None
+
+    @property
+    def group(self) -> tuple[str, int]:
+        return (self.model, self.task)
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.gpus
+
+
+def point(row: dict[str, Any]) -> Point:
+    """The report's view of an ``ok`` row; time and cost from the solve JSON's time_to_train when present."""
+    c, res = row["combination"], row["result"]
+    best = res["best"]
+    tps = float(best["tokens_per_s"])
+    tt = best.get("time_to_train")
+    if tt:
+        time_s, cost = tt["hours"] * 3600.0, tt["cost_usd"]
+    else:  # t = N / tps; $ = N / 1e6 x $/M tokens
+        time_s, cost = REFERENCE_TOKENS / tps, REFERENCE_TOKENS / 1e6 * best["usd_per_million_tokens"]
+    base = res.get("baseline")
+    reason = None
+    if base is not None and not base["feasible"]:
+        reason = base["infeasible_reason"] or "infeasible"
+    return Point(
+        row=row,
+        model=c["model"],
+        task=int(c["task"]),
+        system=c["system"],
+        gpu=c["gpu"],
+        gpus=int(c["gpus"]),
+        objective=c["objective"],
+        plan=best["plan"],
+        tokens_per_s=tps,
+        mfu=float(best["mfu"]),
+        usd_per_million_tokens=float(best["usd_per_million_tokens"]),
+        time_s=float(time_s),
+        cost_usd=float(cost),
+        tokens_per_joule=tokens_per_joule(tps, int(c["gpus"]), float(c["power_w_per_gpu"])),
+        speedup=res.get("speedup_vs_baseline"),
+        baseline_reason=reason,
+    )
+
+
+def load(outdir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The manifest and the rows of the sweep's current combinations, in sweep order."""
+    manifest_path = outdir / MANIFEST_FILE
+    if not manifest_path.exists():
+        raise ProblemError(
+            f"no {MANIFEST_FILE} here; allowed: a directory written by madmax-opt sweep", file=str(outdir)
+        )
+    manifest = json.loads(manifest_path.read_text())
+    rows = read_rows(outdir / RESULTS_FILE)
+    return manifest, [rows[k] for k in manifest["keys"] if k in rows]
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point weakly dominates (both coordinates minimised), by the first one.
+
+    Sort by (x, y); walking in that order, a point is on the front iff its y is below every y seen so far.
+    Of identical points only the first is kept.
+    """
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1], i))
+    front: list[int] = []
+    best_y = math.inf
+    for i in order:
+        if points[i][1] < best_y:
+            front.append(i)
+            best_y = points[i][1]
+    return front
+
+
+def geomean(xs: Sequence[float]) -> float:
+    """(prod x)^(1/n), via logs."""
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def unique_points(points: Sequence[Point]) -> list[Point]:
+    """One point per (model, task, system, GPUs): the objectives of a single-option problem share one optimum;
+    the fastest is kept should they differ (ties in rounding)."""
+    best: dict[tuple[Any, ...], Point] = {}
+    for p in points:
+        k = (p.model, p.task, p.system, p.gpus)
+        if k not in best or p.tokens_per_s > best[k].tokens_per_s:
+            best[k] = p
+    return list(best.values())
+
+
+# ------------------------------------------------------------------------------------------ markdown
+
+
+def _plan(p: dict[str, Any]) -> str:
+    text = f"dp{p['dp']} tp{p['tp']} pp{p['pp']}"
+    text += f" cp{p['cp']}" if p["cp"] > 1 else ""
+    text += f" vpp{p['vpp']}" if p["vpp"] > 1 else ""
+    text += f" mbs{p['mbs']} z{p['zero']} rc={p['recompute']}" + (" sp" if p["sp"] else "")
+    return text
+
+
+def _speedup(p: Point) -> str:
+    if p.speedup is not None:
+        return f"{p.speedup:.2f}x"
+    return "baseline infeasible" if p.baseline_reason else "-"
+
+
+def _hours(s: float) -> str:
+    h = s / 3600.0
+    return f"{h:,.0f}" if h >= 100 else f"{h:,.1f}" if h >= 1 else f"{h:.3f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _group_title(group: tuple[str, int], manifest_tasks: dict[int, dict[str, Any]]) -> str:
+    model, task = group
+    t = manifest_tasks.get(task, {})
+    desc = ", ".join(
+        f"{k} {t[k]:.3g}" if isinstance(t[k], float) else f"{k} {t[k]}"
+        for k in ("seq_len", "global_batch", "train_tokens")
+        if t.get(k) is not None
+    )
+    return f"{model} (task {task}: {desc})" if desc else f"{model} (task {task})"
+
+
+def _time_label(has_budget: bool) -> tuple[str, str]:
+    if has_budget:
+        return "time to train (h)", "cost to train ($)"
+    return f"time per {REFERENCE_TOKENS:.0e} tokens (h)", f"cost per {REFERENCE_TOKENS:.0e} tokens ($)"
+
+
+OBJECTIVE_METRIC = {
+    "throughput": ("max tokens/s", lambda p: -p.tokens_per_s),
+    "cost": ("min $ per M tokens", lambda p: p.usd_per_million_tokens),
+    "time_to_train": ("min time to train", lambda p: p.time_s),
+    "energy": ("max tokens per joule", lambda p: -p.tokens_per_joule),
+}
+
+
+def markdown(
+    outdir: Path, md_path: Path, manifest: dict[str, Any], rows: list[dict[str, Any]], plots: dict[str, Path]
+) -> str:
+    points = [point(r) for r in rows if r["status"] == "ok"]
+    tasks = {int(r["combination"]["task"]): r["combination"] for r in rows}
+    has_budget = all(r["combination"].get("train_tokens") for r in rows)
+    t_label, c_label = _time_label(has_budget)
+    groups = sorted({p.group for p in points}, key=lambda g: (g[0], g[1]))
+    n_total = len(manifest["keys"])
+    status = {s: sum(r["status"] == s for r in rows) for s in ("ok", "infeasible", "error")}
+    optimal = sum(r["status"] == "ok" and r["result"]["status"] == "optimal" for r in rows)
+    lines = [f"# {manifest.get('title') or 'Sweep report: ' + str(manifest.get('sweep_file', outdir))}", ""]
+    if manifest.get("command"):
+        lines.append(f"Generated by `{manifest['command']}`.")
+    lines += [
+        f"Rebuild this report from the sweep's results with `madmax-opt report {outdir} --md {md_path}` "
+        f"(results: `{outdir / RESULTS_FILE}`, table: `{outdir / TABLE_FILE}`).",
+        "",
+    ]
+    if manifest.get("description"):
+        lines += [manifest["description"].strip(), ""]
+    lines += [
+        f"**{n_total} problems**: {status['ok']} solved ({optimal} proven optimal), "
+        f"{status['infeasible']} infeasible, {status['error']} failed, {n_total - len(rows)} not run yet. "
+        "Each problem is one model x task x system x cluster size x objective, solved by CP-SAT "
+        "(1 worker, deterministic). With one hardware option per problem the fastest plan is also the "
+        "cheapest per token, so the front below is the front of the whole sweep.",
+        "",
+    ]
+    run = manifest.get("run")
+    if run:
+        rate = run["solved"] / run["wall_s"] if run["wall_s"] > 0 else float("nan")
+        load = run.get("load_avg_1m_at_end")
+        lines += [
+            f"Last run: {run['solved']} problems solved, {run['skipped']} already done, "
+            f"in {run['wall_s']:.1f} s ({rate:.1f} problems/s; validating the sweep took "
+            f"{run.get('validate_s', float('nan')):.1f} s before) with the {run['backend']} backend, "
+            f"{run['workers']} workers on {run['cpu_count']} cores"
+            + (f", 1-minute load average {load:.1f} at the end" if load is not None else "")
+            + (f" (interrupted by {run['interrupted']})" if run["interrupted"] else "")
+            + ".",
+            "",
+        ]
+
+    lines += [f"## Pareto front: {t_label.split(' (')[0]} vs cost", ""]
+    if "pareto" in plots:
+        lines += [f"![time vs cost]({os.path.relpath(plots['pareto'], md_path.parent)})", ""]
+    for g in groups:
+        gp = [p for p in points if p.group == g]
+        front = [gp[i] for i in pareto_front([(p.time_s, p.cost_usd) for p in gp])]
+        lines += [f"### {_group_title(g, tasks)}", ""]
+        lines += _table(
+            [
+                "#",
+                "system",
+                "GPU",
+                "GPUs",
+                "plan",
+                t_label,
+                c_label,
+                "tokens/s",
+                "MFU",
+                "speedup vs baseline",
+            ],
+            [
+                [
+                    str(k),
+                    p.system,
+                    p.gpu,
+                    str(p.gpus),
+                    _plan(p.plan),
+                    _hours(p.time_s),
+                    f"{p.cost_usd:,.0f}",
+                    f"{p.tokens_per_s:,.0f}",
+                    f"{p.mfu:.1%}",
+                    _speedup(p),
+                ]
+                for k, p in enumerate(front, start=1)
+            ],
+        )
+        lines.append("")
+
+    lines += ["## Best per objective", ""]
+    objectives = [*manifest.get("objectives", ["throughput"]), "energy"]
+    header = [
+        "model",
+        "objective",
+        "criterion",
+        "system",
+        "GPUs",
+        "plan",
+        "tokens/s",
+        "$ / M tokens",
+        t_label,
+        "tokens/J",
+        "speedup vs baseline",
+    ]
+    best_rows = []
+    for g in groups:
+        gp = [p for p in points if p.group == g]
+        for obj in dict.fromkeys(objectives):
+            criterion, rank = OBJECTIVE_METRIC[obj]
+            candidates = [p for p in gp if p.objective == obj] or gp
+            b = min(candidates, key=rank)
+            best_rows.append(
+                [
+                    _group_title(g, tasks),
+                    obj,
+                    criterion,
+                    b.system,
+                    str(b.gpus),
+                    _plan(b.plan),
+                    f"{b.tokens_per_s:,.0f}",
+                    f"{b.usd_per_million_tokens:.3f}",
+                    _hours(b.time_s),
+                    f"{b.tokens_per_joule:.3g}",
+                    _speedup(b),
+                ]
+            )
+    lines += [*_table(header, best_rows), ""] if best_rows else ["(no solved problem)", ""]
+
+    primary = manifest.get("objectives", ["throughput"])[0]
+    criterion, rank = OBJECTIVE_METRIC[primary]
+    lines += [f"## Best per system ({primary}: {criterion}, over cluster sizes)", ""]
+    for g in groups:
+        gp = [p for p in points if p.group == g and p.objective == primary]
+        lines += [f"### {_group_title(g, tasks)}", ""]
+        table = []
+        for system in sorted({p.system for p in gp}):
+            b = min((p for p in gp if p.system == system), key=rank)
+            table.append(
+                [
+                    system,
+                    b.gpu,
+                    str(b.gpus),
+                    _plan(b.plan),
+                    f"{b.tokens_per_s:,.0f}",
+                    f"{b.tokens_per_s_per_gpu:,.0f}",
+                    f"{b.mfu:.1%}",
+                    f"{b.usd_per_million_tokens:.3f}",
+                    _hours(b.time_s),
+                    f"{b.cost_usd:,.0f}",
+                    f"{b.tokens_per_joule:.3g}",
+                    _speedup(b),
+                ]
+            )
+        lines += _table(
+            [
+                "system",
+                "GPU",
+                "GPUs",
+                "plan",
+                "tokens/s",
+                "tokens/s/GPU",
+                "MFU",
+                "$ / M tokens",
+                t_label,
+                c_label,
+                "tokens/J",
+                "speedup vs baseline",
+            ],
+            table,
+        )
+        lines.append("")
+
+    lines += _speedup_section(unique_points(points))
+    lines += _failures_section(rows)
+    others = [k for k in ("throughput", "per_gpu", "energy") if k in plots]
+    if others:
+        lines += ["## Plots", ""]
+        titles = {
+            "throughput": "throughput vs GPUs",
+            "per_gpu": "throughput per GPU vs cluster size",
+            "energy": "tokens per joule vs cluster size",
+        }
+        for k in others:
+            lines += [f"![{titles[k]}]({os.path.relpath(plots[k], md_path.parent)})", ""]
+    elif not points:
+        lines += ["(no solved problem: nothing to plot)", ""]
+    elif not plots:
+        lines += ["(plots skipped: matplotlib is not installed; pip install 'madmax-opt[plot]')", ""]
+    return "\n".join(lines)
+
+
+def _speedup_section(points: list[Point]) -> list[str]:
+    lines = ["## Speedup over the MAD-Max baseline", ""]
+    lines.append(
+        "Baseline of every problem: FSDP (ZeRO-3) data parallelism over all GPUs, tp = pp = cp = 1, "
+        "micro-batch 1, full recomputation, evaluated with the same cost model; "
+        "speedup = best plan tokens/s / baseline tokens/s."
+    )
+    lines.append("")
+    with_base = [p for p in points if p.speedup is not None]
+    failed = [p for p in points if p.speedup is None and p.baseline_reason]
+    if with_base:
+        s = sorted(p.speedup for p in with_base if p.speedup is not None)
+        top = max(with_base, key=lambda p: p.speedup or 0.0)
+        lines.append(
+            f"{len(with_base)} of {len(points)} solved (model, system, size) points have a feasible "
+            "baseline: "
+            f"speedup geometric mean {geomean(s):.2f}x, median {s[len(s) // 2]:.2f}x, min {s[0]:.2f}x, "
+            f"max {s[-1]:.2f}x ({top.model} on {top.gpus} x {top.system})."
+        )
+    if failed:
+        reasons: dict[str, int] = {}
+        for p in failed:
+            r = p.baseline_reason or ""
+            key = "does not fit in memory" if r.startswith("memory per GPU") else r
+            reasons[key] = reasons.get(key, 0) + 1
+        listed = "; ".join(f"{n} x {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+        lines.append(
+            f"The baseline itself is infeasible on {len(failed)} points ({listed}); the optimiser's plan "
+            "runs there while the baseline cannot."
+        )
+    return [*lines, ""]
+
+
+def _failures_section(rows: list[dict[str, Any]]) -> list[str]:
+    bad = [r for r in rows if r["status"] != "ok"]
+    if not bad:
+        return []
+    lines = [f"## Infeasible and failed problems ({len(bad)})", ""]
+    table = []
+    for r in bad[:MAX_LISTED_FAILURES]:
+        c = r["combination"]
+        msg = (r.get("error") or {}).get("message", "")
+        table.append(
+            [
+                c["model"],
+                c["system"],
+                str(c["gpus"]),
+                c["objective"],
+                r["status"],
+                msg.replace("|", "/")[:160] + ("..." if len(msg) > 160 else ""),
+            ]
+        )
+    lines += _table(["model", "system", "GPUs", "objective", "status", "reason"], table)
+    if len(bad) > MAX_LISTED_FAILURES:
+        lines.append(f"\n... {len(bad) - MAX_LISTED_FAILURES} more in `{TABLE_FILE}`.")
+    return [*lines, ""]
+
+
+# ------------------------------------------------------------------------------------------ plots
+
+
+def write_plots(points: list[Point], plot_dir: Path, has_budget: bool) -> dict[str, Path]:
+    """The four PNG figures (matplotlib, Agg); {} when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return {}
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    groups = sorted({p.group for p in points})
+    if not groups:
+        return {}
+    systems = sorted({p.system for p in points})
+    cmap = plt.get_cmap("tab20")
+    color = {s: cmap(i % 20) for i, s in enumerate(systems)}
+    marker = dict(zip(sorted({p.gpu for p in points}), "osD^v<>phX*", strict=False))
+    t_label, c_label = _time_label(has_budget)
+    out: dict[str, Path] = {}
+    gpu_of = {p.system: p.gpu for p in points}
+    handles = [
+        plt.Line2D(
+            [], [], color=color[s], marker=marker.get(gpu_of[s], "o"), ls="", label=f"{s} ({gpu_of[s]})"
+        )
+        for s in systems
+    ]
+
+    def figure(title: str) -> tuple[Any, Any]:
+        fig, axes = plt.subplots(len(groups), 1, figsize=(10, 4.2 * len(groups)), squeeze=False)
+        fig.suptitle(title)
+        return fig, axes[:, 0]
+
+    def save(fig: Any, key: str) -> None:
+        fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
+        fig.tight_layout(rect=(0.0, 0.0, 0.75, 1.0))  # the right quarter holds the legend of systems
+        path = plot_dir / PLOTS[key]
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        out[key] = path
+
+    fig, axes = figure(
+        f"{t_label.split(' (')[0]} vs cost (Pareto front: black staircase, numbered as in the report)"
+    )
+    for ax, g in zip(axes, groups, strict=True):
+        gp = [p for p in points if p.group == g]
+        front = [gp[i] for i in pareto_front([(p.time_s, p.cost_usd) for p in gp])]
+        # view: the front and everything within VIEW_SPAN of it (log axes); the rest is counted, not drawn
+        x_max = max(p.time_s for p in front) * VIEW_SPAN
+        y_max = max(p.cost_usd for p in front) * VIEW_SPAN
+        shown = [p for p in gp if p.time_s <= x_max and p.cost_usd <= y_max]
+        for p in shown:
+            ax.scatter(
+                p.time_s / 3600,
+                p.cost_usd,
+                color=color[p.system],
+                marker=marker.get(p.gpu, "o"),
+                s=22,
+                alpha=0.8,
+            )
+        ax.plot(
+            [p.time_s / 3600 for p in front],
+            [p.cost_usd for p in front],
+            "k-",
+            lw=1.2,
+            zorder=3,
+            drawstyle="steps-post",
+        )
+        for k, p in enumerate(front, start=1):
+            ax.annotate(
+                str(k),
+                (p.time_s / 3600, p.cost_usd),
+                fontsize=8,
+                fontweight="bold",
+                xytext=(-3, -11),
+                textcoords="offset points",
+            )
+        if len(shown) < len(gp):
+            ax.text(
+                0.99,
+                0.98,
+                f"not shown: {len(gp) - len(shown)} point(s) beyond {VIEW_SPAN:g}x the front",
+                transform=ax.transAxes,
+                ha="right",
+                va="top",
+                fontsize=7,
+            )
+        ax.set(xscale="log", yscale="log", xlabel=t_label, ylabel=c_label, title=f"{g[0]} (task {g[1]})")
+        ax.grid(True, which="both", alpha=0.3)
+    save(fig, "pareto")
+
+    unique = unique_points(points)
+    for key, title, ylabel, value, logy in (
+        (
+            "throughput",
+            "throughput vs GPUs (best plan per point)",
+            "tokens/s",
+            lambda p: p.tokens_per_s,
+            True,
+        ),
+        (
+            "per_gpu",
+            "throughput per GPU vs cluster size",
+            "tokens/s per GPU",
+            lambda p: p.tokens_per_s_per_gpu,
+            False,
+        ),
+        (
+            "energy",
+            "tokens per joule vs cluster size",
+            "tokens/J (GPU + host wall power)",
+            lambda p: p.tokens_per_joule,
+            False,
+        ),
+    ):
+        fig, axes = figure(title)
+        for ax, g in zip(axes, groups, strict=True):
+            for s in systems:
+                sp = sorted((p for p in unique if p.group == g and p.system == s), key=lambda p: p.gpus)
+                if sp:
+                    ax.plot(
+                        [p.gpus for p in sp],
+                        [value(p) for p in sp],
+                        marker=marker.get(sp[0].gpu, "o"),
+                        ms=4,
+                        color=color[s],
+                        label=s,
+                    )
+            ax.set(xscale="log", xlabel="GPUs", ylabel=ylabel, title=f"{g[0]} (task {g[1]})")
+            if logy:
+                ax.set_yscale("log")
+            ax.set_xscale("log", base=2)
+            ax.grid(True, which="both", alpha=0.3)
+        save(fig, key)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ entry points
+
+
+def write_report(outdir: Path, md_path: Path | None = None) -> Path:
+    """Write the Markdown summary (default OUTDIR/report.md) and its plots (next to it, in STEM-plots/)."""
+    manifest, rows = load(outdir)
+    md_path = md_path or outdir / "report.md"
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    points = [point(r) for r in rows if r["status"] == "ok"]
+    has_budget = all(r["combination"].get("train_tokens") for r in rows)
+    plots = write_plots(points, md_path.parent / f"{md_path.stem}-plots", has_budget)
+    md_path.write_text(markdown(outdir, md_path, manifest, rows, plots) + "\n")
+    return md_path
+
+
+def report_cmd(
+    outdir: Annotated[Path, typer.Argument(help="output directory of madmax-opt sweep", show_default=False)],
+    md: Annotated[Path | None, typer.Option("--md", help="Markdown file [default: OUTDIR/report.md]")] = None,
+) -> None:
+    """Pareto fronts, best plans per objective and per system, speedups, PNG plots of a sweep's results."""
+    typer.echo(f"wrote {write_report(outdir, md)}")

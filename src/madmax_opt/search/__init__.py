@@ -1,0 +1,1 @@
+"""Plan spaces and CP-SAT searches: uniform, uneven and mixed pipelines, serving, DLRM placement."""

@@ -1,0 +1,154 @@
+"""CP-SAT assembly shared by the training and serving searches: pick the best candidate(s) under linear limits.
+
+"Enumerate, then assemble" (shared/reference/solver-notes.md): candidates arrive with integer objective values
+(rounded once) and integer columns for the side constraints. Each candidate gets one Boolean, exactly one is
+chosen, every limit is a linear constraint over the Booleans, and ties break by enumeration order (objective x n +
+position, exact in integers), so the answer equals a brute-force sort. Within one group (hardware option) every
+limit is monotone in the objective, so only a group's ``top_k`` best admissible candidates can be in the top-k:
+the rest are dropped before the model is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from ortools.sat.python import cp_model
+
+from madmax_opt.model.hardware import HardwareOption
+
+IntArr = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Limit:
+    """sum_i coeffs[i] * x_i  <= bound  (or >= bound with ``at_least``)."""
+
+    coeffs: NDArray[np.int64]
+    bound: int
+    at_least: bool = False
+
+    def holds(self) -> NDArray[np.bool_]:
+        return np.asarray(self.coeffs >= self.bound if self.at_least else self.coeffs <= self.bound)
+
+
+@dataclass(frozen=True)
+class Pick:
+    status: str  # optimal | feasible
+    top: list[int]  # candidate indices, best first
+    objective: int
+    best_bound: float
+    booleans: int
+
+
+def solver_summary(
+    objective: int | None, best_bound: float | None, wall_s: float, candidates: int, booleans: int
+) -> dict[str, Any]:
+    """The ``solver`` object of the solve JSON: objective, proven bound, relative gap, size, time."""
+    obj = objective or 0
+    bound = best_bound if best_bound is not None else float("nan")
+    return {
+        "wall_s": wall_s,
+        "objective": obj,
+        "best_bound": bound,
+        "gap": (obj - bound) / max(abs(obj), 1),
+        "candidates": candidates,
+        "booleans": booleans,
+    }
+
+
+def supplies(hardware: Sequence[HardwareOption]) -> dict[str, int]:
+    """GPU supply per GPU type (the tightest one given)."""
+    out: dict[str, int] = {}
+    for o in hardware:
+        if o.supply is not None:
+            out[o.gpu.name] = min(out.get(o.gpu.name, o.supply), o.supply)
+    return out
+
+
+def cluster_limits(
+    hardware: Sequence[HardwareOption],
+    hw: IntArr,
+    gpus: IntArr,
+    cost_cents_per_hour: IntArr,
+    max_gpus: int | None,
+    max_cost_per_hour: float | None,
+) -> list[Limit]:
+    """GPU count, $/hour budget and GPU supply per type, for candidates on options ``hw``."""
+    limits = []
+    if max_gpus is not None:
+        limits.append(Limit(gpus, max_gpus))
+    if max_cost_per_hour is not None:
+        limits.append(Limit(cost_cents_per_hour, round(max_cost_per_hour * 100)))
+    types = np.array([o.gpu.name for o in hardware])[hw] if len(hw) else np.array([], dtype=str)
+    for name, supply in supplies(hardware).items():
+        limits.append(Limit(np.where(types == name, gpus, 0), supply))
+    return limits
+
+
+def admissible_mask(valid: NDArray[np.bool_], limits: Sequence[Limit]) -> NDArray[np.bool_]:
+    ok = valid.copy()
+    for lim in limits:
+        ok &= lim.holds()
+    return ok
+
+
+def brute_force(objective: IntArr, ok: NDArray[np.bool_]) -> IntArr:
+    """Admissible indices sorted by (objective, enumeration order): the reference answer."""
+    idx = np.flatnonzero(ok)
+    return idx[np.lexsort((idx, objective[idx]))]
+
+
+def pick_best(
+    objective: IntArr,
+    ok: NDArray[np.bool_],
+    group: IntArr,
+    limits: Sequence[Limit],
+    *,
+    top_k: int = 1,
+    time_limit_s: float = 60.0,
+    workers: int = 1,
+    seed: int = 0,
+) -> Pick | None:
+    """The ``top_k`` best admissible candidates by CP-SAT; None when none is admissible."""
+    keep_list: list[int] = []
+    for g in np.unique(group[ok]):
+        idx = np.flatnonzero(ok & (group == g))
+        keep_list.extend(idx[np.lexsort((idx, objective[idx]))][:top_k].tolist())
+    if not keep_list:
+        return None
+    keep = np.array(sorted(keep_list), dtype=np.int64)
+    m = cp_model.CpModel()
+    x = [m.new_bool_var(f"x{i}") for i in keep]
+    m.add_exactly_one(x)
+    for lim in limits:
+        expr = sum(int(q) * v for q, v in zip(lim.coeffs[keep], x, strict=True))
+        m.add(expr >= lim.bound if lim.at_least else expr <= lim.bound)
+    n = len(keep)
+    coeffs = objective[keep] * n + np.arange(n)
+    assert int(coeffs.max()) < 2**50, "objective coefficient overflow"
+    m.minimize(sum(int(q) * v for q, v in zip(coeffs, x, strict=True)))
+
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    solver.parameters.max_time_in_seconds = time_limit_s
+    top: list[int] = []
+    status, best, bound = "infeasible", 0, 0.0
+    for rank in range(top_k):
+        st = solver.solve(m)
+        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
+        chosen = next(j for j, v in enumerate(x) if solver.value(v))
+        top.append(int(keep[chosen]))
+        if rank == 0:
+            status = "optimal" if st == cp_model.OPTIMAL else "feasible"
+            best = round(solver.objective_value) // n  # a float in the API: never truncate
+            bound = float(np.floor(solver.best_objective_bound / n))  # back to objective units
+        m.add(x[chosen] == 0)
+    if not top:
+        return None
+    return Pick(status, top, best, bound, len(x))

@@ -1,0 +1,708 @@
+"""Embedding-table placement by CP-SAT (with a greedy baseline and a brute force), and the DLRM plan search.
+
+Placement ("enumerate, then assemble", shared/reference/solver-notes.md): ``dlrm.embedding_options`` enumerates every
+way to hold a table and what one shard adds to each per-GPU term (lookup time, memory, each collective lane) as a
+GPU's owner / node-mate / remote. Those coefficients are rounded once here (time to 1 ns, memory up to 1 MB) and
+CP-SAT chooses, for every table group, how many tables take each option and where:
+
+- identical tables are *grouped*: one integer count per (group, option, GPU or node) instead of one Boolean per
+  table. DLRM-A's 4096 identical tables on 128 GPUs become 128 table-wise counts, 128 column-shard counts per split,
+  16 table-row-wise node counts, a row-wise and a data-parallel count. A concrete plan is recovered by dealing the
+  counts out to tables (the costs are per shard, so every dealing costs the same).
+- per GPU g and term t the load is linear in the counts: sum_o (c_self - c_node) x[o,g] + (c_node - c_remote)
+  X[o, node(g)] + c_remote X[o] (node and total sums as auxiliary integers), so
+- the objective, sum over lookup phases and collectives of weight x busiest-GPU time (+ latency when used), is a sum
+  of maxima: one integer per phase / collective with ``>=`` every GPU's lane load; memory per GPU ``<=`` capacity.
+
+The greedy baseline (what common planners do): every table table-wise, largest table first, to the GPU with the
+least load so far (lookup + its own communication) that still has memory room. It is also the solver's hint, so
+the solver never returns worse. The brute force enumerates every option of every table (small instances only) over
+the same integer coefficients: the exactness reference.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from ortools.sat.python import cp_model
+
+from madmax_opt.core.errors import InfeasibleError, InternalError
+from madmax_opt.model.dlrm import (
+    COLLECTIVE_KIND,
+    COLLECTIVE_LANES,
+    DENSE_INVALID,
+    LOOKUPS,
+    SELF,
+    TERM_INDEX,
+    TERMS,
+    DensePlan,
+    DensePlans,
+    DLRMPlan,
+    DLRMProblem,
+    EmbeddingOptions,
+    EmbeddingTimes,
+    Layout,
+    ShardArrays,
+    collective_maxima,
+    collectives_used,
+    compact_placement,
+    dense_peak_flops,
+    dense_terms,
+    embedding_options,
+    embedding_times,
+    enumerate_dense,
+    layout_of,
+    lower,
+    per_gpu_terms,
+    phase_weights,
+    placement_objective_s,
+    shards_from_plan,
+    step_terms,
+    step_time_s,
+)
+
+IntArr = NDArray[np.int64]
+NS = 1e9  # integer time unit: nanoseconds
+MB = 1e6  # integer memory unit: megabytes, rounded up per shard
+MEMORY = TERM_INDEX["memory"]
+
+
+# ===================================================================================== integer tables
+
+
+@dataclass(frozen=True)
+class IntTables:
+    """The placement instance in integers: coefficients (options, terms, 3), latencies, weights, capacity."""
+
+    opts: EmbeddingOptions
+    coef: IntArr
+    latency: dict[str, int]
+    weights: dict[str, int]
+    capacity_mb: int  # per GPU, for embeddings (HBM minus reserve minus the dense part)
+    layout: Layout
+
+
+def int_tables(opts: EmbeddingOptions, lay: Layout, weights: dict[str, int], capacity_bytes: float) -> IntTables:
+    """Round every coefficient once: times to the nearest ns, memory up to whole MB (so an integer-feasible plan
+    is feasible in bytes); capacity down to whole MB."""
+    seconds = opts.coef.copy()
+    seconds[:, MEMORY, :] = 0.0  # bytes: rounded separately (bytes x 1e9 would overflow int64)
+    coef = np.rint(seconds * NS).astype(np.int64)
+    coef[:, MEMORY, :] = np.ceil(opts.coef[:, MEMORY, :] / MB - 1e-9).astype(np.int64)
+    latency = {c: round(v * NS) for c, v in opts.latency_s.items()}
+    return IntTables(opts, coef, latency, weights, int(np.floor(capacity_bytes / MB)), lay)
+
+
+def int_objective(it: IntTables, shards: ShardArrays) -> tuple[int, bool]:
+    """(integer objective in ns, memory-feasible) of a placement: the same arithmetic CP-SAT optimises."""
+    totals = per_gpu_terms(it.coef, it.opts.options, shards, it.layout)
+    mx = collective_maxima(totals)
+    used = collectives_used(it.opts.options, shards)
+    obj = sum(it.weights[k] * int(mx[k]) for k in LOOKUPS)
+    obj += sum(it.weights[c] * (int(mx[c]) + (it.latency[c] if c in used else 0)) for c in COLLECTIVE_LANES)
+    return obj, bool(totals[MEMORY].max() <= it.capacity_mb)
+
+
+# ============================================================================================ greedy
+
+
+def greedy_placement(it: IntTables) -> ShardArrays | None:
+    """Every table table-wise: largest (bytes) first, each to the least-loaded GPU (its own lookup and
+    communication time so far, float coefficients) with memory room; None when some table fits nowhere."""
+    opts, lay = it.opts, it.layout
+    tw = {o.group: i for i, o in enumerate(opts.options) if o.sharding == "table_wise"}
+    own_terms = [TERM_INDEX[k] for k in (*LOOKUPS, "tw_in.recv_intra", "tw_in.recv_inter", "tw_out.send_intra",
+                                         "tw_out.send_inter")]
+    order = sorted((-float(opts.coef[tw[j], MEMORY, SELF]), j) for j in tw for _ in range(opts.counts[j]))
+    if len(order) != sum(opts.counts):
+        return None  # some group may not be held table-wise (not allowed, or a table exceeds a GPU)
+    load = np.zeros(lay.gpus)
+    mem = np.zeros(lay.gpus, dtype=np.int64)
+    placed = np.zeros((len(opts.options), lay.gpus), dtype=np.int64)
+    for _, j in order:
+        o = tw[j]
+        room = mem + it.coef[o, MEMORY, SELF] <= it.capacity_mb
+        if not room.any():
+            return None
+        g = int(np.argmin(np.where(room, load, np.inf)))
+        load[g] += float(opts.coef[o, own_terms, SELF].sum())
+        mem[g] += it.coef[o, MEMORY, SELF]
+        placed[o, g] += 1
+    o_idx, g_idx = np.nonzero(placed)
+    return ShardArrays(o_idx.astype(np.int64), g_idx.astype(np.int64), placed[o_idx, g_idx])
+
+
+# =========================================================================================== CP-SAT
+
+
+@dataclass
+class PlacementResult:
+    shards: ShardArrays
+    status: str  # optimal | feasible
+    objective: int  # ns, integer model
+    bound: float  # CP-SAT's proven lower bound, ns
+    wall_s: float
+    variables: int
+    greedy: ShardArrays | None
+    greedy_objective: int | None  # ns, integer model
+
+    @property
+    def gap(self) -> float:
+        return (self.objective - self.bound) / max(self.objective, 1)
+
+    @property
+    def gain_vs_greedy(self) -> float | None:
+        """Fraction by which the plan's objective is below greedy's (None when greedy finds no placement)."""
+        if self.greedy_objective is None:
+            return None
+        return 1.0 - self.objective / self.greedy_objective
+
+
+class PlacementModel:
+    """The CP-SAT model of one placement instance (see the module docstring)."""
+
+    def __init__(self, it: IntTables) -> None:
+        self.it = it
+        opts, lay = it.opts, it.layout
+        self._nz = [np.flatnonzero(it.coef[:, t].any(axis=1)).tolist() for t in range(len(TERMS))]
+        self._cap = [opts.counts[o.group] * o.split for o in opts.options]
+        self._node_part: dict[tuple[int, int], tuple[Any, int]] = {}
+        self._global_part: dict[int, tuple[Any, int]] = {}
+        N, G, M = lay.gpus, lay.node, lay.nodes
+        self.node_of = [g // G for g in range(N)]
+        m = self.model = cp_model.CpModel()
+        self.x: dict[int, list[cp_model.IntVar]] = {}  # option -> counts per location (GPUs, nodes, or global)
+        self.tables: dict[int, cp_model.IntVar] = {}  # option -> tables held that way
+        self.xnode: dict[int, list[cp_model.IntVar]] = {}  # gpu-located option -> per-node sums
+        for o, opt in enumerate(opts.options):
+            c = opts.counts[opt.group]
+            self.tables[o] = m.new_int_var(0, c, f"n{o}")
+            if opt.located == "gpu":
+                self.x[o] = [m.new_int_var(0, c * opt.split, f"x{o}_{g}") for g in range(N)]
+                m.add(sum(self.x[o]) == opt.split * self.tables[o])
+                self.xnode[o] = []
+                for k in range(M):
+                    v = m.new_int_var(0, c * opt.split, f"xn{o}_{k}")
+                    m.add(v == sum(self.x[o][k * G:(k + 1) * G]))
+                    self.xnode[o].append(v)
+            elif opt.located == "node":
+                self.x[o] = [m.new_int_var(0, c, f"z{o}_{k}") for k in range(M)]
+                m.add(sum(self.x[o]) == self.tables[o])
+            else:
+                self.x[o] = [self.tables[o]]
+        for j, c in enumerate(opts.counts):
+            m.add(sum(self.tables[o] for o, opt in enumerate(opts.options) if opt.group == j) == c)
+
+        objective: list[Any] = []
+        self.peaks: dict[str, cp_model.IntVar] = {}  # busiest GPU lane of each lookup phase / collective
+        for phase in (*LOOKUPS, *COLLECTIVE_LANES):
+            lanes = [phase] if phase in LOOKUPS else [f"{phase}.{ln}" for ln in COLLECTIVE_LANES[phase]]
+            idx = [TERM_INDEX[t] for t in lanes if it.coef[:, TERM_INDEX[t]].any()]
+            w = it.weights[phase]
+            if not idx or not w:
+                continue
+            exprs = [self.load(g, t) for t in idx for g in range(N)]
+            hi = max(ub for _, ub in exprs)
+            assert hi < 2**50, "placement objective overflow"
+            peak = self.peaks[phase] = m.new_int_var(0, hi, f"max_{phase}")
+            for e, _ in exprs:
+                m.add(peak >= e)
+            objective.append(w * peak)
+        self.used: dict[str, cp_model.IntVar] = {}  # a collective's latency is paid when any table uses it
+        for phase, lat in it.latency.items():
+            members = [self.tables[o] for o, opt in enumerate(opts.options) if opt.sharding == COLLECTIVE_KIND[phase]]
+            if lat and it.weights[phase] and members:
+                used = self.used[phase] = m.new_bool_var(f"used_{phase}")
+                m.add(sum(members) <= sum(opts.counts) * used)
+                objective.append(it.weights[phase] * lat * used)
+        mem = []
+        for g in range(N):
+            e, _ = self.load(g, MEMORY)
+            m.add(e <= it.capacity_mb)
+            mem.append(e)
+        # symmetry breaking (valid: GPUs of a node are interchangeable, and so are nodes, so every placement can
+        # be permuted into this order): memory non-increasing over the GPUs of each node and over node totals
+        for g in range(N - 1):
+            if self.node_of[g] == self.node_of[g + 1]:
+                m.add(mem[g] >= mem[g + 1])
+        node_mem = [sum(mem[k * G:(k + 1) * G]) for k in range(M)]
+        for k in range(M - 1):
+            m.add(node_mem[k] >= node_mem[k + 1])
+        m.minimize(sum(objective))
+        # search: decide the counts, then give every max / used variable its lowest value (without the second
+        # strategy a single worker lowered a slack max variable by 1 ns per solution)
+        counts = [self.tables[o] for o in self.tables]
+        counts += [v for o in self.x if opts.options[o].located != "global" for v in self.x[o]]
+        m.add_decision_strategy(counts, cp_model.CHOOSE_FIRST, cp_model.SELECT_MAX_VALUE)
+        m.add_decision_strategy([*self.peaks.values(), *self.used.values()], cp_model.CHOOSE_FIRST,
+                                cp_model.SELECT_MIN_VALUE)
+
+    def load(self, g: int, t: int) -> tuple[cp_model.LinearExprT, int]:
+        """(linear expression, upper bound) of term t on GPU g: its own shards' part, plus shared integer sums of
+        its node's part and the cluster-wide part (one per node and term, one per term: a sparse model)."""
+        k = self.node_of[g]
+        if (t, k) not in self._node_part:
+            self._node_part[t, k] = self._shared(self._parts(t, k, "node"), f"node{t}_{k}")
+        if t not in self._global_part:
+            self._global_part[t] = self._shared(self._parts(t, -1, "global"), f"all{t}")
+        own, (_, own_ub) = self._parts(t, g, "own")
+        node, node_ub = self._node_part[t, k]
+        glob, glob_ub = self._global_part[t]
+        return sum(own) + node + glob, own_ub + node_ub + glob_ub
+
+    def _shared(self, part: tuple[list[Any], tuple[int, int]], name: str) -> tuple[Any, int]:
+        terms, (lb, ub) = part
+        if len(terms) <= 1:
+            return sum(terms), ub
+        v = self.model.new_int_var(lb, ub, name)
+        self.model.add(v == sum(terms))
+        return v, ub
+
+    def _parts(self, t: int, where: int, part: str) -> tuple[list[Any], tuple[int, int]]:
+        """The terms of the load of term t that belong to GPU ``where`` alone (own: c_self - c_node on its
+        gpu-located shards), to node ``where`` (node: c_node - c_remote on the node's shards), or to everyone
+        (global: c_remote on all shards, c_self on global options), with their bounds."""
+        terms: list[Any] = []
+        lb = ub = 0
+        for o in self._nz[t]:
+            opt = self.it.opts.options[o]
+            cs, cn, cr = (int(v) for v in self.it.coef[o, t])
+            var: Any
+            if part == "own":
+                c, var = (cs - cn, self.x[o][where]) if opt.located == "gpu" else (0, None)
+            elif part == "node":
+                c, var = (cn - cr, (self.xnode[o] if opt.located == "gpu" else self.x[o])[where]) \
+                    if opt.located != "global" else (0, None)
+            else:
+                c = cs if opt.located == "global" else cr
+                var = opt.split * self.tables[o] if opt.located == "gpu" else self.tables[o]
+            if c:
+                terms.append(c * var)
+                lb += self._cap[o] * min(c, 0)
+                ub += self._cap[o] * max(c, 0)
+        return terms, (lb, ub)
+
+    def hint(self, shards: ShardArrays) -> None:
+        """A complete hint: every count, sum, max and used variable of ``shards``' placement."""
+        it, opts, lay = self.it, self.it.opts, self.it.layout
+        self.model.clear_hints()
+        loc = np.zeros((len(opts.options), max(lay.gpus, 1)), dtype=np.int64)
+        for o, g, k in zip(shards.option.tolist(), shards.location.tolist(), shards.count.tolist(), strict=True):
+            loc[o, max(g, 0)] += k
+        for o, opt in enumerate(opts.options):
+            n_loc = len(self.x[o])
+            if opt.located != "global":
+                for i, var in enumerate(self.x[o]):
+                    self.model.add_hint(var, int(loc[o, i]))
+            self.model.add_hint(self.tables[o], int(loc[o, :n_loc].sum()) // opt.split)
+            for k, var in enumerate(self.xnode.get(o, [])):
+                self.model.add_hint(var, int(loc[o, k * lay.node:(k + 1) * lay.node].sum()))
+        mx = collective_maxima(per_gpu_terms(it.coef, opts.options, shards, lay))
+        for phase, var in self.peaks.items():
+            self.model.add_hint(var, int(mx[phase]))
+        used = collectives_used(opts.options, shards)
+        for phase, var in self.used.items():
+            self.model.add_hint(var, int(phase in used))
+
+    def solution(self, solver: cp_model.CpSolver) -> ShardArrays:
+        rows: list[tuple[int, int, int]] = []
+        for o, opt in enumerate(self.it.opts.options):
+            for loc, var in enumerate(self.x[o]):
+                k = int(solver.value(var))
+                if k:
+                    rows.append((o, loc if opt.located != "global" else -1, k))
+        arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
+        return ShardArrays(arr[:, 0], arr[:, 1], arr[:, 2])
+
+
+PROOF_PHASE_LIMIT = 5.0  # deterministic time units of the first, single-worker phase
+
+
+def _phase(pm: PlacementModel, hint: ShardArrays | None, *, time_limit_s: float, deterministic_limit: float | None,
+           workers: int, seed: int, portfolio: bool) -> tuple[Any, cp_model.CpSolver]:
+    """One CP-SAT run. Proof phase: one worker following the decision strategies with quick restarts, no presolve,
+    full LP relaxation. Portfolio phase: CP-SAT's own portfolio (LNS included), interleaved in one thread when
+    ``workers`` is 1 so that it stays deterministic."""
+    if hint is not None:
+        pm.hint(hint)
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.random_seed = seed
+    prm.max_time_in_seconds = max(time_limit_s, 0.01)
+    if deterministic_limit is not None:
+        prm.max_deterministic_time = deterministic_limit
+    prm.cp_model_presolve = False
+    prm.linearization_level = 2
+    if portfolio:
+        prm.num_workers = max(workers, PORTFOLIO_WORKERS)
+        prm.interleave_search = workers == 1
+    else:
+        prm.num_workers = 1
+        prm.search_branching = cp_model.PORTFOLIO_WITH_QUICK_RESTART_SEARCH
+    return solver.solve(pm.model), solver
+
+
+PORTFOLIO_WORKERS = 4  # subsolvers of the second phase (interleaved in one thread when workers == 1)
+
+
+def solve_placement(
+    it: IntTables, *, time_limit_s: float = 30.0, workers: int = 1, seed: int = 0,
+    deterministic_limit: float | None = None,
+) -> PlacementResult | None:
+    """Minimise the integer placement objective under per-GPU memory; None when no placement fits.
+
+    Two phases (measured, ortools 9.15, on random small instances, DLRM-A/I at 96 and 128 GPUs and 50-200
+    heterogeneous tables): (1) one worker following the decision strategies with quick restarts, no presolve
+    (its symmetry detection over identical GPUs cost up to 30 s) and the full LP relaxation proves every small and
+    every grouped instance in under 1.5 s, but finds no improvement on heterogeneous tables; (2) when (1) has not
+    proven optimality within PROOF_PHASE_LIMIT deterministic units, CP-SAT's portfolio with LNS (interleaved:
+    deterministic with one worker) continues from the best plan so far for the rest of ``time_limit_s`` (or
+    ``deterministic_limit`` units). The greedy plan is the first hint, and the result is never worse than greedy.
+    """
+    t0 = time.perf_counter()
+    pm = PlacementModel(it)
+    greedy = greedy_placement(it)
+    greedy_obj = int_objective(it, greedy)[0] if greedy is not None else None
+    best: tuple[int, ShardArrays] | None = (greedy_obj, greedy) if greedy is not None and greedy_obj is not None \
+        else None
+    first = PROOF_PHASE_LIMIT if deterministic_limit is None else min(PROOF_PHASE_LIMIT, deterministic_limit)
+    st, solver = _phase(pm, greedy, time_limit_s=time_limit_s, deterministic_limit=first, workers=workers,
+                        seed=seed, portfolio=False)
+    bound = float(solver.best_objective_bound) if st != cp_model.INFEASIBLE else 0.0
+    best = _better(it, pm, solver, st, best)
+    left_s = time_limit_s - (time.perf_counter() - t0)
+    left_det = None if deterministic_limit is None else deterministic_limit - first
+    if st not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) and left_s > 0.1 and (left_det is None or left_det > 0):
+        st, solver = _phase(pm, best[1] if best else None, time_limit_s=left_s, deterministic_limit=left_det,
+                            workers=workers, seed=seed, portfolio=True)
+        if st != cp_model.INFEASIBLE:
+            bound = max(bound, float(solver.best_objective_bound))
+        best = _better(it, pm, solver, st, best)
+    if best is None:
+        return None
+    obj, shards = best
+    return PlacementResult(
+        shards=shards,
+        status="optimal" if st == cp_model.OPTIMAL or bound >= obj else "feasible",
+        objective=obj,
+        bound=min(bound, float(obj)),
+        wall_s=time.perf_counter() - t0,
+        variables=len(pm.model.proto.variables),
+        greedy=greedy,
+        greedy_objective=greedy_obj,
+    )
+
+
+def _better(it: IntTables, pm: PlacementModel, solver: cp_model.CpSolver, st: Any,
+            best: tuple[int, ShardArrays] | None) -> tuple[int, ShardArrays] | None:
+    """The better of ``best`` and the run's solution (re-evaluated: CP-SAT's value must match the integers)."""
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return best
+    shards = pm.solution(solver)
+    obj, fits = int_objective(it, shards)
+    # a proven optimum is tight; a time-limited solution may leave slack in the max variables (obj lower)
+    if obj > round(solver.objective_value) or not fits or (st == cp_model.OPTIMAL
+                                                            and obj != round(solver.objective_value)):
+        raise InternalError(f"placement model mismatch: CP-SAT objective {solver.objective_value:.0f} ns, "
+                            f"re-evaluated {obj} ns, memory fits: {fits}")
+    return (obj, shards) if best is None or obj < best[0] else best
+
+
+# ======================================================================================= brute force
+
+
+def table_choices(it: IntTables) -> list[list[tuple[int, tuple[int, ...]]]]:
+    """Per table (groups expanded): every (option, locations) it can take; column shards as GPU multisets."""
+    lay = it.layout
+    out: list[list[tuple[int, tuple[int, ...]]]] = []
+    for j, c in enumerate(it.opts.counts):
+        choices: list[tuple[int, tuple[int, ...]]] = []
+        for o, opt in enumerate(it.opts.options):
+            if opt.group != j:
+                continue
+            if opt.located == "gpu":
+                choices += [(o, gs) for gs in itertools.combinations_with_replacement(range(lay.gpus), opt.split)]
+            elif opt.located == "node":
+                choices += [(o, (k,)) for k in range(lay.nodes)]
+            else:
+                choices.append((o, (-1,)))
+        out += [choices] * c
+    return out
+
+
+def brute_force_placement(it: IntTables, chunk: int = 200_000) -> tuple[int, ShardArrays] | None:
+    """The exact optimum by enumerating every combination of every table's choices (small instances only)."""
+    per_table = table_choices(it)
+    phases = [(k, [TERM_INDEX[k]]) for k in LOOKUPS] + [
+        (c, [TERM_INDEX[f"{c}.{ln}"] for ln in lanes]) for c, lanes in COLLECTIVE_LANES.items()]
+    phase_names = list(COLLECTIVE_LANES)
+    vecs: list[NDArray[np.int64]] = []  # per table: (choices, terms, N) integer loads
+    masks: list[NDArray[np.int64]] = []  # per table: (choices,) bitmask of collectives used
+    for choices in per_table:
+        v, mk = [], []
+        for o, locs in choices:
+            sh = ShardArrays(np.full(len(locs), o, dtype=np.int64), np.array(locs, dtype=np.int64),
+                             np.ones(len(locs), dtype=np.int64))
+            v.append(per_gpu_terms(it.coef, it.opts.options, sh, it.layout))
+            used = collectives_used(it.opts.options, sh)
+            mk.append(sum(1 << phase_names.index(c) for c in used))
+        vecs.append(np.array(v))
+        masks.append(np.array(mk, dtype=np.int64))
+    n_tab = len(per_table)
+    split = n_tab
+    size = 1
+    for i, table_vecs in enumerate(vecs):  # enumerate a prefix of tables fully, loop over the rest
+        if size * len(table_vecs) > chunk:
+            split = i
+            break
+        size *= len(table_vecs)
+    pre_tot = np.zeros((1, len(TERMS), it.layout.gpus), dtype=np.int64)
+    pre_mask = np.zeros(1, dtype=np.int64)
+    pre_idx = np.zeros((1, 0), dtype=np.int64)
+    for i in range(split):
+        k = len(vecs[i])
+        pre_tot = (pre_tot[:, None] + vecs[i][None]).reshape(-1, len(TERMS), it.layout.gpus)
+        pre_mask = (pre_mask[:, None] | masks[i][None]).reshape(-1)
+        pre_idx = np.concatenate([np.repeat(pre_idx, k, axis=0), np.tile(np.arange(k), len(pre_idx))[:, None]], 1)
+    best: tuple[int, tuple[int, ...]] | None = None
+    lat = np.array([it.latency[c] * it.weights[c] for c in phase_names], dtype=np.int64)
+    for rest in itertools.product(*[range(len(v)) for v in vecs[split:]]):
+        tot = pre_tot + sum((vecs[split + i][r] for i, r in enumerate(rest)), np.zeros_like(pre_tot[0]))
+        mask = pre_mask | np.bitwise_or.reduce(np.array([masks[split + i][r] for i, r in enumerate(rest)] or [0]))
+        obj = np.zeros(len(tot), dtype=np.int64)
+        for name, idx in phases:
+            obj += it.weights[name] * tot[:, idx, :].max(axis=(1, 2))
+        for bit in range(len(phase_names)):
+            obj += np.where((mask >> bit) & 1, lat[bit], 0)
+        obj = np.where(tot[:, MEMORY, :].max(axis=1) <= it.capacity_mb, obj, np.iinfo(np.int64).max)
+        i = int(np.argmin(obj))
+        if obj[i] < np.iinfo(np.int64).max and (best is None or obj[i] < best[0]):
+            best = (int(obj[i]), (*pre_idx[i].tolist(), *rest))
+    if best is None:
+        return None
+    rows = [(o, loc, 1) for t, ci in enumerate(best[1]) for o, locs in [per_table[t][ci]] for loc in locs]
+    arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return best[0], ShardArrays(arr[:, 0], arr[:, 1], arr[:, 2])
+
+
+# ===================================================================================== DLRM search
+
+
+@dataclass
+class OptionResult:
+    """The best plan found on one hardware option, with its placement solve and the paper-style baseline."""
+
+    hw: int
+    record: dict[str, Any] | None
+    baseline: dict[str, Any] | None
+    placement: PlacementResult | None
+    reason: str | None = None
+
+
+def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, shards: ShardArrays,
+            dense_plans: DensePlans, i: int, times: EmbeddingTimes) -> dict[str, Any]:
+    """The exact (float) evaluation of dense plan ``i`` with placement ``shards`` as a JSON-ready record."""
+    wl = lower(problem.model)
+    one = DensePlans(dense_plans.strategy[i:i + 1], dense_plans.tp[i:i + 1], dense_plans.ep[i:i + 1])
+    dt = dense_terms(wl, problem.task, problem.stack, lay, one)
+    t, hidden = step_terms(dt, times, problem.stack, problem.task)
+    step = float(step_time_s(t)[0])
+    opt = problem.hardware[hw]
+    emb_mem = float(times.memory_bytes.max())
+    dense_mem = float(dt.memory_bytes[0])
+    total = emb_mem + dense_mem
+    reasons = []
+    if int(dt.invalid[0]):
+        reasons.append(DENSE_INVALID[int(dt.invalid[0])])
+    if total > lay.capacity_bytes:
+        reasons.append(f"memory per GPU {total / 1e9:.1f} GB exceeds usable capacity {lay.capacity_bytes / 1e9:.1f} GB")
+    samples_s = problem.task.global_batch / step
+    price = opt.price_per_hour
+    counts: dict[str, float] = {}  # tables per sharding (column shards count 1/split each)
+    for o, k in zip(shards.option.tolist(), shards.count.tolist(), strict=True):
+        s = opts.options[o]
+        counts[s.sharding] = counts.get(s.sharding, 0) + k / s.split
+    exposed_a2a = t["a2a_fwd"][0] + t["a2a_bwd"][0]
+    rec: dict[str, Any] = {
+        "plan": {"system": opt.system.name, "gpus": opt.gpus, "dense": one.plan(0).model_dump(),
+                 "placement": compact_placement(shards, opts, problem.model)},
+        "hardware": {"system": opt.system.name, "gpu": opt.gpu.name, "gpus": opt.gpus},
+        "feasible": not reasons,
+        "infeasible_reason": "; ".join(reasons) or None,
+        "step_time_s": step,
+        "samples_per_s": samples_s,
+        "cost_per_hour_usd": price,
+        "usd_per_million_samples": price / 3600.0 / samples_s * 1e6,
+        "exposed_a2a_share": float(exposed_a2a / step),
+        "time_breakdown_s": {k: float(v[0]) for k, v in t.items()},
+        "overlapped_comm_s": {k: float(v[0]) for k, v in hidden.items()},
+        "embedding": {
+            "lookup_fwd_s": times.lookup_fwd_s,
+            "lookup_bwd_s": times.lookup_bwd_s,
+            "input_all_to_all_s": times.input_s,
+            "output_all_to_all_s": times.output_s,
+            "dp_allreduce_s": times.dp_allreduce_s,
+            "placement_objective_s": placement_objective_s(times, problem.task),
+            "per_collective_s": {k: v for k, v in times.per_collective_s.items() if v},
+            "tables_by_sharding": counts,
+        },
+        "memory_bytes_per_gpu": {
+            "embedding_max": emb_mem,
+            "dense": {k: float(v[0]) for k, v in dt.memory.items()},
+            "total": total,
+            "capacity": lay.capacity_bytes,
+        },
+        "dense_mfu": float(dt.fwd_flops_per_gpu[0] * (3.0 if problem.task.kind == "train" else 1.0)
+                           / (step * dense_peak_flops(opt.gpu, problem.model.dense_precision, problem.stack))),
+    }
+    if problem.task.train_samples:
+        hours = problem.task.train_samples / samples_s / 3600.0
+        rec["time_to_train"] = {"hours": hours, "gpu_hours": hours * opt.gpus, "cost_usd": hours * price}
+    return rec
+
+
+def _objective_value(problem: DLRMProblem, rec: dict[str, Any]) -> float:
+    if problem.objective == "cost":
+        return float(rec["usd_per_million_samples"])
+    return float(rec["step_time_s"])
+
+
+def _admissible(problem: DLRMProblem, rec: dict[str, Any]) -> bool:
+    c = problem.constraints
+    return bool(rec["feasible"]
+                and (c.max_gpus is None or rec["hardware"]["gpus"] <= c.max_gpus)
+                and (c.max_cost_per_hour is None or rec["cost_per_hour_usd"] <= c.max_cost_per_hour)
+                and (c.min_samples_per_s is None or rec["samples_per_s"] >= c.min_samples_per_s))
+
+
+def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, workers: int = 1) -> OptionResult:
+    """Best (dense plan, placement) on hardware option ``hw``: CP-SAT placement per distinct embedding memory
+    budget (loosest first; a placement that fits a tighter budget is optimal there too), dense plans enumerated."""
+    task, stack = problem.task, problem.stack
+    lay = layout_of(problem.hardware[hw], stack)
+    wl = lower(problem.model)
+    dense = enumerate_dense(problem, lay)
+    dt = dense_terms(wl, task, stack, lay, dense)
+    ok = np.flatnonzero(dt.invalid == 0)
+    if len(ok) == 0:
+        code = int(np.bincount(dt.invalid).argmax()) if len(dt.invalid) else 1
+        return OptionResult(hw, None, None, None, DENSE_INVALID.get(code, "no dense plan"))
+    budget = lay.capacity_bytes - dt.memory_bytes
+    loosest = float(budget[ok].max())
+    shardings = tuple(problem.space.shardings or ("table_wise", "column_wise", "table_row_wise", "row_wise",
+                                                   "data_parallel"))
+    opts = embedding_options(problem.model, task, lay, shardings, tuple(problem.space.column_splits), loosest)
+    weights = phase_weights(task)
+    solved: dict[int, PlacementResult | None] = {}
+    best: dict[str, Any] | None = None
+    first: PlacementResult | None = None
+    for i in sorted(ok.tolist(), key=lambda k: -budget[k]):
+        it = int_tables(opts, lay, weights, float(budget[i]))
+        res = next((r for r in solved.values() if r is not None
+                    and int(per_gpu_terms(it.coef, opts.options, r.shards, lay)[MEMORY].max()) <= it.capacity_mb),
+                   None)
+        if res is None and it.capacity_mb not in solved:
+            res = solve_placement(it, time_limit_s=time_limit_s, workers=workers)
+            solved[it.capacity_mb] = res
+        if res is None:
+            continue
+        first = first or res
+        rec = _record(problem, hw, lay, opts, res.shards, dense, i, embedding_times(opts, res.shards, lay))
+        if _admissible(problem, rec) and (best is None or _objective_value(problem, rec) < _objective_value(problem,
+                                                                                                            best)):
+            best = rec
+            best["placement_solver"] = _solver_info(res)
+    baseline = paper_baseline(problem, hw, lay=lay, opts_full=None)
+    reason = None if best is not None else "no placement of the tables fits in GPU memory"
+    return OptionResult(hw, best, baseline, first, reason)
+
+
+def _solver_info(res: PlacementResult) -> dict[str, Any]:
+    return {
+        "status": res.status,
+        "objective_s": res.objective / NS,
+        "bound_s": res.bound / NS,
+        "gap": res.gap,
+        "wall_s": res.wall_s,
+        "variables": res.variables,
+        "greedy_objective_s": None if res.greedy_objective is None else res.greedy_objective / NS,
+        "gain_vs_greedy": res.gain_vs_greedy,
+    }
+
+
+def paper_baseline(problem: DLRMProblem, hw: int, *, lay: Layout | None = None,
+                   opts_full: EmbeddingOptions | None = None) -> dict[str, Any] | None:
+    """MAD-Max's baseline: embeddings table-wise over all GPUs (greedy), MLPs DDP or FSDP (the better one)."""
+    lay = lay or layout_of(problem.hardware[hw], problem.stack)
+    wl = lower(problem.model)
+    dense = DensePlans.of([DensePlan(strategy="ddp"), DensePlan(strategy="fsdp")])
+    dt = dense_terms(wl, problem.task, problem.stack, lay, dense)
+    opts = opts_full or embedding_options(problem.model, problem.task, lay, ("table_wise",))
+    best = None
+    for i in range(len(dense)):
+        it = int_tables(opts, lay, phase_weights(problem.task), lay.capacity_bytes - float(dt.memory_bytes[i]))
+        shards = greedy_placement(it)
+        if shards is None:
+            continue
+        rec = _record(problem, hw, lay, opts, shards, dense, i, embedding_times(opts, shards, lay))
+        if rec["feasible"] and (best is None or rec["step_time_s"] < best["step_time_s"]):
+            best = rec
+    return best
+
+
+def solve_dlrm(problem: DLRMProblem, *, time_limit_s: float = 30.0, workers: int = 1) -> tuple[
+        dict[str, Any], list[OptionResult]]:
+    """The best plan over every hardware option (raises InfeasibleError naming the reason when none fits)."""
+    results = [search_option(problem, hw, time_limit_s=time_limit_s, workers=workers)
+               for hw in range(len(problem.hardware))]
+    cands = [r.record for r in results if r.record is not None and _admissible(problem, r.record)]
+    if not cands:
+        reasons = "; ".join(f"{problem.hardware[r.hw].name}: {r.reason}" for r in results if r.reason)
+        raise InfeasibleError(f"{problem.model.name}: no feasible plan ({reasons or 'constraints exclude all'})")
+    best = min(cands, key=lambda rec: _objective_value(problem, rec))
+    return best, results
+
+
+def evaluate_dlrm(problem: DLRMProblem, plans: list[DLRMPlan], source: str | None = None) -> list[dict[str, Any]]:
+    """Exact evaluation of given plans (placement entries, or ``greedy``)."""
+    out = []
+    for k, plan in enumerate(plans):
+        hw = problem.hw_index(plan)
+        lay = layout_of(problem.hardware[hw], problem.stack)
+        dense = DensePlans.of([plan.dense])
+        wl = lower(problem.model)
+        dt = dense_terms(wl, problem.task, problem.stack, lay, dense)
+        if plan.placement == "greedy":
+            opts = embedding_options(problem.model, problem.task, lay, ("table_wise",))
+            it = int_tables(opts, lay, phase_weights(problem.task), lay.capacity_bytes - float(dt.memory_bytes[0]))
+            shards = greedy_placement(it)
+            if shards is None:
+                raise InfeasibleError(f"greedy table-wise placement of {problem.model.name} does not fit on "
+                                      f"{problem.hardware[hw].name} (binding constraint: memory capacity)")
+        else:
+            splits = tuple(sorted({len(s.gpus) for s in plan.placement if s.sharding == "column_wise" and s.gpus}))
+            opts = embedding_options(problem.model, problem.task, lay, splits=splits or (2,))
+            prefix = f"[{k}].placement" if len(plans) > 1 else "placement"
+            shards = shards_from_plan(plan.placement, problem.model, opts, lay, file=source, field=prefix)
+        out.append(_record(problem, hw, lay, opts, shards, dense, 0, embedding_times(opts, shards, lay)))
+    return out
+
+
+__all__ = [
+    "IntTables",
+    "PlacementModel",
+    "PlacementResult",
+    "brute_force_placement",
+    "evaluate_dlrm",
+    "greedy_placement",
+    "int_objective",
+    "int_tables",
+    "paper_baseline",
+    "solve_dlrm",
+    "solve_placement",
+]

@@ -1,0 +1,279 @@
+"""CP-SAT search: enumerate candidates with the exact cost model, round their terms, assemble with CP-SAT.
+
+Design (shared/reference/solver-notes.md, "enumerate, then assemble"): every cost term of the model depends on
+5-7 of the 9 knobs, so the terms are computed for all candidates at once by the vectorised model
+(``training.training_terms``), each additive term is rounded once to an integer (microseconds; micro-dollars),
+and CP-SAT picks one candidate (one Boolean each, ``add_exactly_one``) under the linear side constraints
+(GPU count, GPU supply per type, $/hour budget, minimum throughput). Within one hardware option every constraint
+is monotone in the step time, so only the ``k`` best candidates of each option can be in the top-k; the rest are
+dropped before the model is built (exact, not a heuristic).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from madmax_opt.analysis.evaluator import Metrics, Model, invalid_reason, metrics, staged_record, to_records
+from madmax_opt.core.errors import InfeasibleError, InternalError
+from madmax_opt.io.problem import Problem
+from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS
+from madmax_opt.search.assemble import (
+    Limit,
+    admissible_mask,
+    brute_force,
+    cluster_limits,
+    pick_best,
+    supplies,
+)
+from madmax_opt.search.space import enumerate_plans
+from madmax_opt.search.stages import UnevenResult, solve_uneven
+
+IntArr = NDArray[np.int64]
+US = 1e6  # integer time unit: microseconds
+UUSD = 1e6  # integer money unit: micro-dollars
+ROUNDING_TOLERANCE_S = len(STEP_TERMS) * 0.5 / US  # each term is rounded once to 1 us
+
+
+@dataclass
+class Candidates:
+    """Enumerated plans with their float metrics and the rounded integer columns CP-SAT sees."""
+
+    plans: PlanArrays
+    met: Metrics
+    step_us: IntArr = field(init=False)
+    cost_uusd_per_step: IntArr = field(init=False)
+    cost_cents_per_hour: IntArr = field(init=False)
+
+    def __post_init__(self) -> None:
+        terms = self.met.terms.time
+        self.step_us = np.sum([np.rint(terms[k] * US).astype(np.int64) for k in STEP_TERMS], axis=0)
+        hourly = self.met.cost_per_hour
+        self.cost_uusd_per_step = np.rint(hourly * self.step_us / 3600.0).astype(np.int64)
+        self.cost_cents_per_hour = np.rint(hourly * 100).astype(np.int64)
+
+    def objective(self, kind: str) -> IntArr:
+        return self.cost_uusd_per_step if kind == "cost" else self.step_us
+
+
+def candidates(model: Model, plans: PlanArrays | None = None) -> Candidates:
+    plans = enumerate_plans(model.problem) if plans is None else plans
+    return Candidates(plans, metrics(model, plans))
+
+
+def limits(model: Model, c: Candidates) -> list[Limit]:
+    """The problem's side constraints as linear limits over the candidates (same integers for CP-SAT and brute
+    force): GPU count, $/hour, GPU supply per type, minimum throughput (as a maximum step time)."""
+    cons = model.problem.constraints
+    out = cluster_limits(
+        model.problem.hardware, c.plans.hw, c.plans.gpus, c.cost_cents_per_hour, cons.max_gpus, cons.max_cost_per_hour
+    )
+    if cons.min_throughput is not None:
+        out.append(Limit(c.step_us, _max_step_us(model)))
+    return out
+
+
+def admissible(model: Model, c: Candidates) -> NDArray[np.bool_]:
+    """Valid plans that meet every constraint: what brute force minimises over (same integers as CP-SAT)."""
+    return admissible_mask(c.met.feasible, limits(model, c))
+
+
+def _max_step_us(model: Model) -> int:
+    cons = model.problem.constraints
+    assert cons.min_throughput is not None
+    tokens_per_step = model.problem.training_task.global_batch * model.workload.seq_len
+    return int(np.floor(tokens_per_step / cons.min_throughput * US))  # tokens/step_s >= min  <=>  step <= ...
+
+
+def brute_force_order(model: Model, c: Candidates, objective: str) -> IntArr:
+    """Admissible candidate indices sorted by (integer objective, enumeration order): the reference answer."""
+    return brute_force(c.objective(objective), admissible(model, c))
+
+
+@dataclass
+class SolveOutcome:
+    status: str  # optimal | feasible | infeasible
+    top: list[int]  # candidate indices, best first
+    objective: int | None
+    best_bound: float | None
+    wall_s: float
+    candidates: Candidates
+    model_size: int  # Booleans in the CP-SAT model
+    explanation: str | None = None
+    uneven: UnevenResult | None = None  # uneven-pipeline search, when the space allows it
+
+
+def solve(
+    problem: Problem,
+    *,
+    top_k: int = 1,
+    time_limit_s: float = 60.0,
+    workers: int = 1,
+    seed: int = 0,
+    model: Model | None = None,
+    plans: PlanArrays | None = None,
+) -> SolveOutcome:
+    """Find the optimal plan (and hardware option) for ``problem``; raise InfeasibleError with the reason."""
+    t0 = time.perf_counter()
+    model = model or Model(problem)
+    c = candidates(model, plans)
+    lims = limits(model, c)
+    pick = pick_best(
+        c.objective(problem.objective),
+        admissible_mask(c.met.feasible, lims),
+        c.plans.hw,
+        lims,
+        top_k=top_k,
+        time_limit_s=time_limit_s,
+        workers=workers,
+        seed=seed,
+    )
+    if pick is None:
+        raise InfeasibleError(explain_infeasible(model, c))
+    return SolveOutcome(
+        status=pick.status,
+        top=pick.top,
+        objective=pick.objective,
+        best_bound=pick.best_bound,
+        wall_s=time.perf_counter() - t0,
+        candidates=c,
+        model_size=pick.booleans,
+    )
+
+
+def cross_check(outcome: SolveOutcome, records: list[dict[str, Any]]) -> None:
+    """Every returned plan, re-evaluated in floating point, must match its rounded integer step time."""
+    for i, rec in zip(outcome.top, records, strict=True):
+        rounded_s = outcome.candidates.step_us[i] / US
+        if not rec["feasible"] or abs(rec["step_time_s"] - rounded_s) > ROUNDING_TOLERANCE_S + 1e-9:
+            raise InternalError(
+                f"solver/evaluator mismatch on {rec['plan']}: evaluator {rec['step_time_s']:.6f} s, "
+                f"solver {rounded_s:.6f} s (tolerance {ROUNDING_TOLERANCE_S * 1e6:.1f} us)"
+            )
+
+
+def solve_records(problem: Problem, **kwargs: Any) -> tuple[SolveOutcome, list[dict[str, Any]]]:
+    """Solve, re-evaluate every returned plan with the exact evaluator, and (if enabled) search uneven stages.
+
+    With ``space.uneven_stages`` the best uneven pipeline that beats the best uniform plan is put first.
+    """
+    model = Model(problem)
+    try:
+        outcome = solve(problem, model=model, **kwargs)
+    except InfeasibleError:
+        if not problem.space.uneven_stages:
+            raise
+        outcome = None  # no uniform plan: an uneven split may still exist (e.g. 126 layers on 16 stages)
+    recs = []
+    if outcome is not None:
+        recs = to_records(model, outcome.candidates.plans.take(outcome.top))
+        cross_check(outcome, recs)
+    if problem.space.uneven_stages:
+        best_us = float(outcome.candidates.step_us[outcome.top[0]]) if outcome else float("inf")
+        uneven = solve_uneven(model, best_us, time_limit_s=kwargs.get("time_limit_s", 60.0))
+        if uneven.plan is not None and uneven.step_us is not None:
+            rec = staged_record(model, uneven.plan)
+            n_micro = problem.training_task.global_batch / (uneven.plan.dp * uneven.plan.mbs)
+            tol = uneven.tolerance_s(n_micro, uneven.plan.pp)
+            if not rec["feasible"] or abs(rec["step_time_s"] - uneven.step_us / US) > tol + 1e-9:
+                raise InternalError(
+                    f"uneven-pipeline mismatch on {rec['plan']}: evaluator {rec['step_time_s']:.6f} s, "
+                    f"solver {uneven.step_us / US:.6f} s (tolerance {tol * 1e6:.1f} us)"
+                )
+            recs = [rec, *recs][: max(len(recs), 1)]
+        if outcome is None:
+            if uneven.plan is None:
+                raise InfeasibleError(explain_infeasible(model, candidates(model)))
+            outcome = SolveOutcome(
+                uneven.status,
+                [],
+                int(uneven.step_us or 0),
+                uneven.step_us,
+                uneven.wall_s,
+                candidates(model),
+                uneven.booleans,
+            )
+        outcome.uneven = uneven
+    assert outcome is not None  # a uniform or an uneven plan was found, else InfeasibleError was raised
+    return outcome, recs
+
+
+def explain_infeasible(model: Model, c: Candidates) -> str:
+    """Name the constraint that binds when no candidate is admissible."""
+    p = model.problem
+    name = p.model.name
+    fixed = {k: v for k, v in p.space.model_dump(exclude_defaults=True).items() if v is not None}
+    restricted = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "no restrictions"
+    if len(c.plans) == 0:
+        sizes = ", ".join(str(o.gpus) for o in p.hardware)
+        return (
+            f"the plan space is empty: no allowed dp*tp*pp*cp equals the cluster size(s) {sizes} "
+            f"(binding constraint: space ({restricted}) against hardware.gpus)"
+        )
+    inv = c.met.terms.invalid
+    structural = inv[(inv != 0) & (inv != MEMORY_REASON)]
+    if not np.any((inv == 0) | (inv == MEMORY_REASON)):
+        code = int(np.bincount(structural).argmax())
+        context = {
+            2: f"heads={p.model.heads}, kv_heads={p.model.n_kv_heads}",
+            3: f"layers={p.model.layers}",
+            4: f"task.global_batch={getattr(p.task, 'global_batch', None)}",
+            6: f"seq_len={model.workload.seq_len}",
+        }.get(code, "")
+        shown = f" ({context})" if context else ""
+        return (
+            f"no plan in the space is valid; most common violation: {INVALID_REASONS[code]}{shown} "
+            f"(binding constraint: space ({restricted}))"
+        )
+    if not c.met.feasible.any():
+        mem = c.met.terms.memory.total
+        cand = np.flatnonzero(inv == MEMORY_REASON)
+        best = int(cand[np.argmin(mem[cand])])
+        plan = c.plans.plan(best)
+        opt = p.hardware[int(c.plans.hw[best])]
+        cap = float(c.met.terms.capacity_bytes[best])
+        return (
+            f"{name} does not fit: it needs at least {mem[best] / 1e9:.1f} GB per GPU even with the most "
+            f"memory-saving plan (tp={plan.tp}, pp={plan.pp}, cp={plan.cp}, zero={plan.zero}, "
+            f"recompute={plan.recompute}, mbs={plan.mbs}) on {opt.gpus} x {opt.gpu.name} "
+            f"({opt.system.name}); {opt.gpu.name} has {opt.gpu.hbm_bytes / 1e9:.1f} GB minus a "
+            f"{p.stack.memory_reserve_fraction:.0%} reserve = {cap / 1e9:.1f} GB "
+            "(binding constraint: memory capacity)"
+        )
+    cons = p.constraints
+    feas = c.met.feasible
+    reasons = []
+    if cons.max_gpus is not None and not (feas & (c.plans.gpus <= cons.max_gpus)).any():
+        reasons.append(
+            f"max_gpus={cons.max_gpus}: the smallest feasible cluster has {c.plans.gpus[feas].min()} GPUs"
+        )
+    if (
+        cons.max_cost_per_hour is not None
+        and not (feas & (c.cost_cents_per_hour <= cons.max_cost_per_hour * 100)).any()
+    ):
+        reasons.append(
+            f"max_cost_per_hour={cons.max_cost_per_hour}: the cheapest feasible option costs "
+            f"${c.met.cost_per_hour[feas].min():.2f}/h"
+        )
+    if cons.min_throughput is not None and not (feas & (c.step_us <= _max_step_us(model))).any():
+        reasons.append(
+            f"min_throughput={cons.min_throughput:.4g} tokens/s: the fastest feasible plan reaches "
+            f"{c.met.tokens_per_s[feas].max():.4g} tokens/s"
+        )
+    supply = supplies(p.hardware)
+    within_supply = admissible_mask(
+        np.ones(len(c.plans), dtype=bool),
+        cluster_limits(p.hardware, c.plans.hw, c.plans.gpus, c.cost_cents_per_hour, None, None),
+    )
+    if supply and not (feas & within_supply).any():
+        reasons.append(f"GPU supply {supply}: the smallest feasible cluster has {c.plans.gpus[feas].min()} GPUs")
+    detail = "; ".join(reasons) or "the constraints together exclude every feasible plan"
+    return f"no feasible plan meets the constraints (binding constraint: {detail})"
+
+
+__all__ = ["SolveOutcome", "cross_check", "explain_infeasible", "invalid_reason", "solve", "solve_records"]

@@ -1,0 +1,116 @@
+"""The plan space of a problem: default knob values, user restrictions, and vectorised enumeration."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io.problem import Problem
+from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.spec import RECOMPUTE_MODES
+
+DEFAULT_CP = (1, 2, 4, 8)
+DEFAULT_VPP = (1, 2, 4)
+DEFAULT_MBS = (1, 2, 4, 8)
+DEFAULT_ZERO = (0, 1, 2, 3)
+MAX_TP = 64
+EMPTY_KNOB = "empty list, nothing to search; allowed: one or more values (omit the key to search all)"
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [1 << i for i in range(limit.bit_length()) if (1 << i) <= limit]
+
+
+def _restrict(name: str, default: Sequence[int], given: int | list[int] | None, source: str) -> list[int]:
+    if given is None:
+        return list(default)
+    values = [given] if isinstance(given, int) else list(given)
+    if not values:
+        raise ProblemError(EMPTY_KNOB, file=source, field=f"space.{name}")
+    lowest = 0 if name == "zero" else 1
+    if any(v < lowest for v in values):
+        raise ProblemError(f"got {values}; allowed: integers >= {lowest}", file=source, field=f"space.{name}")
+    if name == "zero" and any(v > 3 for v in values):
+        raise ProblemError(f"got {values}; allowed: ZeRO stages 0, 1, 2, 3", file=source, field="space.zero")
+    return sorted(set(values))
+
+
+def knob_values(problem: Problem, option: HardwareOption) -> dict[str, list[int]]:
+    """Values each knob may take on ``option`` (before cross-knob validity)."""
+    sp = problem.space
+    m = problem.model
+    domain = option.system.tiers[0].size or option.gpus
+    default_tp = [t for t in _powers_of_two(min(domain, MAX_TP, m.heads)) if m.heads % t == 0]
+    layers = m.layers
+    default_pp = [d for d in range(1, layers + 1) if layers % d == 0 and d <= option.gpus]
+    # expert parallelism: powers of two dividing the expert count (MoE only)
+    default_ep = [e for e in _powers_of_two(min(m.moe.num_experts, MAX_TP)) if m.moe.num_experts % e == 0] if m.moe else [1]
+    rc = sp.recompute
+    rc_values = list(RECOMPUTE_MODES) if rc is None else ([rc] if isinstance(rc, str) else list(rc))
+    sp_values = [False, True] if sp.sp is None else ([sp.sp] if isinstance(sp.sp, bool) else list(sp.sp))
+    if not rc_values:
+        raise ProblemError(EMPTY_KNOB, file=problem.source, field="space.recompute")
+    if not sp_values:
+        raise ProblemError(EMPTY_KNOB, file=problem.source, field="space.sp")
+    return {
+        "tp": _restrict("tp", default_tp, sp.tp, problem.source),
+        "pp": _restrict("pp", default_pp, sp.pp, problem.source),
+        "cp": _restrict("cp", DEFAULT_CP, sp.cp, problem.source),
+        "vpp": _restrict("vpp", DEFAULT_VPP, sp.vpp, problem.source),
+        "mbs": _restrict("mbs", DEFAULT_MBS, sp.mbs, problem.source),
+        "zero": _restrict("zero", DEFAULT_ZERO, sp.zero, problem.source),
+        "dp": _restrict("dp", [], sp.dp, problem.source) if sp.dp is not None else [],
+        "recompute": sorted({RECOMPUTE_MODES.index(r) for r in rc_values}),
+        "sp": sorted({int(v) for v in sp_values}),
+        "ep": _restrict("ep", default_ep, sp.ep, problem.source),
+    }
+
+
+def enumerate_plans(problem: Problem) -> PlanArrays:
+    """Every plan in the space on every hardware option that uses all the option's GPUs.
+
+    Cross-knob validity (divisibility, memory) is left to the evaluator's ``invalid`` code, so that brute
+    force and the solver see exactly the same candidates.
+    """
+    parts = []
+    for hw, option in enumerate(problem.hardware):
+        kv = knob_values(problem, option)
+        shapes = []
+        for tp, pp, cp in itertools.product(kv["tp"], kv["pp"], kv["cp"]):
+            if option.gpus % (tp * pp * cp):
+                continue
+            dp = option.gpus // (tp * pp * cp)
+            if kv["dp"] and dp not in kv["dp"]:
+                continue
+            shapes.append((dp, tp, pp, cp))
+        if not shapes:
+            continue
+        rest = np.array(
+            list(itertools.product(kv["vpp"], kv["mbs"], kv["zero"], kv["recompute"], kv["sp"], kv["ep"])), dtype=np.int64
+        )
+        base = np.array(shapes, dtype=np.int64)
+        b = np.repeat(base, len(rest), axis=0)
+        r = np.tile(rest, (len(base), 1))
+        # drop duplicates that differ only in knobs without effect: sp without tp, zero without dp, vpp without pp
+        keep = ~((r[:, 4] == 1) & (b[:, 1] == 1))
+        keep &= ~((r[:, 2] > 0) & (b[:, 0] * b[:, 3] == 1))
+        keep &= ~((r[:, 0] > 1) & (b[:, 2] == 1))
+        if problem.stack.flash_attention and 0 in kv["recompute"]:  # flash recomputes scores: selective == none
+            keep &= r[:, 3] != RECOMPUTE_MODES.index("selective")
+        keep &= (b[:, 0] * b[:, 3]) % r[:, 5] == 0  # ep ranks come from dp x cp
+        b, r = b[keep], r[keep]
+        parts.append(
+            PlanArrays(
+                dp=b[:, 0], tp=b[:, 1], pp=b[:, 2], cp=b[:, 3],
+                vpp=r[:, 0], mbs=r[:, 1], zero=r[:, 2], recompute=r[:, 3], sp=r[:, 4], ep=r[:, 5],
+                hw=np.full(len(b), hw, dtype=np.int64),
+            )
+        )
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return PlanArrays(*(empty for _ in range(10)))
+    return PlanArrays.concat(parts)

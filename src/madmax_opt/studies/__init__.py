@@ -1,0 +1,1 @@
+"""Validation, calibration, paper studies, sweeps, sensitivity and benchmarks."""

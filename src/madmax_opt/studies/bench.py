@@ -1,0 +1,232 @@
+"""Evaluator benchmark: plans per second over 10^6 plans (vectorised) and the latency of one scalar call.
+
+``madmax-opt bench-evaluator`` samples plans (with replacement, fixed seed) from a problem's enumerated space, so
+the batch mixes every knob and hardware option the solver sees, valid and invalid alike, and times
+
+- the vectorised evaluation: ``metrics`` of the whole batch, including step time, tokens/s, MFU and validity;
+- the scalar call: one ``Plan`` -> its metrics (step time, tokens/s, MFU, memory, validity), the model prepared;
+- the full JSON record of one plan (``to_records``: adds the bottleneck attribution, six more evaluations).
+
+It writes results/bench/evaluator.md. Wall times are the minimum over repeats (the machine may be shared; the
+load average is recorded next to them), CPU times are process times over all threads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from madmax_opt.analysis.evaluator import Model, metrics, to_records
+from madmax_opt.io.problem import Problem, load_problem
+from madmax_opt.model.plan import PlanArrays
+from madmax_opt.search.space import enumerate_plans
+
+VECTOR_BAR_S = 2.0  # 10^6 plans on 2 cores (issue 2)
+SCALAR_BAR_S = 1.0e-3  # one plan
+DEFAULT_PROBLEM = Path("problems/llama2-70b-h100.yaml")
+DEFAULT_OUT = Path("results/bench/evaluator.md")
+
+
+@dataclass(frozen=True)
+class VectorTiming:
+    workers: int
+    wall_s: list[float]  # one per repeat
+    cpu_s: list[float]  # process time over all threads, one per repeat
+
+    @property
+    def best_s(self) -> float:
+        return min(self.wall_s)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    problem: str
+    plans: int
+    space: int
+    feasible: int
+    vector: list[VectorTiming]  # one per thread count
+    scalar_s: list[float]  # one per call
+    record_s: list[float]
+
+    @property
+    def fastest(self) -> VectorTiming:
+        return min(self.vector, key=lambda v: v.best_s)
+
+    @property
+    def plans_per_s(self) -> float:
+        return self.plans / self.fastest.best_s
+
+    @property
+    def ns_per_plan(self) -> float:
+        return self.fastest.best_s / self.plans * 1e9
+
+    @property
+    def scalar_median_s(self) -> float:
+        return statistics.median(self.scalar_s)
+
+    @property
+    def record_median_s(self) -> float:
+        return statistics.median(self.record_s)
+
+
+def sample_plans(problem: Problem, n: int, seed: int) -> tuple[PlanArrays, int]:
+    """``n`` plans drawn uniformly (with replacement) from the problem's enumerated space, and the space size."""
+    space = enumerate_plans(problem)
+    rng = np.random.default_rng(seed)
+    return space.take(rng.integers(0, len(space), n)), len(space)
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """(wall, cpu) seconds of one call."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w0, time.process_time() - c0
+
+
+def time_vectorised(model: Model, plans: PlanArrays, repeats: int) -> tuple[VectorTiming, int]:
+    """Wall and CPU seconds of evaluating the whole batch, ``repeats`` times (after one warm-up)."""
+    feasible = 0
+
+    def once() -> None:
+        nonlocal feasible
+        met = metrics(model, plans)
+        _ = (met.step_time_s, met.tokens_per_s, met.mfu, met.terms.memory.total)
+        feasible = int(np.count_nonzero(met.feasible))
+
+    once()
+    wall, cpu = zip(*(_timed(once) for _ in range(repeats)), strict=True)
+    return VectorTiming(model.workers, list(wall), list(cpu)), feasible
+
+
+def time_scalar(model: Model, plans: PlanArrays, calls: int, record: bool) -> list[float]:
+    """Wall seconds per call for ``calls`` single-plan calls cycling through ``plans`` (Plan objects in)."""
+    options = model.problem.hardware
+    public = [plans.plan(i, system=options[int(plans.hw[i])].system.name) for i in range(len(plans))]
+
+    def one(i: int) -> None:
+        arrays = model.arrays([public[i % len(public)]])
+        if record:
+            to_records(model, arrays)
+        else:
+            met = metrics(model, arrays)
+            _ = (float(met.step_time_s[0]), float(met.tokens_per_s[0]), float(met.mfu[0]),
+                 float(met.terms.memory.total[0]), bool(met.feasible[0]))
+
+    one(0)
+    out = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        one(i)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def run_bench(problem_path: Path, n_plans: int, repeats: int, calls: int, workers: int, seed: int) -> BenchResult:
+    """Time the batch on 1 and on ``workers`` threads, then the scalar calls."""
+    problem = load_problem(problem_path)
+    plans, space = sample_plans(problem, n_plans, seed)
+    vector, feasible = [], 0
+    for w in sorted({1, workers}):
+        timing, feasible = time_vectorised(Model(problem, workers=w), plans, repeats)
+        vector.append(timing)
+    model = Model(problem)
+    few = plans.slice(0, min(len(plans), 256))
+    return BenchResult(
+        problem=str(problem_path),
+        plans=n_plans,
+        space=space,
+        feasible=feasible,
+        vector=vector,
+        scalar_s=time_scalar(model, few, calls, record=False),
+        record_s=time_scalar(model, few, max(1, calls // 10), record=True),
+    )
+
+
+def machine_info() -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    return {
+        "cpu": cpu,
+        "logical cpus": str(os.cpu_count()),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "load average (1, 5, 15 min)": load,
+    }
+
+
+def render(result: BenchResult, info: dict[str, str], date: str) -> str:
+    """The Markdown report (SI inside, human units here at the edge)."""
+    verdict = {True: "meets", False: "MISSES"}
+    per_million = 1e6 / result.plans  # the bar is stated per 10^6 plans
+    rows = [
+        f"| vectorised, {result.plans:,} plans, {v.workers} thread(s), wall (best / median of {len(v.wall_s)}) | "
+        f"{v.best_s:.3f} s / {statistics.median(v.wall_s):.3f} s | "
+        f"{verdict[v.best_s * per_million <= VECTOR_BAR_S]} <= {VECTOR_BAR_S:.0f} s per 10^6 plans |\n"
+        f"| vectorised, {v.workers} thread(s), CPU time of all threads (median) | "
+        f"{statistics.median(v.cpu_s):.3f} s | |"
+        for v in result.vector
+    ]
+    lines = [
+        "# Evaluator benchmark",
+        "",
+        f"Generated by `madmax-opt bench-evaluator` on {date}. Problem: `{result.problem}`; "
+        f"{result.plans:,} plans sampled with replacement from its {result.space:,}-plan space "
+        f"({result.feasible:,} feasible). Wall times are the best of the repeats (the machine may be shared: see "
+        "the load average below); CPU times count every thread.",
+        "",
+        "| measurement | value | bar |",
+        "|---|---|---|",
+        *rows,
+        f"| plans per second ({result.fastest.workers} thread(s)) | {result.plans_per_s:,.0f} | |",
+        f"| ns per plan ({result.fastest.workers} thread(s)) | {result.ns_per_plan:,.0f} | |",
+        f"| scalar call, one plan's metrics (median of {len(result.scalar_s)}) | "
+        f"{result.scalar_median_s * 1e6:,.0f} us | {verdict[result.scalar_median_s < SCALAR_BAR_S]} "
+        f"< {SCALAR_BAR_S * 1e6:,.0f} us |",
+        f"| scalar call, full JSON record with bottleneck attribution (median of {len(result.record_s)}) | "
+        f"{result.record_median_s * 1e6:,.0f} us | |",
+        "",
+        "## Machine",
+        "",
+        *(f"- {k}: {v}" for k, v in info.items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def bench_evaluator_cmd(
+    problem: Annotated[Path, typer.Argument(help="problem file (YAML) to sample plans from")] = DEFAULT_PROBLEM,
+    plans: Annotated[int, typer.Option("--plans", min=1, help="plans in the vectorised batch")] = 1_000_000,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="timed repeats of the batch")] = 5,
+    calls: Annotated[int, typer.Option("--calls", min=1, help="timed scalar calls")] = 2000,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="also time the batch on this many threads")] = 2,
+    seed: Annotated[int, typer.Option("--seed", help="plan sampling seed")] = 0,
+    out: Annotated[Path, typer.Option("--out", help="Markdown report to write")] = DEFAULT_OUT,
+) -> None:
+    """Benchmark the evaluator: 10^6 plans vectorised and one scalar call; writes results/bench/evaluator.md."""
+    result = run_bench(problem, plans, repeats, calls, workers, seed)
+    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(result, machine_info(), date))
+    typer.echo(
+        f"{result.plans:,} plans in {result.fastest.best_s:.3f} s on {result.fastest.workers} thread(s) "
+        f"({result.ns_per_plan:,.0f} ns/plan); scalar "
+        f"{result.scalar_median_s * 1e6:,.0f} us, record {result.record_median_s * 1e6:,.0f} us; wrote {out}"
+    )

@@ -1,0 +1,546 @@
+"""Training-model validation: predicted vs measured step times and memory on the shared measurement sets.
+
+Two sets of measured Megatron runs on A100 (``shared/validation``, see its PROVENANCE.md):
+
+- Korthikanti et al. 2022 ("Reducing Activation Recomputation", Table 5 and Figure 1): 8 iteration times of GPT
+  22B-1T on DGX A100 (2022 Megatron-LM: unfused softmax attention, dropout, p2p scatter/gather) and 4 memory anchors;
+- vTrain (MICRO'24) ground truth: 109 Megatron-DeepSpeed iteration times of GPT 3.6B-175B on 64-512 A100s (full
+  recomputation, 1F1B, unbucketed gradient all-reduce, fp16).
+
+Each case becomes a problem file in code (``problem_from_dict``) evaluated by the same evaluator as the CLI. The A100
+calibration (``data/gpus.yaml``) is fitted by :func:`fit_calibration` (a grid search, one calibration per GPU
+type) and :func:`write_training_report` writes ``results/validation/training.md``.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from numpy.typing import NDArray
+
+from madmax_opt.analysis.evaluator import Model, metrics
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io import catalog
+from madmax_opt.io.problem import Problem, problem_from_dict
+from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.spec import Plan
+
+Arr = NDArray[np.float64]
+
+SHARED_ENV = "MADMAX_SHARED"
+KORTHIKANTI_FILE = "korthikanti2022_table5.yaml"
+VTRAIN_FILE = "vtrain_ground_truth_multi_a100.csv"
+GIB = 2.0**30
+VTRAIN_VOCAB = 51200  # not in the vTrain data; the GPT-2 BPE vocabulary padded for Megatron (assumption)
+
+# 2022 Megatron-LM on DGX A100 (Korthikanti 2022): unfused softmax attention with dropout; pipeline sends split
+# over the TP ranks (Narayanan et al. 2021, Sec. 4.1).
+KORTHIKANTI_STACK: dict[str, Any] = {"flash_attention": False, "dropout": True, "pp_scatter_gather": True}
+# 2022-23 Megatron-DeepSpeed as vTrain ran it: vTrain configs say use_gradient_bucket false (the gradient all-reduce
+# follows the backward pass) and the profiler runs torch.float16, whose gradients are all-reduced in 2 bytes;
+# DeepSpeed pipe partitions activations over the TP ranks before the p2p send.
+VTRAIN_STACK: dict[str, Any] = {
+    **KORTHIKANTI_STACK,
+    "dp_overlap": False,
+    "grad_reduce_dtype": "bf16",
+}
+
+# The bars of issue 2 (item 8): fractions, rank correlation.
+BAR_KORTHIKANTI_MEAN = 0.06
+BAR_KORTHIKANTI_MAX = 0.12
+BAR_MEMORY = 0.10
+BAR_VTRAIN_MAPE = 0.12
+BAR_SPEARMAN = 0.80
+BAR_BEST_PLAN_GAP = 0.05
+
+# Grid of the A100 calibration fit (fit_calibration). gemm_eff stops at 0.95, the large-GEMM efficiency of the common
+# analytical A100 setting (shared/reference/hardware.md). attn_eff is not fitted: it prices flash-attention kernels
+# only, and both data sets ran unfused attention (batched GEMMs on the gemm_eff / gemm_half_dim curve).
+FIT_GRID: dict[str, tuple[float, ...]] = {
+    "gemm_eff": tuple(round(0.70 + 0.01 * i, 2) for i in range(26)),  # 0.70 .. 0.95
+    "gemm_half_dim": (0.0, 32.0, 64.0, 96.0, 128.0, 192.0, 256.0, 320.0, 384.0, 448.0, 512.0, 640.0, 768.0, 1024.0),
+    "hbm_eff": (0.6, 0.7, 0.8, 0.9, 1.0),
+    "layer_overhead_s": tuple(round(1e-4 * i, 4) for i in range(11)),  # 0 .. 1 ms
+}
+
+
+# ------------------------------------------------------------------------------------------ the data
+
+
+def shared_dir() -> Path:
+    """The folder holding ``validation/``: ``$MADMAX_SHARED`` if set, else the copy shipped in ``madmax_opt/data``
+    (provenance in ``data/validation/PROVENANCE.md``); a one-line error when it is missing."""
+    env = os.environ.get(SHARED_ENV)
+    path = Path(env) if env else Path(str(resources.files("madmax_opt").joinpath("data")))
+    if not (path / "validation").is_dir():
+        raise ProblemError(
+            f"validation data not found in {path / 'validation'}; set {SHARED_ENV} to the folder holding "
+            f"validation/{KORTHIKANTI_FILE} and validation/{VTRAIN_FILE}",
+            file=str(path),
+            field=SHARED_ENV,
+        )
+    return path
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured training run: the problem, the plan that ran, and its measured iteration time."""
+
+    source: str  # "korthikanti" | "vtrain"
+    group: str  # the model (the unit of rank correlation and best-plan checks)
+    name: str
+    problem: Problem
+    plan: Plan
+    measured_s: float
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int, ffn: int, vocab: int) -> dict[str, Any]:
+    """A GPT-3-style model: GELU MLP, LayerNorm, biases, tied embeddings."""
+    return {
+        "name": name, "layers": layers, "hidden": hidden, "heads": heads, "ffn": ffn, "vocab": vocab,
+        "ffn_kind": "gelu", "norm": "layernorm", "bias": True, "tied_embeddings": True,
+        "source": "shared/validation",
+    }
+
+
+def _read_korthikanti(shared: Path) -> dict[str, Any]:
+    path = shared / "validation" / KORTHIKANTI_FILE
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict) or "cases" not in data or "memory" not in data:
+        raise ProblemError("expected keys cases and memory", file=str(path))
+    return data
+
+
+def _korthikanti_problem(c: dict[str, Any], gbs: int, source: str) -> Problem:
+    m = c["model"]
+    return problem_from_dict(
+        {
+            "model": _gpt(c["id"], m["layers"], m["hidden"], m["heads"], m["ffn"], m["vocab"]),
+            "hardware": {"system": "dgx-a100", "gpus": c["hw"]["gpus"]},
+            "task": {"seq_len": m["seq"], "global_batch": gbs, "precision": "bf16"},
+            "stack": KORTHIKANTI_STACK,
+        },
+        source=source,
+    )
+
+
+def _korthikanti_plan(p: dict[str, Any], **changes: Any) -> Plan:
+    knobs = {k: p[k] for k in ("dp", "tp", "pp", "vpp", "mbs", "recompute", "sp")}
+    return Plan(**{**knobs, **changes})
+
+
+def korthikanti_cases(shared: Path | None = None) -> list[Case]:
+    """Table 5 of Korthikanti et al. 2022: the given plan of each case on DGX A100 nodes."""
+    shared = shared or shared_dir()
+    source = str(shared / "validation" / KORTHIKANTI_FILE)
+    out = []
+    for c in _read_korthikanti(shared)["cases"]:
+        p = c["plan"]
+        size = c["id"].split("-")[1]  # t5-<size>-<variant>
+        out.append(
+            Case("korthikanti", size, c["id"], _korthikanti_problem(c, p["gbs"], source), _korthikanti_plan(p),
+                 float(c["measured"]["iter_s"]))
+        )
+    return out
+
+
+def vtrain_cases(shared: Path | None = None) -> list[Case]:
+    """vTrain's multi-node A100 ground truth: every row, full recomputation, 1F1B, ZeRO 0, no SP."""
+    shared = shared or shared_dir()
+    path = shared / "validation" / VTRAIN_FILE
+    with path.open(encoding="utf-8-sig", newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = []
+    for i, r in enumerate(rows):
+        size = r["Parameters (billion)"]
+        hidden, layers = int(r["hidden size"]), int(r["# layers"])
+        problem = problem_from_dict(
+            {
+                "model": _gpt(f"gpt-{size}b", layers, hidden, int(r["attention heads"]), 4 * hidden, VTRAIN_VOCAB),
+                "hardware": {"system": "vtrain-a100", "gpus": int(r["# GPUs"])},
+                "task": {"seq_len": int(r["sequence length"]), "global_batch": int(r["global batch"]),
+                         "precision": "fp16"},
+                "stack": VTRAIN_STACK,
+            },
+            source=f"{path}:row {i + 2}",
+        )
+        plan = Plan(
+            dp=int(r["data parallelism"]), tp=int(r["tensor parallelism"]), pp=int(r["pipeline parallelism"]),
+            mbs=int(r["micro batch"]), recompute="full", sp=False, zero=0,
+        )
+        out.append(Case("vtrain", f"{size}B", f"{size}B row {i + 2}", problem, plan,
+                        float(r["iteration time (ms)"]) / 1e3))
+    return out
+
+
+# ------------------------------------------------------------------------------------- predictions
+
+
+def _with_calibration(problem: Problem, calibrations: Sequence[dict[str, float]]) -> Problem:
+    """The problem's (single) hardware option repeated once per calibration override."""
+    o = problem.hardware[0]
+    options = tuple(
+        HardwareOption(o.system, o.gpu.model_copy(update={"calibration": o.gpu.calibration.model_copy(update=c)}),
+                       o.gpus, o.supply)
+        for c in calibrations
+    )
+    return replace(problem, hardware=options)
+
+
+def predict_s(cases: Sequence[Case], calibrations: Sequence[dict[str, float]] | None = None) -> Arr:
+    """Predicted step times, shape (cases,) with the catalog calibration, else (cases, calibrations)."""
+    cals = [{}] if calibrations is None else list(calibrations)
+    out = np.zeros((len(cases), len(cals)))
+    for i, c in enumerate(cases):
+        model = Model(_with_calibration(c.problem, cals))
+        plans = PlanArrays.from_plans([c.plan] * len(cals), list(range(len(cals))))
+        out[i] = metrics(model, plans).step_time_s
+    return out[:, 0] if calibrations is None else out
+
+
+@dataclass(frozen=True)
+class MemoryAnchor:
+    model: str
+    quantity: str  # params_and_optimizer | activations_none | activations_seqsel
+    measured_gib: float
+    predicted_gib: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_gib / self.measured_gib - 1.0
+
+
+def memory_anchors(shared: Path | None = None) -> list[MemoryAnchor]:
+    """Figure 1 of Korthikanti 2022: weights+grads+Adam, and activations with no recompute / SP + selective, on the
+    Table 5 plan of each model (GiB per GPU, the worst pipeline stage)."""
+    shared = shared or shared_dir()
+    data = _read_korthikanti(shared)
+    source = str(shared / "validation" / KORTHIKANTI_FILE)
+    by_size = {c["id"].split("-")[1]: c for c in data["cases"]}
+    out = []
+    for anchor in data["memory"]:
+        c = by_size[anchor["model"]]
+        p = c["plan"]
+        problem = _korthikanti_problem(c, p["gbs"], source)
+        none = _korthikanti_plan(p, recompute="none", sp=False)
+        seqsel = _korthikanti_plan(p, recompute="selective", sp=True)
+        model = Model(problem)
+        mem = metrics(model, model.arrays([none, seqsel])).terms.memory
+        states = (mem.weights + mem.gradients + mem.optimizer) / GIB
+        predicted = {
+            "params_and_optimizer": float(states[0]),
+            "activations_none": float(mem.activations[0] / GIB),
+            "activations_seqsel": float(mem.activations[1] / GIB),
+        }
+        for quantity, value in predicted.items():
+            out.append(MemoryAnchor(anchor["model"], quantity, float(anchor[f"{quantity}_gib"]), value))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ statistics
+
+
+def ranks(x: Sequence[float] | Arr) -> Arr:
+    """1-based ranks, ties get the average of the ranks they span."""
+    v = np.asarray(x, dtype=np.float64)
+    order = np.argsort(v, kind="mergesort")
+    r = np.empty(len(v))
+    r[order] = np.arange(1, len(v) + 1, dtype=np.float64)
+    for value in np.unique(v):
+        tied = v == value
+        r[tied] = r[tied].mean()
+    return r
+
+
+def spearman(a: Sequence[float] | Arr, b: Sequence[float] | Arr) -> float:
+    """Spearman rank correlation = Pearson correlation of the (tie-averaged) ranks."""
+    ra, rb = ranks(a), ranks(b)
+    da, db = ra - ra.mean(), rb - rb.mean()
+    return float((da * db).sum() / np.sqrt((da * da).sum() * (db * db).sum()))
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Per-model accuracy on vTrain: MAPE, rank correlation, and the measured cost of trusting the model's pick."""
+
+    group: str
+    n: int
+    mape: float
+    spearman: float
+    best_plan_gap: float  # measured time of the predicted-best plan / measured best - 1
+    predicted_best: int  # index into the group's cases
+    measured_best: int
+
+
+def group_stats(group: str, predicted: Arr, measured: Arr) -> GroupStats:
+    err = predicted / measured - 1.0
+    pick = int(np.argmin(predicted))
+    best = int(np.argmin(measured))
+    return GroupStats(group, len(measured), float(np.mean(np.abs(err))), spearman(predicted, measured),
+                      float(measured[pick] / measured[best] - 1.0), pick, best)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """All validation numbers for one calibration."""
+
+    korthikanti: list[Case]
+    korthikanti_pred_s: Arr
+    vtrain: list[Case]
+    vtrain_pred_s: Arr
+    groups: list[GroupStats]
+    anchors: list[MemoryAnchor]
+
+    @property
+    def korthikanti_err(self) -> Arr:
+        return self.korthikanti_pred_s / np.array([c.measured_s for c in self.korthikanti]) - 1.0
+
+    @property
+    def vtrain_err(self) -> Arr:
+        return self.vtrain_pred_s / np.array([c.measured_s for c in self.vtrain]) - 1.0
+
+    @property
+    def korthikanti_mean_abs(self) -> float:
+        return float(np.mean(np.abs(self.korthikanti_err)))
+
+    @property
+    def korthikanti_max_abs(self) -> float:
+        return float(np.max(np.abs(self.korthikanti_err)))
+
+    @property
+    def vtrain_mape(self) -> float:
+        return float(np.mean(np.abs(self.vtrain_err)))
+
+    @property
+    def memory_max_abs(self) -> float:
+        return max(abs(a.error) for a in self.anchors)
+
+
+def group_indices(cases: Sequence[Case]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for i, c in enumerate(cases):
+        out.setdefault(c.group, []).append(i)
+    return out
+
+
+def summarize(shared: Path | None = None) -> Summary:
+    """Evaluate every case with the catalog calibration."""
+    shared = shared or shared_dir()
+    kc, vc = korthikanti_cases(shared), vtrain_cases(shared)
+    kp, vp = predict_s(kc), predict_s(vc)
+    measured = np.array([c.measured_s for c in vc])
+    groups = [group_stats(g, vp[idx], measured[idx]) for g, idx in group_indices(vc).items()]
+    return Summary(kc, kp, vc, vp, groups, memory_anchors(shared))
+
+
+# ----------------------------------------------------------------------------------------- calibration
+
+
+def fit_objective(k_err: Arr, v_err: Arr) -> Arr:
+    """Mean |error| of each data set, averaged with equal weight: (mean|e_K| + mean|e_V|) / 2, per calibration."""
+    return 0.5 * np.mean(np.abs(k_err), axis=0) + 0.5 * np.mean(np.abs(v_err), axis=0)
+
+
+def fit_calibration(
+    shared: Path | None = None, grid: dict[str, tuple[float, ...]] | None = None, korthikanti_only: bool = False
+) -> tuple[dict[str, float], float]:
+    """Grid search of the A100 calibration; returns the best point and its objective.
+
+    Objective: ``fit_objective`` over Korthikanti Table 5 and all vTrain rows (or mean |error| over Korthikanti
+    alone with ``korthikanti_only``). Ties are broken by grid order (the first minimum).
+    """
+    shared = shared or shared_dir()
+    grid = grid or FIT_GRID
+    names = list(grid)
+    cals = [dict(zip(names, values, strict=True)) for values in itertools.product(*(grid[n] for n in names))]
+    kc = korthikanti_cases(shared)
+    k_err = predict_s(kc, cals) / np.array([[c.measured_s] for c in kc]) - 1.0
+    if korthikanti_only:
+        score = np.mean(np.abs(k_err), axis=0)
+    else:
+        vc = vtrain_cases(shared)
+        v_err = predict_s(vc, cals) / np.array([[c.measured_s] for c in vc]) - 1.0
+        score = fit_objective(k_err, v_err)
+    best = int(np.argmin(score))
+    return cals[best], float(score[best])
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+def _pct(x: float) -> str:
+    return f"{100.0 * x:+.1f} %"
+
+
+def _abs_pct(x: float) -> str:
+    return f"{100.0 * x:.1f} %"
+
+
+def _verdict(ok: bool) -> str:
+    return "pass" if ok else "**FAIL**"
+
+
+def _plan_short(p: Plan) -> str:
+    parts = [f"tp{p.tp}", f"pp{p.pp}", f"dp{p.dp}"] + ([f"vpp{p.vpp}"] if p.vpp > 1 else []) + [f"mbs{p.mbs}"]
+    return " ".join([*parts, p.recompute, *(["sp"] if p.sp else [])])
+
+
+def heldout_lines(s: Summary) -> list[str]:
+    """The calibration-set-only fit (Korthikanti) and vTrain evaluated with it as held-out data."""
+    cal, _ = fit_calibration(korthikanti_only=True)
+    kp = predict_s(s.korthikanti, [cal])[:, 0]
+    vp = predict_s(s.vtrain, [cal])[:, 0]
+    k_err = kp / np.array([c.measured_s for c in s.korthikanti]) - 1.0
+    measured = np.array([c.measured_s for c in s.vtrain])
+    groups = [group_stats(g, vp[idx], measured[idx]) for g, idx in group_indices(s.vtrain).items()]
+    shown = ", ".join(f"{k} {v:g}" for k, v in cal.items())
+    return [
+        "### Calibration-set-only fit (Korthikanti), vTrain held out",
+        "",
+        f"Same grid, objective mean abs error over Korthikanti Table 5 only: {shown}.",
+        f"Korthikanti mean abs error {_abs_pct(float(np.mean(np.abs(k_err))))}, "
+        f"max {_abs_pct(float(np.max(np.abs(k_err))))}; vTrain (held out) MAPE "
+        f"{_abs_pct(float(np.mean(np.abs(vp / measured - 1.0))))}; per model "
+        + "; ".join(f"{g.group} MAPE {_abs_pct(g.mape)}, Spearman {g.spearman:.3f}, best-plan gap "
+                    f"{_pct(g.best_plan_gap)}" for g in groups)
+        + ".",
+    ]
+
+
+def render_report(s: Summary) -> str:
+    """Markdown for results/validation/training.md."""
+    gpu = catalog.gpus()["a100-80gb"]
+    cal = gpu.calibration
+    lines = [
+        "# Training validation (A100)",
+        "",
+        "Generated by `madmax-opt validate` (`madmax_opt.studies.validation.write_training_report`); do not edit by hand.",
+        "Data: `shared/validation/korthikanti2022_table5.yaml` (Korthikanti et al. 2022, Table 5 and Figure 1) and",
+        "`shared/validation/vtrain_ground_truth_multi_a100.csv` (vTrain, MICRO'24; provenance in PROVENANCE.md).",
+        "Error = predicted / measured - 1.",
+        "",
+        "## Bars",
+        "",
+        "| bar | target | achieved | |",
+        "|---|---|---|---|",
+        f"| Korthikanti time, mean abs error | <= {_abs_pct(BAR_KORTHIKANTI_MEAN)} | {_abs_pct(s.korthikanti_mean_abs)} "
+        f"| {_verdict(s.korthikanti_mean_abs <= BAR_KORTHIKANTI_MEAN)} |",
+        f"| Korthikanti time, max abs error | <= {_abs_pct(BAR_KORTHIKANTI_MAX)} | {_abs_pct(s.korthikanti_max_abs)} "
+        f"| {_verdict(s.korthikanti_max_abs <= BAR_KORTHIKANTI_MAX)} |",
+        f"| memory anchors (Figure 1), max abs error | <= {_abs_pct(BAR_MEMORY)} | {_abs_pct(s.memory_max_abs)} "
+        f"| {_verdict(s.memory_max_abs <= BAR_MEMORY)} |",
+        f"| vTrain MAPE (all {len(s.vtrain)} rows) | <= {_abs_pct(BAR_VTRAIN_MAPE)} | {_abs_pct(s.vtrain_mape)} "
+        f"| {_verdict(s.vtrain_mape <= BAR_VTRAIN_MAPE)} |",
+    ]
+    for g in s.groups:
+        lines.append(f"| vTrain {g.group} Spearman | >= {BAR_SPEARMAN:.2f} | {g.spearman:.3f} "
+                     f"| {_verdict(g.spearman >= BAR_SPEARMAN)} |")
+    for g in s.groups:
+        lines.append(f"| vTrain {g.group} predicted-best plan vs measured best | <= {_abs_pct(BAR_BEST_PLAN_GAP)} "
+                     f"| {_pct(g.best_plan_gap)} | {_verdict(g.best_plan_gap <= BAR_BEST_PLAN_GAP)} |")
+    lines += [
+        "",
+        "## Calibration used",
+        "",
+        "One calibration per GPU type (`a100-80gb`, the same block in `a100-40gb`), never per case:",
+        "",
+        f"gemm_eff {cal.gemm_eff}, gemm_half_dim {cal.gemm_half_dim:g}, attn_eff {cal.attn_eff}, "
+        f"hbm_eff {cal.hbm_eff}, layer_overhead_s {cal.layer_overhead_s:g}.",
+        "",
+        f"Source (gpus.yaml): {cal.source}",
+        "",
+        "Procedure (`madmax_opt.studies.validation.fit_calibration`): every point of the grid",
+        "",
+        *[f"- {name}: {', '.join(f'{x:g}' for x in values)}" for name, values in FIT_GRID.items()],
+        "",
+        "is evaluated on every case (vectorised: one hardware option per grid point); the objective is",
+        "(mean abs error over Korthikanti Table 5 + MAPE over all vTrain rows) / 2, and the first minimum wins.",
+        "The catalog holds this joint fit (both data sets are fitted, so neither is held out); the slow test",
+        "`test_catalog_calibration_is_the_documented_fit` re-runs it against the catalog values. attn_eff is not",
+        "fitted: it prices flash kernels, and both data sets ran unfused attention (batched GEMMs on the",
+        "gemm_eff / gemm_half_dim curve at d = head_dim). hbm_eff on its bound 1.0 means the data would push it",
+        "further: the workload's elementwise byte counts exceed 2022 Megatron's fused bias-dropout-add.",
+        "",
+        *heldout_lines(s),
+        "",
+        "Model effects that the data needed (training.py, with their sources): TP backward collectives hidden",
+        "under the column-parallel GEMMs (Megatron async grad all-reduce; SP re-gather and reduce-scatter) with",
+        "the 15 % compute slowdown of overlapped NVLink collectives (shared/reference/hardware.md); pipeline",
+        "sends split over the TP ranks and re-gathered over NVLink (Narayanan et al. 2021, Sec. 4.1;",
+        "`stack.pp_scatter_gather`); vTrain's unbucketed gradient all-reduce (`stack.dp_overlap: false`).",
+        "",
+        "## Korthikanti et al. 2022, Table 5 (DGX A100, 2022 Megatron-LM)",
+        "",
+        "| case | GPUs | plan | measured s | predicted s | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c, pred, err in zip(s.korthikanti, s.korthikanti_pred_s, s.korthikanti_err, strict=True):
+        lines.append(f"| {c.name} | {c.plan.gpus} | {_plan_short(c.plan)} | {c.measured_s:.2f} | {pred:.2f} "
+                     f"| {_pct(float(err))} |")
+    lines += [
+        "",
+        f"Mean abs error {_abs_pct(s.korthikanti_mean_abs)}, max abs error {_abs_pct(s.korthikanti_max_abs)}.",
+        "",
+        "### Memory anchors (Figure 1, GiB per GPU, Table 5 plan, worst stage)",
+        "",
+        "| model | quantity | measured GiB | predicted GiB | error |",
+        "|---|---|---|---|---|",
+    ]
+    for a in s.anchors:
+        lines.append(f"| {a.model} | {a.quantity} | {a.measured_gib:.2f} | {a.predicted_gib:.2f} | {_pct(a.error)} |")
+    lines += [
+        "",
+        "`activations_none` is the plan with no recomputation and no SP, `activations_seqsel` with SP + selective",
+        "recomputation; both include the 1F1B/interleaving in-flight factor of the first stage.",
+        "",
+        "## vTrain multi-node A100 ground truth (Megatron-DeepSpeed, full recomputation)",
+        "",
+        "| model | rows | MAPE | Spearman | predicted-best plan | its measured s | measured-best plan | best s | gap |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    index = group_indices(s.vtrain)
+    for g in s.groups:
+        idx = index[g.group]
+        pick, best = s.vtrain[idx[g.predicted_best]], s.vtrain[idx[g.measured_best]]
+        lines.append(f"| {g.group} | {g.n} | {_abs_pct(g.mape)} | {g.spearman:.3f} | {_plan_short(pick.plan)} "
+                     f"| {pick.measured_s:.2f} | {_plan_short(best.plan)} | {best.measured_s:.2f} "
+                     f"| {_pct(g.best_plan_gap)} |")
+    lines += [
+        "",
+        f"All rows: MAPE {_abs_pct(s.vtrain_mape)}, max abs error {_abs_pct(float(np.max(np.abs(s.vtrain_err))))}.",
+        "",
+        "Known gaps: the tp2/tp4 rows of the 18.4B and 39.1B sweeps run slower than the model predicts for any",
+        "calibration, which caps their rank correlation below the bar; the 3.6B tp8 mbs64 and mbs2 rows run",
+        "far slower than their neighbours (not modelled). The `vtrain-a100` system takes vTrain's configured",
+        "150 GB/s NVLink at efficiency 1.0; vTrain's simulator uses that figure only for groups above 8 GPUs",
+        "(it reads measured all-reduce tables inside a node), so intra-node TP is priced slow for tp=8 rows.",
+        "GPU memory size of the vTrain cluster is not stated (a100-80gb assumed); vocab 51200 is assumed.",
+        "",
+    ]
+    for g in s.groups:
+        lines += [f"### {g.group}", "", "| plan | measured s | predicted s | error |", "|---|---|---|---|"]
+        for i in sorted(index[g.group], key=lambda i: s.vtrain[i].measured_s):
+            c = s.vtrain[i]
+            lines.append(f"| {_plan_short(c.plan)} | {c.measured_s:.2f} | {s.vtrain_pred_s[i]:.2f} "
+                         f"| {_pct(float(s.vtrain_err[i]))} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_training_report(out_dir: Path) -> Path:
+    """Evaluate all validation cases with the catalog calibration and write ``out_dir/training.md``."""
+    summary = summarize()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "training.md"
+    path.write_text(render_report(summary))
+    return path
