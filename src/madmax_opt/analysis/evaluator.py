@@ -23,6 +23,7 @@ from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
 from madmax_opt.model.training import (
     INVALID_REASONS,
+    MEMORY_FIELDS,
     MEMORY_REASON,
     STEP_TERMS,
     TrainingTerms,
@@ -173,42 +174,56 @@ def to_records(
         return training_terms(model.workload, p.training_task, p.stack, table, many).time
 
     shares = bottleneck_shares(t, p.hardware, terms_at or uniform_at)
+    # every column is converted to Python floats once (O(n)); per-plan indexing of numpy arrays costs ~1 us a
+    # scalar, and anything recomputed per access (e.g. a sum of columns) would make this loop quadratic
+    mem = {f: t.memory.total if f == "total" else getattr(t.memory, f) for f in ("total", *MEMORY_FIELDS)}
+    cols = {
+        "feasible": met.feasible.tolist(),
+        "invalid": t.invalid.tolist(),
+        "step_time_s": met.step_time_s.tolist(),
+        "tokens_per_s": met.tokens_per_s.tolist(),
+        "mfu": met.mfu.tolist(),
+        "cost_per_hour_usd": met.cost_per_hour.tolist(),
+        "usd_per_million_tokens": met.usd_per_million_tokens.tolist(),
+        "capacity": t.capacity_bytes.tolist(),
+        "gpus": np.asarray(t.gpus, dtype=np.float64).tolist(),
+        "power": met.power_w_per_gpu.tolist(),
+        "hw": plans.hw.tolist(),
+    }
+    mem_cols = {f: np.asarray(v, dtype=np.float64).tolist() for f, v in mem.items()}
+    time_cols = {k: t.time[k].tolist() for k in STEP_TERMS}
+    hidden_cols = {k: np.asarray(v, dtype=np.float64).tolist() for k, v in t.hidden_comm.items()}
+    seq_len = model.workload.seq_len
+    flops = float(t.model_flops_per_step)
     out = []
     for i in range(len(plans)):
-        opt = model.problem.hardware[int(plans.hw[i])]
+        opt = p.hardware[cols["hw"][i]]
+        tokens_per_s = cols["tokens_per_s"][i]
         rec: dict[str, Any] = {
             "plan": plans.plan(i, system=opt.system.name).model_dump(),
             "hardware": {"system": opt.system.name, "gpu": opt.gpu.name, "gpus": opt.gpus},
-            "feasible": bool(met.feasible[i]),
-            "infeasible_reason": invalid_reason(int(t.invalid[i]), float(t.memory.total[i]), float(t.capacity_bytes[i])),
-            "step_time_s": float(met.step_time_s[i]),
-            "tokens_per_s": float(met.tokens_per_s[i]),
-            "samples_per_s": float(met.tokens_per_s[i] / model.workload.seq_len),
-            "mfu": float(met.mfu[i]),
-            "model_flops_per_step": float(t.model_flops_per_step),
-            "cost_per_hour_usd": float(met.cost_per_hour[i]),
-            "usd_per_million_tokens": float(met.usd_per_million_tokens[i]),
-            "memory_bytes_per_gpu": {
-                "total": float(t.memory.total[i]),
-                "weights": float(t.memory.weights[i]),
-                "gradients": float(t.memory.gradients[i]),
-                "optimizer": float(t.memory.optimizer[i]),
-                "activations": float(t.memory.activations[i]),
-                "temporary": float(t.memory.temporary[i]),
-                "capacity": float(t.capacity_bytes[i]),
-            },
-            "time_breakdown_s": {k: float(t.time[k][i]) for k in STEP_TERMS},
-            "overlapped_comm_s": {k: float(v[i]) for k, v in t.hidden_comm.items()},
+            "feasible": bool(cols["feasible"][i]),
+            "infeasible_reason": invalid_reason(cols["invalid"][i], mem_cols["total"][i], cols["capacity"][i]),
+            "step_time_s": cols["step_time_s"][i],
+            "tokens_per_s": tokens_per_s,
+            "samples_per_s": tokens_per_s / seq_len,
+            "mfu": cols["mfu"][i],
+            "model_flops_per_step": flops,
+            "cost_per_hour_usd": cols["cost_per_hour_usd"][i],
+            "usd_per_million_tokens": cols["usd_per_million_tokens"][i],
+            "memory_bytes_per_gpu": {**{f: mem_cols[f][i] for f in mem_cols}, "capacity": cols["capacity"][i]},
+            "time_breakdown_s": {k: v[i] for k, v in time_cols.items()},
+            "overlapped_comm_s": {k: v[i] for k, v in hidden_cols.items()},
             "bottleneck_shares": shares[i],
         }
         if met.train_tokens:
-            hours = met.train_tokens / met.tokens_per_s[i] / SECONDS_PER_HOUR
-            gpus = float(t.gpus[i])
+            hours = met.train_tokens / tokens_per_s / SECONDS_PER_HOUR
+            gpus = cols["gpus"][i]
             rec["time_to_train"] = {
-                "hours": float(hours),
-                "gpu_hours": float(hours * gpus),
-                "cost_usd": float(hours * met.cost_per_hour[i]),
-                "energy_mwh": float(hours * gpus * met.power_w_per_gpu[i] / 1e6),
+                "hours": hours,
+                "gpu_hours": hours * gpus,
+                "cost_usd": hours * cols["cost_per_hour_usd"][i],
+                "energy_mwh": hours * gpus * cols["power"][i] / 1e6,
             }
         out.append(rec)
     return out

@@ -9,6 +9,7 @@ group (dp x cp, Megatron's ``data_parallel_group_with_cp``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -29,8 +30,10 @@ class MemoryTerms:
     activations: Arr
     temporary: Arr
 
-    @property
+    @cached_property
     def total(self) -> Arr:
+        """weights + gradients + optimizer + activations + temporary, summed once per instance (the record
+        builders read it once per plan: recomputing it per access made ``to_records`` quadratic)."""
         return self.weights + self.gradients + self.optimizer + self.activations + self.temporary
 
 

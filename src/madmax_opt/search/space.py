@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import Problem
@@ -14,15 +15,33 @@ from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import RECOMPUTE_MODES
 
 DEFAULT_CP = (1, 2, 4, 8)
-DEFAULT_VPP = (1, 2, 4)
-DEFAULT_MBS = (1, 2, 4, 8)
 DEFAULT_ZERO = (0, 1, 2, 3)
+# vpp and mbs have no fixed default list: by default every value the frameworks accept is searched, per shape
+# (``default_vpp``, ``default_mbs``); a problem's ``space.vpp`` / ``space.mbs`` replaces that set.
 MAX_TP = 64
 EMPTY_KNOB = "empty list, nothing to search; allowed: one or more values (omit the key to search all)"
 
 
 def _powers_of_two(limit: int) -> list[int]:
     return [1 << i for i in range(limit.bit_length()) if (1 << i) <= limit]
+
+
+def divisors(n: int) -> list[int]:
+    """All positive divisors of ``n``, ascending."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def default_vpp(layers: int, pp: int) -> list[int]:
+    """Interleaving degrees Megatron-Core accepts for uniform stages: pp * vpp divides the layers (vpp = 1 without
+    a pipeline)."""
+    return divisors(layers // pp) if pp > 1 and layers % pp == 0 else [1]
+
+
+def default_mbs(global_batch: int, dp: int) -> list[int]:
+    """Micro-batch sizes that split a replica's batch (global_batch / dp) into whole micro-batches; [1] (flagged
+    invalid by the evaluator, with its reason) when dp does not divide the batch."""
+    return divisors(global_batch // dp) if global_batch % dp == 0 else [1]
 
 
 def _restrict(name: str, default: Sequence[int], given: int | list[int] | None, source: str) -> list[int]:
@@ -60,14 +79,42 @@ def knob_values(problem: Problem, option: HardwareOption) -> dict[str, list[int]
         "tp": _restrict("tp", default_tp, sp.tp, problem.source),
         "pp": _restrict("pp", default_pp, sp.pp, problem.source),
         "cp": _restrict("cp", DEFAULT_CP, sp.cp, problem.source),
-        "vpp": _restrict("vpp", DEFAULT_VPP, sp.vpp, problem.source),
-        "mbs": _restrict("mbs", DEFAULT_MBS, sp.mbs, problem.source),
+        "vpp": _restrict("vpp", [], sp.vpp, problem.source) if sp.vpp is not None else [],  # [] = default_vpp
+        "mbs": _restrict("mbs", [], sp.mbs, problem.source) if sp.mbs is not None else [],  # [] = default_mbs
         "zero": _restrict("zero", DEFAULT_ZERO, sp.zero, problem.source),
         "dp": _restrict("dp", [], sp.dp, problem.source) if sp.dp is not None else [],
         "recompute": sorted({RECOMPUTE_MODES.index(r) for r in rc_values}),
         "sp": sorted({int(v) for v in sp_values}),
         "ep": _restrict("ep", default_ep, sp.ep, problem.source),
     }
+
+
+def _shape_product(
+    shapes: list[tuple[int, int, int, int]],
+    kv: dict[str, list[int]],
+    fixed: list[tuple[int, ...]],
+    layers: int,
+    global_batch: int,
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Rows (dp, tp, pp, cp) x (vpp, mbs, zero, recompute, sp, ep): vpp and mbs per shape (the defaults depend on
+    pp and dp), the other knobs the same for every shape."""
+    base_rows, rest_rows = [], []
+    fixed_arr = np.array(fixed, dtype=np.int64).reshape(len(fixed), 4)
+    cache: dict[tuple[tuple[int, ...], tuple[int, ...]], NDArray[np.int64]] = {}
+    for shape in shapes:
+        dp, _, pp, _ = shape
+        vpps = tuple(kv["vpp"] or default_vpp(layers, pp))
+        mbss = tuple(kv["mbs"] or default_mbs(global_batch, dp))
+        key = (vpps, mbss)
+        if key not in cache:
+            vm = np.array(list(itertools.product(vpps, mbss)), dtype=np.int64).reshape(-1, 2)
+            cache[key] = np.hstack([np.repeat(vm, len(fixed_arr), axis=0), np.tile(fixed_arr, (len(vm), 1))])
+        rest = cache[key]
+        rest_rows.append(rest)
+        base_rows.append(np.repeat(np.array([shape], dtype=np.int64), len(rest), axis=0))
+    if not base_rows:
+        return np.zeros((0, 4), dtype=np.int64), np.zeros((0, 6), dtype=np.int64)
+    return np.vstack(base_rows), np.vstack(rest_rows)
 
 
 def enumerate_plans(problem: Problem) -> PlanArrays:
@@ -89,12 +136,8 @@ def enumerate_plans(problem: Problem) -> PlanArrays:
             shapes.append((dp, tp, pp, cp))
         if not shapes:
             continue
-        rest = np.array(
-            list(itertools.product(kv["vpp"], kv["mbs"], kv["zero"], kv["recompute"], kv["sp"], kv["ep"])), dtype=np.int64
-        )
-        base = np.array(shapes, dtype=np.int64)
-        b = np.repeat(base, len(rest), axis=0)
-        r = np.tile(rest, (len(base), 1))
+        fixed = list(itertools.product(kv["zero"], kv["recompute"], kv["sp"], kv["ep"]))
+        b, r = _shape_product(shapes, kv, fixed, problem.model.layers, problem.training_task.global_batch)
         # drop duplicates that differ only in knobs without effect: sp without tp, zero without dp, vpp without pp
         keep = ~((r[:, 4] == 1) & (b[:, 1] == 1))
         keep &= ~((r[:, 2] > 0) & (b[:, 0] * b[:, 3] == 1))
