@@ -10,7 +10,13 @@ DistServe; Patel et al. 2024, Splitwise). Every function works on arrays with on
     prefill        t_pre = L t_layer(p tokens, p/2 keys) + head + (pp - 1) p2p          (one prompt, latency)
     steady state   T = T_dec + (B / E[o]) P     (prefill P per request interleaved with decode: Yu et al. 2022,
                                                  Orca; Agrawal et al. 2024, Sarathi-Serve mixed batches)
-                   TPOT = T,  TTFT = t_pre + the rest of its mixed iteration,  tokens/s = dp B / T
+                   TPOT = T,  TTFT = t_pre + the rest of its mixed iteration + queue wait,  tokens/s = dp B / T
+    running batch  B = min(N offered, KV-cache capacity, max_num_seqs): a server admits what fits and queues the
+                   rest; closed loop of N clients (Little's law): queue wait = (N / B - 1) E[o] T
+
+A plan's ``batch`` is the offered concurrency N. Kernel efficiencies come from the serving calibration of the
+(GPU, framework) pair (``serving_calibration``), not from the training fit; MoE layers add the terms of
+``serving_moe`` (expert parallelism, active experts, all-to-all).
 
 The GEMM, attention and norm times reuse ``compute.gemm_time_s`` / ``compute.memory_bound_time_s`` and the
 workload's GEMM shapes; collectives come from ``collectives``. Roofline (Williams, Waterman, Patterson 2009): a
@@ -28,29 +34,37 @@ from numpy.typing import NDArray
 from madmax_opt.model.collectives import Tiers, all_reduce_s, p2p_s
 from madmax_opt.model.compute import gemm_time_s, memory_bound_time_s
 from madmax_opt.model.hardware import HardwareTable
+from madmax_opt.model.serving_calibration import CalibrationColumns
+from madmax_opt.model.serving_moe import ep_comm_s, expert_pass_s, expert_weight_bytes_per_gpu
 from madmax_opt.model.spec import InferenceTask, RequestShape, Stack, Task, TransformerModel
 from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload, lower
 
 Arr = NDArray[np.float64]
 IntArr = NDArray[np.int64]
 
-PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8", "int4")
-BYTES_PER_VALUE: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
-# GEMM math precision per weight precision: fp8/int8 are W8A8 (TensorRT-LLM FP8, SmoothQuant), int4 is weight-only
-# W4A16 (AWQ/GPTQ kernels dequantise to 16 bit): it saves memory and bandwidth, not FLOPs.
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
+# NVFP4: E2M1 values with one E4M3 scale per 16-value block = 4 + 8/16 bits (NVIDIA Blackwell NVFP4 format)
+BYTES_PER_VALUE: dict[str, float] = {
+    "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5625,
+}
+# GEMM math precision per weight precision: fp8/int8 are W8A8 (TensorRT-LLM FP8, SmoothQuant), fp4 is W4A4 NVFP4
+# (Blackwell FP4 tensor cores), int4 is weight-only W4A16 (AWQ/GPTQ dequantise to 16 bit): memory, not FLOPs.
 GEMM_PRECISION: dict[str, str] = {
     "bf16": "bf16",
     "fp16": "fp16",
     "fp8": "fp8",
     "int8": "int8",
     "int4": "bf16",
+    "fp4": "fp4",
 }
+# NVFP4 checkpoints (TensorRT-LLM / ModelOpt) keep an FP8 KV cache
 DEFAULT_KV_PRECISION: dict[str, str] = {
     "bf16": "bf16",
     "fp16": "fp16",
     "fp8": "fp8",
     "int8": "int8",
     "int4": "bf16",
+    "fp4": "fp8",
 }
 LOGIT_BYTES = 4.0  # fp32 logits of the last position of each sequence (sampling)
 # Tokens of one batched prefill pass (vLLM max_num_batched_tokens / TensorRT-LLM max_num_tokens default 8192):
@@ -61,6 +75,8 @@ STEP_TERMS: tuple[str, ...] = (
     "attention",
     "elementwise",
     "tp_comm",
+    "expert_gemm",
+    "ep_comm",
     "overhead",
     "head",
     "pp_comm",
@@ -75,7 +91,8 @@ INVALID_REASONS: dict[int, str] = {
     4: "tp must divide the scale-up domain or be a multiple of it",
     5: "the GPU has no peak FLOP/s for this precision (e.g. fp8 needs Hopper or newer)",
     6: "prefill_replicas must be 0 without disaggregation, and below dp with it (decode needs a replica)",
-    7: "weights, activations and the KV cache of the batch exceed the GPU memory",
+    7: "weights, activations and the KV cache of one sequence exceed the GPU memory",
+    8: "ep must be 1 for a dense model; for MoE, 1 or a multiple of tp that divides dp x tp and the experts",
 }
 MEMORY_REASON = 7
 
@@ -87,10 +104,12 @@ class ServingArrays:
     dp: IntArr
     tp: IntArr
     pp: IntArr
-    batch: IntArr  # concurrent sequences per (decode) replica
+    batch: IntArr  # offered concurrency per (decode) replica: requests in the system, running or queued
     precision: IntArr
     prefill_dp: IntArr  # replicas that only prefill (disaggregated); 0 = prefill interleaved with decode
     hw: IntArr
+    ep: IntArr  # expert parallelism (MoE): GPUs one layer's experts are spread over
+    max_seqs: IntArr  # cap on the running batch (max_num_seqs); 0 = the framework's default
 
     def __len__(self) -> int:
         return int(self.dp.shape[0])
@@ -152,6 +171,11 @@ class ServingWorkload:
         """KV-cache tokens reserved per running sequence: its full p + o (no preemption)."""
         return self.running_mean([float(r.prompt_len + r.output_len) for r in self.requests])
 
+    @property
+    def tokens_held_on_demand(self) -> float:
+        """KV-cache tokens a running sequence holds on average when blocks are allocated as it grows: p + o/2."""
+        return self.mean_context
+
 
 def serving_workload(model: TransformerModel, task: InferenceTask, stack: Stack) -> ServingWorkload:
     reqs = tuple(task.requests())
@@ -162,13 +186,23 @@ def serving_workload(model: TransformerModel, task: InferenceTask, stack: Stack)
 
 
 def kv_bytes_per_token(model: TransformerModel, kv_bytes_per_value: float) -> float:
-    """KV cache of one token, whole model: 2 (K and V) x layers x kv_heads x head_dim x bytes (GQA: kv_heads)."""
+    """KV cache of one token, whole model: 2 (K and V) x layers x kv_heads x head_dim x bytes (GQA: kv_heads);
+    MLA: layers x latent width x bytes (DeepSeek-V2 Sec. 2.1: the compressed c_KV and the rope key are cached)."""
+    if model.mla_kv_dim is not None:
+        return float(model.layers * model.mla_kv_dim * kv_bytes_per_value)
     return 2.0 * model.layers * model.n_kv_heads * model.head_dim * kv_bytes_per_value
 
 
 def kv_heads_per_gpu(model: TransformerModel, tp: Arr) -> Arr:
     """KV heads one TP rank holds: kv_heads / tp, or 1 when tp > kv_heads (each rank keeps a replica)."""
     return np.maximum(model.n_kv_heads / tp, 1.0)
+
+
+def kv_values_per_gpu(model: TransformerModel, tp: Arr) -> Arr:
+    """KV values of one token and layer on one GPU: 2 kv_heads/tp head_dim; MLA: the whole latent on every rank."""
+    if model.mla_kv_dim is not None:
+        return float(model.mla_kv_dim) * np.ones_like(tp)
+    return 2.0 * kv_heads_per_gpu(model, tp) * model.head_dim
 
 
 def roofline_s(compute_s: Arr, memory_s: Arr) -> Arr:
@@ -182,6 +216,9 @@ class Device:
 
     tp: Arr
     pp: Arr
+    ep: Arr
+    ep_stride: Arr  # ranks between members of an expert-parallel group
+    grouped_ratio: Arr  # grouped-GEMM efficiency relative to dense GEMMs
     peak_flops: Arr  # GEMM precision
     peak16_flops: Arr  # 16-bit (attention kernels)
     gemm_eff: Arr
@@ -216,26 +253,32 @@ def layer_pass_s(
         memory = memory_bound_time_s(g.params / tp * dev.weight_bytes + io_bytes, dev.hbm_bw)
         gemm = gemm + roofline_s(compute, memory)
     attn_flops = tokens * keys * sw.attn_flops_per_key / tp
-    kv_layer_bytes = (
-        2.0 * kv_heads_per_gpu(m, tp) * m.head_dim * dev.kv_bytes
-    )  # one token, one layer, one GPU
+    kv_layer_bytes = kv_values_per_gpu(m, tp) * dev.kv_bytes  # one token, one layer, one GPU
     attention = roofline_s(
         attn_flops / (dev.peak16_flops * dev.attn_eff),
         memory_bound_time_s(kv_reads * kv_tokens * kv_layer_bytes, dev.hbm_bw),
+    )
+    expert = expert_pass_s(
+        sw.wl, tokens, tp, dev.ep, dev.peak_flops, dev.gemm_eff, dev.gemm_half_dim, dev.grouped_ratio,
+        dev.weight_bytes, dev.hbm_bw,
     )
     # norms, residual adds, activation function: replicated (no SP in inference) and TP-sharded traffic
     elementwise = memory_bound_time_s(
         tokens * (sw.wl.elementwise_replicated_bytes + sw.wl.elementwise_tp_bytes / tp), dev.hbm_bw
     )
-    # Megatron TP: one all-reduce after attention and one after the MLP (Shoeybi et al. 2019, Fig. 3)
+    # Megatron TP: one all-reduce after attention and one after the MLP (Shoeybi et al. 2019, Fig. 3); with expert
+    # parallelism the MLP's all-reduce is replaced by the all-to-all pair of serving_moe
+    reduces = np.where(dev.ep > 1, 1.0, 2.0)
     tp_comm = np.where(
-        tp > 1, 2.0 * all_reduce_s(tokens * m.hidden * ACT_BYTES, tp, np.ones_like(tp), dev.tiers), 0.0
+        tp > 1, reduces * all_reduce_s(tokens * m.hidden * ACT_BYTES, tp, np.ones_like(tp), dev.tiers), 0.0
     )
     return {
         "gemm": gemm,
         "attention": attention,
         "elementwise": elementwise,
         "tp_comm": tp_comm,
+        "expert_gemm": expert,
+        "ep_comm": ep_comm_s(sw.wl, tokens, tp, dev.ep, dev.ep_stride, dev.tiers),
         "overhead": dev.overhead_s,
     }
 
@@ -265,7 +308,9 @@ class InferenceTerms:
     decode_step_s: Arr  # one decode round of the running batch, without interleaved prefill
     prefill_s: Arr  # latency of one prompt's prefill (longest prompt of the mix)
     step: dict[str, Arr]  # additive terms of TPOT (decode round + amortised prefill / KV transfer)
-    max_batch: Arr  # sequences per replica that fit
+    max_batch: Arr  # sequences per replica whose KV cache fits
+    running_batch: Arr  # min(offered, max_batch, max_num_seqs): sequences decoding together
+    queue_wait_s: Arr  # mean wait of a request before it is admitted (part of TTFT)
     memory: dict[str, Arr]  # weights, kv_cache, activations, total, capacity (bytes per GPU)
     invalid: IntArr  # 0 = valid, else a key of INVALID_REASONS
     gpus: IntArr
@@ -275,7 +320,10 @@ class InferenceTerms:
         return self.output_tokens_per_s / self.gpus
 
 
-def device(sw: ServingWorkload, task: InferenceTask, table: HardwareTable, plans: ServingArrays) -> Device:
+def device(
+    sw: ServingWorkload, task: InferenceTask, table: HardwareTable, plans: ServingArrays, cal: CalibrationColumns
+) -> Device:
+    """Per-plan hardware columns; efficiencies from the serving calibration ``cal`` (one row per hardware option)."""
     hw = plans.hw
     prec = [PRECISIONS[int(i)] for i in plans.precision]
     peaks = np.full((len(PRECISIONS), len(table.options)), np.nan)
@@ -283,31 +331,39 @@ def device(sw: ServingWorkload, task: InferenceTask, table: HardwareTable, plans
         for i, p in enumerate(PRECISIONS):
             peaks[i, j] = o.gpu.peak_flops.get(GEMM_PRECISION[p], np.nan)  # type: ignore[call-overload]
     peak16 = np.array([o.gpu.peak_flops.get("bf16", np.nan) for o in table.options])
+    raw_bw = np.array([o.gpu.hbm_bw for o in table.options])
     kv_of = {p: task.kv_precision or DEFAULT_KV_PRECISION[p] for p in PRECISIONS}
+    tp, pp = plans.tp.astype(np.float64), plans.pp.astype(np.float64)
     return Device(
-        tp=plans.tp.astype(np.float64),
-        pp=plans.pp.astype(np.float64),
+        tp=tp,
+        pp=pp,
+        ep=plans.ep.astype(np.float64),
+        ep_stride=pp,  # an EP group takes the same stage of ep / tp replicas laid out tp x pp apart
+        grouped_ratio=table.grouped_gemm_ratio[hw],
         peak_flops=peaks[plans.precision, hw],
         peak16_flops=peak16[hw],
-        gemm_eff=table.gemm_eff[hw],
+        gemm_eff=cal.gemm_eff[hw],
         gemm_half_dim=table.gemm_half_dim[hw],
-        attn_eff=table.attn_eff[hw],
-        hbm_bw=table.hbm_bw[hw],
-        overhead_s=table.layer_overhead_s[hw],
+        attn_eff=cal.attn_eff[hw],
+        hbm_bw=raw_bw[hw] * cal.hbm_eff[hw],
+        overhead_s=cal.layer_overhead_s[hw],
         weight_bytes=np.array([BYTES_PER_VALUE[p] for p in prec], dtype=np.float64),
         kv_bytes=np.array([BYTES_PER_VALUE[kv_of[p]] for p in prec], dtype=np.float64),
         tiers=table.tiers(hw),
     )
 
 
-def memory_bytes(sw: ServingWorkload, dev: Device, capacity: Arr) -> tuple[dict[str, Arr], Arr, Arr]:
+def memory_bytes(
+    sw: ServingWorkload, dev: Device, capacity: Arr, full_reservation: NDArray[np.bool_]
+) -> tuple[dict[str, Arr], Arr, Arr]:
     """(batch-independent memory terms, bytes per running sequence, max batch) per GPU of the worst stage."""
     wl, m = sw.wl, sw.model
     tp, pp = dev.tp, dev.pp
     layers = wl.layers / pp
     gemm_params = float(sum(g.params for g in wl.gemms))
     other_params = wl.params_per_layer - gemm_params  # norms and biases stay 16-bit
-    layer_bytes = layers * (gemm_params * dev.weight_bytes + other_params * ACT_BYTES) / tp
+    experts = expert_weight_bytes_per_gpu(wl, tp, dev.ep, dev.weight_bytes) if wl.moe else 0.0
+    layer_bytes = layers * ((gemm_params * dev.weight_bytes + other_params * ACT_BYTES) / tp + experts)
     emb = wl.embedding_params * ACT_BYTES / tp
     head = (wl.head_params or (wl.embedding_params if m.tied_embeddings else 0)) * ACT_BYTES / tp
     ends = np.where(
@@ -319,21 +375,36 @@ def memory_bytes(sw: ServingWorkload, dev: Device, capacity: Arr) -> tuple[dict[
     longest_prompt = max(r.prompt_len for r in sw.requests)
     pass_tokens = max(PREFILL_PASS_TOKENS, float(longest_prompt))
     activations = pass_tokens * (wl.act_tp_sharded_bytes / tp + wl.act_replicated_bytes) + np.zeros_like(tp)
-    kv_per_seq = sw.tokens_held * layers * 2.0 * kv_heads_per_gpu(m, tp) * m.head_dim * dev.kv_bytes
+    held = np.where(full_reservation, sw.tokens_held, sw.tokens_held_on_demand)
+    kv_per_seq = held * layers * kv_values_per_gpu(m, tp) * dev.kv_bytes
     per_seq = kv_per_seq + wl.vocab / tp * LOGIT_BYTES
     free = capacity - weights - activations
     max_batch = np.maximum(np.floor(free / per_seq), 0.0)
     return {"weights": weights, "activations": activations, "kv_per_seq": kv_per_seq}, per_seq, max_batch
 
 
+def running_batch(plans: ServingArrays, cal: CalibrationColumns, max_batch: Arr) -> Arr:
+    """B = min(offered N, sequences whose KV fits, max_num_seqs (the plan's, else the framework's default))."""
+    cap = np.where(plans.max_seqs > 0, plans.max_seqs.astype(np.float64), cal.default_max_num_seqs[plans.hw])
+    return np.maximum(np.minimum(np.minimum(plans.batch.astype(np.float64), max_batch), cap), 1.0)
+
+
 def inference_terms(
-    sw: ServingWorkload, task: InferenceTask, stack: Stack, table: HardwareTable, plans: ServingArrays
+    sw: ServingWorkload,
+    task: InferenceTask,
+    stack: Stack,
+    table: HardwareTable,
+    plans: ServingArrays,
+    cal: CalibrationColumns,
 ) -> InferenceTerms:
     """Evaluate the serving model for every plan in ``plans`` (vectorised)."""
-    dev = device(sw, task, table, plans)
+    dev = device(sw, task, table, plans, cal)
     m = sw.model
     tp, pp = dev.tp, dev.pp
-    batch = plans.batch.astype(np.float64)
+    capacity = table.hbm_bytes[plans.hw] * (1.0 - stack.memory_reserve_fraction)
+    fixed, per_seq, max_batch = memory_bytes(sw, dev, capacity, cal.kv_full_reservation[plans.hw])
+    offered = plans.batch.astype(np.float64)
+    batch = running_batch(plans, cal, max_batch)
     layers = float(m.layers)
     h = float(m.hidden)
     chain = pp.copy()  # the p2p chain of pipeline neighbours, tp ranks apart
@@ -345,8 +416,9 @@ def inference_terms(
     micro = np.ceil(batch / pp)
     n_micro = np.minimum(batch, pp)
     context = np.full_like(batch, sw.mean_context)
-    # a decode kernel without GQA reuse streams each KV head once per query head it serves
-    group = 1.0 if stack.gqa_decode_kernel else m.heads / tp / kv_heads_per_gpu(m, tp)
+    # a decode kernel without GQA reuse streams each KV head once per query head it serves (MLA: the latent once)
+    gqa = stack.gqa_decode_kernel or m.mla_kv_dim is not None
+    group = 1.0 if gqa else m.heads / tp / kv_heads_per_gpu(m, tp)
     lay = layer_pass_s(sw, dev, micro, context, micro * context, group)
     head = head_pass_s(sw, dev, micro)
     hop = p2p(micro)
@@ -379,7 +451,7 @@ def inference_terms(
             layers / pp * np.sum(list(lay_k.values()), axis=0) + head_pass_s(sw, dev, k * ones) + p2p(k * p)
         )
         occupancy.append(stage_k / k)  # pipelined: a stage takes a new pass every stage time
-        shard = r.prompt_len * layers / pp * 2.0 * kv_heads_per_gpu(m, tp) * m.head_dim * dev.kv_bytes
+        shard = r.prompt_len * layers / pp * kv_values_per_gpu(m, tp) * dev.kv_bytes
         transfers.append(
             p2p_s(shard, tp * pp, dev.tiers)
         )  # each GPU sends its KV shard to the decode replica
@@ -395,15 +467,15 @@ def inference_terms(
     step["kv_transfer"] = np.where(disagg, kv_transfer / mean_out, 0.0)
     tpot = np.sum([step[k] for k in STEP_TERMS], axis=0)
     others = np.maximum(arrivals - 1.0, 0.0) * prefill_per_request
-    ttft = prefill_latency + np.where(disagg | (batch <= 1), 0.0, decode_s + others)
+    # closed loop of N clients, B admitted (Little's law): residence N E[o] T / B, of which E[o] T running
+    queue_wait = np.maximum(offered / batch - 1.0, 0.0) * mean_out * tpot
+    ttft = prefill_latency + np.where(disagg | (batch <= 1), 0.0, decode_s + others) + queue_wait
     decode_replicas = (plans.dp - plans.prefill_dp).astype(np.float64)
     decode_rate = decode_replicas * batch / np.where(disagg, decode_s, tpot)
     prefill_rate = plans.prefill_dp * mean_out / prefill_per_request  # output tokens/s the prefill pool feeds
     tokens_per_s = np.where(disagg, np.minimum(decode_rate, prefill_rate), decode_rate)
 
-    # ---- memory --------------------------------------------------------------------------------------------
-    capacity = table.hbm_bytes[plans.hw] * (1.0 - stack.memory_reserve_fraction)
-    fixed, per_seq, max_batch = memory_bytes(sw, dev, capacity)
+    # ---- memory (at the running batch) -----------------------------------------------------------------------
     kv = batch * fixed["kv_per_seq"]
     total = fixed["weights"] + fixed["activations"] + batch * per_seq
     memory = {
@@ -415,7 +487,7 @@ def inference_terms(
         "capacity": capacity,
     }
 
-    invalid = _invalid(sw, task, table, plans, dev, batch, max_batch)
+    invalid = _invalid(sw, task, table, plans, dev, max_batch)
     return InferenceTerms(
         ttft_s=ttft,
         tpot_s=tpot,
@@ -424,6 +496,8 @@ def inference_terms(
         prefill_s=prefill_latency,
         step=step,
         max_batch=max_batch,
+        running_batch=batch,
+        queue_wait_s=queue_wait,
         memory=memory,
         invalid=invalid,
         gpus=plans.gpus,
@@ -436,15 +510,19 @@ def _invalid(
     table: HardwareTable,
     plans: ServingArrays,
     dev: Device,
-    batch: Arr,
     max_batch: Arr,
 ) -> IntArr:
     m = sw.model
-    tp, pp = plans.tp, plans.pp
+    tp, pp, ep = plans.tp, plans.pp, plans.ep
     g = m.n_kv_heads
     node = table.tier_size[0][plans.hw]
     node = np.where(np.isinf(node), 1 << 30, node).astype(np.int64)
     pre = plans.prefill_dp
+    experts = m.moe.num_experts if m.moe is not None else 1
+    attention_gpus = plans.dp * tp
+    bad_ep = (ep > 1) & (
+        (m.moe is None) | (ep % tp != 0) | (attention_gpus % ep != 0) | (experts % np.maximum(ep, 1) != 0)
+    )
     checks: list[tuple[int, Any]] = [
         (1, plans.gpus != table.gpus[plans.hw].astype(np.int64)),
         (2, (m.heads % tp != 0) | ((g % tp != 0) & (tp % g != 0))),
@@ -452,7 +530,8 @@ def _invalid(
         (4, (node % tp != 0) & (tp % node != 0)),
         (5, np.isnan(dev.peak_flops) | np.isnan(dev.peak16_flops)),
         (6, (pre < 0) | ((pre > 0) & (not task.disaggregated or (pre >= plans.dp)))),
-        (MEMORY_REASON, batch > max_batch),
+        (MEMORY_REASON, max_batch < 1),
+        (8, bad_ep),
     ]
     code = np.zeros(len(plans), dtype=np.int64)
     for c, bad in reversed(checks):  # the first violated check wins

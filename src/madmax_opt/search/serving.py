@@ -1,331 +1,69 @@
-"""Serving plans: enumeration, exact records, CP-SAT assembly under latency targets, and the Pareto front.
+"""Serving search: CP-SAT over the enumerated candidates under latency targets, exact records, explanations of
+infeasibility and the throughput-latency Pareto front.
 
-Same design as ``solver`` (shared/reference/solver-notes.md, "enumerate, then assemble"): the vectorised model
-(``inference.inference_terms``) evaluates every candidate (tp, pp, dp replicas, batch, precision, prefill split,
-GPU type and count), each metric is rounded once to an integer (ns of GPU time per output token, micro-dollars
-per million tokens, us of TTFT/TPOT, tokens/s, cents/hour), and CP-SAT picks one candidate (``add_exactly_one``)
-under the linear constraints (latency targets, minimum throughput, GPU count, supply per GPU type, $/hour).
-Within one hardware option every remaining constraint is monotone in the objective, so only the ``k`` best
-admissible candidates of each option can be in the top-k (exact pruning, as in ``solver.solve``).
+Same design as ``solver`` (shared/reference/solver-notes.md, "enumerate, then assemble"); the candidates and their
+integer columns come from ``search.serving_space`` (re-exported here).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import Field, NonNegativeInt, model_validator
-from rich.console import Console
-from rich.table import Table
 
-from madmax_opt.core.errors import InfeasibleError, InternalError, ProblemError
-from madmax_opt.io.problem import Problem, validate
-from madmax_opt.model.hardware import HardwareTable
+from madmax_opt.core.errors import InfeasibleError, InternalError
+from madmax_opt.io.problem import Problem
 from madmax_opt.model.inference import (
     DEFAULT_KV_PRECISION,
     INVALID_REASONS,
     MEMORY_REASON,
     PRECISIONS,
     STEP_TERMS,
-    InferenceTerms,
     ServingArrays,
-    ServingWorkload,
-    device,
-    inference_terms,
-    memory_bytes,
-    serving_workload,
 )
-from madmax_opt.model.spec import InferencePrecision, InferenceTask, Plan
-from madmax_opt.search.assemble import (
-    Limit,
-    admissible_mask,
-    brute_force,
-    cluster_limits,
-    pick_best,
-    solver_summary,
-    supplies,
+from madmax_opt.model.spec import Plan
+from madmax_opt.search.assemble import admissible_mask, pick_best, solver_summary, supplies
+from madmax_opt.search.serving_space import (
+    BATCH_GRID,
+    US,
+    ServingCandidates,
+    ServingModel,
+    ServingPlan,
+    _gpu_type,
+    _min_tokens_per_s,
+    admissible,
+    as_serving_plan,
+    brute_force_order,
+    candidates,
+    cluster,
+    enumerate_serving,
+    meets_targets,
+    serving_plan,
+    target_limits,
+    within_cluster_limits,
 )
-from madmax_opt.search.solver import UUSD
+from madmax_opt.model.objectives import Rates, objective_values
+from madmax_opt.search.cpsat import CpSatOptions
+from madmax_opt.search.cpsat import options as cpsat_options
+from madmax_opt.search.objectives import serving_units
 
+__all__ = [
+    "ServingCandidates",
+    "ServingModel",
+    "ServingPlan",
+    "admissible",
+    "as_serving_plan",
+    "brute_force_order",
+    "candidates",
+    "enumerate_serving",
+    "meets_targets",
+    "serving_plan",
+    "within_cluster_limits",
+]
 IntArr = NDArray[np.int64]
-Arr = NDArray[np.float64]
-US = 1e6  # latency unit: microseconds
-NS = 1e9  # objective unit for throughput: GPU-nanoseconds per output token
-SECONDS_PER_HOUR = 3600.0
-MAX_TP = 64
-# concurrent sequences per replica searched: 1, 2, 3, 4, 6, 8, 12, ... 4096, plus the largest batch that fits
-TRAINING_KNOBS: tuple[str, ...] = (
-    "cp",
-    "vpp",
-    "mbs",
-    "zero",
-    "recompute",
-    "sp",
-    "stage_layers",
-    "stage_recompute",
-)
-SERVING_KNOBS: tuple[str, ...] = ("dp", "tp", "pp", "batch", "precision", "prefill_replicas", "system")
-BATCH_GRID: tuple[int, ...] = tuple(sorted({b for i in range(13) for b in (1 << i, 3 << i) if b <= 4096}))
-
-
-class ServingPlan(Plan):
-    """A serving plan: a parallel plan plus the weight precision and the prefill/decode split (disaggregation)."""
-
-    @model_validator(mode="after")
-    def _serving_knobs(self) -> ServingPlan:
-        training = [k for k in TRAINING_KNOBS if getattr(self, k) != ServingPlan.model_fields[k].default]
-        if training:
-            raise ValueError(
-                f"{', '.join(training)}: training-only; allowed for inference: {', '.join(SERVING_KNOBS)}"
-            )
-        return self
-
-    precision: InferencePrecision | None = Field(
-        None, description="weight precision; default: the task's first"
-    )
-    prefill_replicas: NonNegativeInt = Field(
-        0, description="disaggregated: replicas (of dp) that only prefill"
-    )
-
-
-@dataclass
-class ServingModel:
-    """An inference problem prepared for evaluation: workload and hardware table built once."""
-
-    problem: Problem
-    task: InferenceTask = field(init=False)
-    workload: ServingWorkload = field(init=False)
-    table: HardwareTable = field(init=False)
-
-    def __post_init__(self) -> None:
-        p = self.problem
-        if not isinstance(p.task, InferenceTask):
-            raise ProblemError("expected kind: inference", file=p.source, field="task.kind")
-        if p.model.moe is not None:
-            raise ProblemError(
-                "mixture-of-experts models are not modelled for inference yet (expert parallelism is a later "
-                "issue); allowed: dense models",
-                file=p.source,
-                field="model",
-            )
-        for knob in ("cp", "vpp", "mbs", "zero", "recompute", "sp"):
-            if getattr(p.space, knob) is not None:
-                allowed = "dp, tp, pp"
-                raise ProblemError(
-                    f"training-only knob; allowed for inference: {allowed}",
-                    file=p.source,
-                    field=f"space.{knob}",
-                )
-        self.task = p.task
-        self.workload = serving_workload(p.model, p.task, p.stack)
-        self.table = HardwareTable(p.hardware)
-
-    def terms(self, plans: ServingArrays) -> InferenceTerms:
-        return inference_terms(self.workload, self.task, self.problem.stack, self.table, plans)
-
-    def arrays(self, plans: list[ServingPlan]) -> ServingArrays:
-        default = self.task.precisions()[0]
-
-        def col(values: list[int]) -> IntArr:
-            return np.array(values, dtype=np.int64)
-
-        return ServingArrays(
-            dp=col([p.dp for p in plans]),
-            tp=col([p.tp for p in plans]),
-            pp=col([p.pp for p in plans]),
-            batch=col([p.batch or 1 for p in plans]),
-            precision=col([PRECISIONS.index(p.precision or default) for p in plans]),
-            prefill_dp=col([p.prefill_replicas for p in plans]),
-            hw=col([self.problem.hw_index(p) for p in plans]),
-        )
-
-
-def serving_plan(plans: ServingArrays, i: int, system: str | None = None) -> ServingPlan:
-    return ServingPlan(
-        dp=int(plans.dp[i]),
-        tp=int(plans.tp[i]),
-        pp=int(plans.pp[i]),
-        batch=int(plans.batch[i]),
-        precision=PRECISIONS[int(plans.precision[i])],
-        prefill_replicas=int(plans.prefill_dp[i]),
-        system=system,
-    )
-
-
-def as_serving_plan(plan: Plan, problem: Problem) -> ServingPlan:
-    """A plan (e.g. the problem's baseline) as a serving plan; training-only knobs are one-line errors."""
-    if isinstance(plan, ServingPlan):
-        return plan
-    return validate(ServingPlan, plan.model_dump(exclude_unset=True), file=problem.source, prefix="baseline")
-
-
-# --------------------------------------------------------------------------------------------- enumeration
-
-
-def _values(given: int | list[int] | None, default: list[int]) -> list[int]:
-    if given is None:
-        return default
-    return sorted({given} if isinstance(given, int) else set(given))
-
-
-def enumerate_serving(model: ServingModel) -> ServingArrays:
-    """Every serving plan that uses all GPUs of each hardware option; batches up to the largest that fits."""
-    p = model.problem
-    m = p.model
-    sp = p.space
-    precisions = [PRECISIONS.index(x) for x in model.task.precisions()]
-    shapes: list[tuple[int, ...]] = []
-    for hw, option in enumerate(p.hardware):
-        domain = option.system.tiers[0].size or option.gpus
-        tps = _values(sp.tp, [t for t in (1 << i for i in range(7)) if t <= min(domain, MAX_TP, m.heads)])
-        pps = _values(sp.pp, [d for d in range(1, m.layers + 1) if m.layers % d == 0 and d <= option.gpus])
-        for tp in tps:
-            for pp in pps:
-                if option.gpus % (tp * pp):
-                    continue
-                dp = option.gpus // (tp * pp)
-                if sp.dp is not None and dp not in _values(sp.dp, []):
-                    continue
-                shapes.extend((dp, tp, pp, prec, hw) for prec in precisions)
-    if not shapes:
-        return ServingArrays.empty()
-    s = np.array(shapes, dtype=np.int64)
-    one = np.ones(len(s), dtype=np.int64)
-    base = ServingArrays(
-        dp=s[:, 0],
-        tp=s[:, 1],
-        pp=s[:, 2],
-        batch=one,
-        precision=s[:, 3],
-        prefill_dp=np.where(model.task.disaggregated, 1, 0) * one,
-        hw=s[:, 4],
-    )
-    capacity = model.table.hbm_bytes[base.hw] * (1.0 - p.stack.memory_reserve_fraction)
-    _, _, max_batch = memory_bytes(
-        model.workload, device(model.workload, model.task, model.table, base), capacity
-    )
-    rows: list[tuple[int, ...]] = []
-    for i in range(len(base)):
-        fits = int(max_batch[i])
-        batches = [b for b in BATCH_GRID if b <= max(fits, 1)]
-        if fits > 1 and fits not in batches:
-            batches.append(fits)
-        splits = range(int(base.dp[i])) if model.task.disaggregated else [0]  # 0: prefill interleaved
-        rows.extend((*s[i, :3], b, s[i, 3], pre, s[i, 4]) for pre in splits for b in batches)
-    if not rows:
-        return ServingArrays.empty()
-    r = np.array(rows, dtype=np.int64)
-    return ServingArrays(*(r[:, j] for j in range(7)))
-
-
-# ------------------------------------------------------------------------------------------- candidates
-
-
-@dataclass
-class ServingCandidates:
-    """Enumerated plans with their float terms and the rounded integer columns CP-SAT sees."""
-
-    plans: ServingArrays
-    terms: InferenceTerms
-    price_per_gpu_hour: Arr
-    ttft_us: IntArr = field(init=False)
-    tpot_us: IntArr = field(init=False)
-    tokens_per_s: IntArr = field(init=False)  # whole deployment, floored
-    gpu_ns_per_token: IntArr = field(init=False)
-    uusd_per_million_tokens: IntArr = field(init=False)
-    cost_cents_per_hour: IntArr = field(init=False)
-
-    def __post_init__(self) -> None:
-        t = self.terms
-        self.ttft_us = _integer(np.rint(t.ttft_s * US))
-        self.tpot_us = _integer(np.rint(t.tpot_s * US))
-        self.tokens_per_s = _integer(np.floor(np.nan_to_num(t.output_tokens_per_s, nan=0.0)))
-        self.gpu_ns_per_token = _integer(np.rint(self.gpu_s_per_token * NS))
-        self.uusd_per_million_tokens = _integer(np.rint(self.usd_per_million_tokens * UUSD))
-        self.cost_cents_per_hour = _integer(np.rint(self.cost_per_hour * 100))
-
-    @property
-    def gpu_s_per_token(self) -> Arr:
-        """GPU-seconds per output token = 1 / (output tokens/s per GPU)."""
-        return self.plans.gpus / np.maximum(self.terms.output_tokens_per_s, 1e-30)
-
-    @property
-    def cost_per_hour(self) -> Arr:
-        return self.price_per_gpu_hour * self.plans.gpus
-
-    @property
-    def usd_per_million_tokens(self) -> Arr:
-        return self.cost_per_hour / SECONDS_PER_HOUR / np.maximum(self.terms.output_tokens_per_s, 1e-30) * 1e6
-
-    @property
-    def valid(self) -> NDArray[np.bool_]:
-        return np.asarray(self.terms.invalid == 0)
-
-    def objective(self, kind: str) -> IntArr:
-        return self.uusd_per_million_tokens if kind == "cost" else self.gpu_ns_per_token
-
-
-def _integer(x: Arr) -> IntArr:
-    """Rounded metric -> int64; NaN (invalid plans) and overflow saturate at 2^50 (below CP-SAT's 2^62 limit)."""
-    return np.minimum(np.nan_to_num(x, nan=2.0**50, posinf=2.0**50), 2.0**50).astype(np.int64)
-
-
-def candidates(model: ServingModel, plans: ServingArrays | None = None) -> ServingCandidates:
-    plans = enumerate_serving(model) if plans is None else plans
-    return ServingCandidates(plans, model.terms(plans), model.table.price_per_gpu_hour[plans.hw])
-
-
-def _min_tokens_per_s(task: InferenceTask, model: ServingModel) -> int | None:
-    floors = [x for x in (task.min_throughput, model.problem.constraints.min_throughput) if x is not None]
-    return int(np.ceil(max(floors))) if floors else None
-
-
-def _gpu_type(model: ServingModel, plans: ServingArrays) -> NDArray[np.str_]:
-    names = np.array([o.gpu.name for o in model.problem.hardware])
-    return names[plans.hw] if len(plans) else np.array([], dtype=str)
-
-
-def target_limits(model: ServingModel, c: ServingCandidates) -> list[Limit]:
-    """TTFT, TPOT and throughput targets as linear limits (on the rounded integers CP-SAT sees)."""
-    task = model.task
-    out = []
-    if task.ttft_s is not None:
-        out.append(Limit(c.ttft_us, round(task.ttft_s * US)))
-    if task.tpot_s is not None:
-        out.append(Limit(c.tpot_us, round(task.tpot_s * US)))
-    floor = _min_tokens_per_s(task, model)
-    if floor is not None:
-        out.append(Limit(c.tokens_per_s, floor, at_least=True))
-    return out
-
-
-def cluster(model: ServingModel, c: ServingCandidates) -> list[Limit]:
-    """GPU count, $/hour and GPU supply per type."""
-    cons = model.problem.constraints
-    return cluster_limits(
-        model.problem.hardware, c.plans.hw, c.plans.gpus, c.cost_cents_per_hour, cons.max_gpus, cons.max_cost_per_hour
-    )
-
-
-def meets_targets(model: ServingModel, c: ServingCandidates) -> NDArray[np.bool_]:
-    return admissible_mask(np.ones(len(c.plans), dtype=bool), target_limits(model, c))
-
-
-def within_cluster_limits(model: ServingModel, c: ServingCandidates) -> NDArray[np.bool_]:
-    return admissible_mask(np.ones(len(c.plans), dtype=bool), cluster(model, c))
-
-
-def admissible(model: ServingModel, c: ServingCandidates) -> NDArray[np.bool_]:
-    """Valid plans meeting every target and constraint: what brute force minimises over."""
-    return admissible_mask(c.valid, target_limits(model, c) + cluster(model, c))
-
-
-def brute_force_order(model: ServingModel, c: ServingCandidates, objective: str) -> IntArr:
-    """Admissible candidate indices sorted by (integer objective, enumeration order): the reference answer."""
-    return brute_force(c.objective(objective), admissible(model, c))
 
 
 # ---------------------------------------------------------------------------------------------- CP-SAT
@@ -349,23 +87,24 @@ def solve_serving(
     time_limit_s: float = 60.0,
     workers: int = 1,
     seed: int = 0,
+    cpsat: CpSatOptions | None = None,
     model: ServingModel | None = None,
     plans: ServingArrays | None = None,
 ) -> ServingOutcome:
     """The best serving plan(s) under the targets; InfeasibleError names what binds."""
     t0 = time.perf_counter()
+    opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
     model = model or ServingModel(problem)
     c = candidates(model, plans)
     lims = target_limits(model, c) + cluster(model, c)
     pick = pick_best(
-        c.objective(problem.objective),
+        c.int_objective(problem.objective),
         admissible_mask(c.valid, lims),
         c.plans.hw,
         lims,
         top_k=top_k,
-        time_limit_s=time_limit_s,
-        workers=workers,
-        seed=seed,
+        cpsat=opts,
+        file=problem.source,
     )
     if pick is None:
         raise InfeasibleError(explain_infeasible(model, c))
@@ -382,8 +121,8 @@ def _reason(model: ServingModel, c: ServingCandidates, i: int) -> str | None:
     if code == MEMORY_REASON:
         mem = c.terms.memory
         return (
-            f"batch {int(c.plans.batch[i])} needs {mem['total'][i] / 1e9:.1f} GB per GPU, usable "
-            f"{mem['capacity'][i] / 1e9:.1f} GB (at most {int(c.terms.max_batch[i])} sequences fit)"
+            f"weights and one sequence's KV cache need {mem['total'][i] / 1e9:.1f} GB per GPU, usable "
+            f"{mem['capacity'][i] / 1e9:.1f} GB (no sequence fits)"
         )
     if code:
         return INVALID_REASONS[code]
@@ -409,7 +148,9 @@ def plan_dict(model: ServingModel, c: ServingCandidates, i: int) -> dict[str, An
         "dp": int(p.dp[i]),
         "tp": int(p.tp[i]),
         "pp": int(p.pp[i]),
+        "ep": int(p.ep[i]),
         "batch": int(p.batch[i]),
+        "max_num_seqs": int(p.max_seqs[i]) or None,
         "precision": prec,
         "kv_precision": model.task.kv_precision or DEFAULT_KV_PRECISION[prec],
         "prefill_replicas": int(p.prefill_dp[i]),
@@ -438,6 +179,10 @@ def to_records(
                 "output_tokens_per_s": float(t.output_tokens_per_s[i]),
                 "output_tokens_per_s_per_gpu": float(t.output_tokens_per_s_per_gpu[i]),
                 "max_batch": int(t.max_batch[i]),
+                "running_batch": int(t.running_batch[i]),
+                "queue_wait_s": float(t.queue_wait_s[i]),
+                "framework": model.framework,
+                "calibration": model.calibration[int(c.plans.hw[i])],
                 "kv_cache_bytes_per_gpu": float(t.memory["kv_cache"][i]),
                 "decode_step_s": float(t.decode_step_s[i]),
                 "prefill_s": float(t.prefill_s[i]),
@@ -466,11 +211,13 @@ def evaluate_serving(problem: Problem, plans: list[Plan]) -> list[dict[str, Any]
 def best_batch_record(model: ServingModel, plan: ServingPlan) -> dict[str, Any]:
     """The plan at its best batch: the highest-objective batch meeting the targets, else the largest that fits."""
     arr = model.arrays([plan])
-    fits = int(candidates(model, arr).terms.max_batch[0])
+    cap = plan.max_num_seqs or model.cal.default_max_num_seqs[int(arr.hw[0])]
+    fits = int(min(candidates(model, arr).terms.max_batch[0], cap))
     grid = sorted({b for b in BATCH_GRID if b <= max(fits, 1)} | ({fits} if fits > 1 else set()))
     rows = arr.take([0] * len(grid))
     rows = ServingArrays(
-        rows.dp, rows.tp, rows.pp, np.array(grid, dtype=np.int64), rows.precision, rows.prefill_dp, rows.hw
+        rows.dp, rows.tp, rows.pp, np.array(grid, dtype=np.int64), rows.precision, rows.prefill_dp, rows.hw,
+        rows.ep, rows.max_seqs,
     )
     c = candidates(model, rows)
     ok = c.valid & meets_targets(model, c)
@@ -486,13 +233,19 @@ def best_batch_record(model: ServingModel, plan: ServingPlan) -> dict[str, Any]:
 def cross_check(outcome: ServingOutcome, records: list[dict[str, Any]], objective: str) -> None:
     """Each returned plan, re-evaluated in floating point, must be feasible and match its integer objective."""
     c = outcome.candidates
+    per_value = serving_units(objective).per_value
     for i, rec in zip(outcome.top, records, strict=True):
-        if objective == "cost":
-            exact, rounded = rec["usd_per_million_tokens"], c.uusd_per_million_tokens[i] / UUSD
-            tol = 0.5 / UUSD
-        else:
-            exact, rounded = 1.0 / rec["output_tokens_per_s_per_gpu"], c.gpu_ns_per_token[i] / NS
-            tol = 0.5 / NS
+        gpus = float(rec["hardware"]["gpus"])
+        rates = Rates(  # from the record's own floats, not the integer columns
+            seconds_per_unit=np.array([1.0 / rec["output_tokens_per_s"]]),
+            gpus=np.array([gpus]),
+            usd_per_hour=np.array([rec["cost_per_hour_usd"]]),
+            watts=np.array([c.power_w_per_gpu[i] * gpus]),
+            throughput_per_gpu=True,
+        )
+        exact = float(objective_values(objective, rates)[0])
+        rounded = c.objective(objective)[i] / per_value
+        tol = 0.5 / per_value
         if not rec["feasible"] or abs(exact - rounded) > tol * (1 + 1e-9):
             raise InternalError(
                 f"solver/evaluator mismatch on {rec['plan']}: evaluator {exact:.9g}, solver "
@@ -504,7 +257,9 @@ def cross_check(outcome: ServingOutcome, records: list[dict[str, Any]], objectiv
 
 
 def _plan_text(plan: dict[str, Any]) -> str:
-    text = f"tp={plan['tp']} pp={plan['pp']} dp={plan['dp']} batch={plan['batch']} {plan['precision']}"
+    text = f"tp={plan['tp']} pp={plan['pp']} dp={plan['dp']}"
+    text += f" ep={plan['ep']}" if plan.get("ep", 1) > 1 else ""
+    text += f" batch={plan['batch']} {plan['precision']}"
     return text + (f" prefill_replicas={plan['prefill_replicas']}" if plan.get("prefill_replicas") else "")
 
 
@@ -645,76 +400,3 @@ def solve_result(problem: Problem, top_k: int, time_limit: float, workers: int) 
         "baseline": baseline,
         "speedup_vs_baseline": speedup,
     }
-
-
-# ------------------------------------------------------------------------------------------ human output
-
-
-def _ms(x: float) -> str:
-    return f"{x * 1e3:,.2f}"
-
-
-def record_table(rec: dict[str, Any], title: str = "plan") -> Table:
-    hw = rec["hardware"]
-    t = Table(
-        title=f"{title}: {_plan_text(rec['plan'])} on {hw['gpus']} x {hw['gpu']} ({hw['system']})",
-        header_style="bold",
-    )
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    if not rec["feasible"]:
-        t.add_row("[red]infeasible[/red]", str(rec["infeasible_reason"]))
-    t.add_row("TTFT (ms)", _ms(rec["ttft_s"]))
-    t.add_row("TPOT (ms)", _ms(rec["tpot_s"]))
-    t.add_row("output tokens/s", f"{rec['output_tokens_per_s']:,.0f}")
-    t.add_row("output tokens/s per GPU", f"{rec['output_tokens_per_s_per_gpu']:,.1f}")
-    t.add_row("max batch per replica", f"{rec['max_batch']:,}")
-    t.add_row("KV cache per GPU (GB)", f"{rec['kv_cache_bytes_per_gpu'] / 1e9:,.2f}")
-    t.add_row("$ / M output tokens", f"{rec['usd_per_million_tokens']:,.4f}")
-    t.add_section()
-    for k, v in rec["tpot_breakdown_s"].items():
-        if v > 0:
-            t.add_row(f"  TPOT {k} (ms)", _ms(v))
-    t.add_section()
-    for k, v in rec["memory_bytes_per_gpu"].items():
-        t.add_row(f"  memory {k} (GB)", f"{v / 1e9:,.2f}")
-    return t
-
-
-def pareto_table(rows: list[dict[str, Any]], title: str = "throughput vs latency (Pareto front)") -> Table:
-    t = Table(title=title, header_style="bold")
-    for col in ("TPOT ms", "TTFT ms", "tok/s/GPU", "tok/s", "hardware", "plan", "targets"):
-        t.add_column(col, justify="left" if col in ("hardware", "plan") else "right")
-    for r in rows:
-        t.add_row(
-            _ms(r["tpot_s"]),
-            _ms(r["ttft_s"]),
-            f"{r['output_tokens_per_s_per_gpu']:,.1f}",
-            f"{r['output_tokens_per_s']:,.0f}",
-            f"{r['hardware']['system']} x{r['hardware']['gpus']}",
-            _plan_text(r["plan"]),
-            "met" if r.get("meets_targets") else "-",
-        )
-    return t
-
-
-def print_records(records: list[dict[str, Any]], console: Console) -> None:
-    for i, r in enumerate(records):
-        console.print(record_table(r, title=f"plan {i + 1}" if len(records) > 1 else "plan"))
-
-
-def print_result(result: dict[str, Any], console: Console) -> None:
-    s = result["solver"]
-    console.print(
-        f"[bold]status:[/bold] {result['status']}   objective {s['objective']} {s['objective_unit']}   "
-        f"candidates {s['candidates']:,} (admissible {s['admissible']:,})   CP-SAT Booleans "
-        f"{s['booleans']}   wall {s['wall_s']:.3f} s"
-    )
-    console.print(record_table(result["best"], title="best plan"))
-    for i, r in enumerate(result["top"][1:], start=2):
-        console.print(record_table(r, title=f"plan {i}"))
-    console.print(pareto_table(result["pareto"]))
-    if result.get("baseline"):
-        console.print(record_table(result["baseline"], title="baseline"))
-        if result.get("speedup_vs_baseline"):
-            console.print(f"[bold]speedup over baseline: {result['speedup_vs_baseline']:.2f}x[/bold]")

@@ -1,0 +1,120 @@
+"""Serving calibration: efficiency parameters per (GPU, serving framework) and each framework's scheduler defaults.
+
+The serving model's kernel-level parameters (GEMM efficiency, attention efficiency, achieved HBM bandwidth, fixed
+per-layer time) differ by inference runtime far more than by training stack: TensorRT-LLM, vLLM (CUDA or ROCm) and
+SGLang ship different GEMM, attention and all-reduce kernels, CUDA graphs and schedulers. They are fitted per
+(GPU, framework) on measured serving runs only (``studies.modern_serving``), stored in
+``data/serving_calibration.yaml`` with how they were fitted, and resolved here in three levels:
+
+    (gpu, framework) fitted on that pair's runs  ->  the framework's pooled fit (runs on other GPUs; flagged
+    ``uncalibrated`` for this GPU)  ->  the universal prior of the fit (no runs of the framework at all)
+
+Records name the level that priced them (``calibration`` block of every serving record).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+from madmax_opt.model.spec import ServingFrameworkName
+
+Arr = NDArray[np.float64]
+SERVING_FRAMEWORKS: tuple[str, ...] = get_args(ServingFrameworkName)
+DEFAULT_SERVING_FRAMEWORK = "vllm"
+ANY_GPU = "*"  # the key of a framework's pooled fit
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServingParams(_Strict):
+    """The fitted quantities (SI): fractions of datasheet peaks and a fixed time per transformer layer pass."""
+
+    gemm_eff: float = Field(gt=0.0, le=1.0, description="fraction of the GEMM precision's peak at large shapes")
+    attn_eff: float = Field(gt=0.0, le=1.0, description="fraction of the 16-bit peak reached by attention kernels")
+    hbm_eff: float = Field(gt=0.0, le=1.0, description="fraction of HBM bandwidth reached when streaming weights/KV")
+    layer_overhead_s: float = Field(
+        ge=0.0, description="fixed time per transformer layer per pass: launches, TP all-reduce latency, scheduling"
+    )
+
+
+class FitRecord(_Strict):
+    """How a parameter set was fitted: which runs, which method, and its error on them and on unseen sources."""
+
+    runs: int = Field(ge=0)
+    sources: list[str]
+    method: str
+    in_sample_median_err: float | None = None
+    loso_median_err: float | None = Field(None, description="leave-one-source-out median |error| of these runs")
+
+
+class ServingCalibrationEntry(_Strict):
+    gpu: str = Field(description=f"GPU catalog key, or {ANY_GPU!r} for the framework's pooled fit")
+    framework: str
+    params: ServingParams
+    fit: FitRecord
+
+
+class ServingFramework(_Strict):
+    """Scheduler behaviour of a serving runtime (defaults as shipped; not fitted)."""
+
+    kv_reservation: Literal["full", "on_demand"] = Field(
+        description="full: a request reserves KV blocks for prompt + all output tokens when admitted; "
+        "on_demand: blocks are allocated as the sequence grows (preempting when the cache is full)"
+    )
+    max_num_seqs: PositiveInt | None = Field(None, description="default cap on the running batch; null = KV-bound")
+    source: str
+
+
+class ServingCatalog(_Strict):
+    """The contents of ``data/serving_calibration.yaml``."""
+
+    prior: ServingParams = Field(description="universal prior of the fit (used where a framework has no runs)")
+    prior_source: str
+    frameworks: dict[str, ServingFramework]
+    entries: list[ServingCalibrationEntry] = []
+
+    def resolve(self, gpu: str, framework: str) -> tuple[ServingParams, str, FitRecord | None]:
+        """(parameters, level, fit) for a GPU and framework: ``calibrated``, ``framework-pooled`` or ``prior``."""
+        by_key = {(e.gpu, e.framework): e for e in self.entries}
+        if (gpu, framework) in by_key:
+            e = by_key[(gpu, framework)]
+            return e.params, "calibrated", e.fit
+        if (ANY_GPU, framework) in by_key:
+            e = by_key[(ANY_GPU, framework)]
+            return e.params, "framework-pooled", e.fit
+        return self.prior, "prior", None
+
+
+@dataclass(frozen=True)
+class CalibrationColumns:
+    """Per-hardware-option columns (index with a plan's ``hw``) of the resolved serving calibration."""
+
+    gemm_eff: Arr
+    attn_eff: Arr
+    hbm_eff: Arr
+    layer_overhead_s: Arr
+    kv_full_reservation: NDArray[np.bool_]
+    default_max_num_seqs: Arr  # inf = no cap
+
+    @staticmethod
+    def of(params: list[ServingParams], framework: ServingFramework) -> CalibrationColumns:
+        def col(name: str) -> Arr:
+            return np.array([getattr(p, name) for p in params], dtype=np.float64)
+
+        n = len(params)
+        cap = float(framework.max_num_seqs) if framework.max_num_seqs is not None else np.inf
+        return CalibrationColumns(
+            gemm_eff=col("gemm_eff"),
+            attn_eff=col("attn_eff"),
+            hbm_eff=col("hbm_eff"),
+            layer_overhead_s=col("layer_overhead_s"),
+            kv_full_reservation=np.full(n, framework.kv_reservation == "full"),
+            default_max_num_seqs=np.full(n, cap),
+        )

@@ -1,0 +1,94 @@
+"""Mixture-of-experts serving terms: expert weights per GPU under expert parallelism, the experts a batch touches,
+grouped-GEMM time and the dispatch / combine all-to-all of every MoE layer (vectorised, one entry per plan).
+
+Layout (vLLM ``--enable-expert-parallel``, SGLang / TensorRT-LLM wide EP with attention DP): a replica runs
+attention with ``tp`` GPUs; the routed experts of a layer are spread over ``ep`` GPUs, ``ep`` = 1 (every expert
+sharded over the replica's TP ranks, like a dense MLP) or a multiple of ``tp`` (``ep / tp`` attention replicas share
+one expert pool and step together; each GPU holds ``E / ep`` whole experts). Per GPU and MoE layer, for ``T`` tokens
+per replica:
+
+    pooled tokens          T_pool = T * max(ep, tp) / tp                  (tokens of the replicas sharing experts)
+    active experts         E_act = E * (1 - (1 - k/E)^T_pool)             (each token picks k of E uniformly)
+    expert weight bytes    E_act * P_e * w / max(ep, tp)                   (streamed once per pass)
+    expert FLOPs           T * k * f * 2 P_e / tp                          (f = load imbalance of the busiest GPU)
+    dispatch / combine     all-to-all of (T / tp) * k * h * 2 B per GPU over the ep group, once each (ep > 1)
+    TP restore             all-gather of T h 2 B over tp after the combine (ep > 1; replaces the MLP all-reduce)
+
+Grouped GEMMs run at ``grouped_gemm_ratio`` of dense-GEMM efficiency (B200: 0.30 / 0.49 of peak,
+shared/reference/hardware.md); at decode the few tokens per expert make them weight-bandwidth-bound, which the
+roofline's memory term (active experts only) models. The KV cache is the attention's: unchanged by EP.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from madmax_opt.model.collectives import Tiers, all_gather_s, all_to_all_s
+from madmax_opt.model.compute import gemm_time_s, memory_bound_time_s
+from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
+
+Arr = NDArray[np.float64]
+
+
+def expert_shards(tp: Arr, ep: Arr) -> Arr:
+    """GPUs one layer's routed experts are spread over: tp when ep = 1 (TP-sharded experts), else ep."""
+    return np.maximum(ep, tp)
+
+
+def pooled_tokens(tokens: Arr, tp: Arr, ep: Arr) -> Arr:
+    """T_pool = T * max(ep, tp) / tp: the tokens of all attention replicas that share one expert pool."""
+    return tokens * expert_shards(tp, ep) / tp
+
+
+def active_experts(wl: TransformerWorkload, tokens_pool: Arr) -> Arr:
+    """E_act = E (1 - (1 - k/E)^T): expected experts with at least one of T tokens (k distinct picks per token)."""
+    e, k = float(wl.num_experts), float(wl.top_k)
+    return e * (1.0 - np.power(1.0 - k / e, tokens_pool))
+
+
+def expert_weight_bytes_per_gpu(wl: TransformerWorkload, tp: Arr, ep: Arr, weight_bytes: Arr) -> Arr:
+    """Routed-expert weights of one layer on one GPU: E * P_e * w / max(ep, tp)."""
+    return wl.expert_params_per_layer * weight_bytes / expert_shards(tp, ep)
+
+
+def expert_pass_s(
+    wl: TransformerWorkload,
+    tokens: Arr,
+    tp: Arr,
+    ep: Arr,
+    peak_flops: Arr,
+    gemm_eff: Arr,
+    half_dim: Arr,
+    grouped_ratio: Arr,
+    weight_bytes: Arr,
+    hbm_bw: Arr,
+) -> Arr:
+    """Routed-expert grouped GEMMs of one layer on one GPU: roofline of expert FLOPs and active-expert bytes."""
+    if not wl.moe:
+        return np.zeros_like(tokens)
+    shards = expert_shards(tp, ep)
+    per_expert_dim = np.where(ep > 1, 1.0, tp)  # ep = 1: each expert's width is TP-sharded
+    compute = np.zeros_like(tokens)
+    for g in wl.expert_gemms:
+        sharded = (g.n if g.tp_dim == "n" else g.k) / per_expert_dim
+        other = float(g.k if g.tp_dim == "n" else g.n)
+        dim = np.minimum(sharded, other) * np.ones_like(tokens)
+        flops = tokens * wl.top_k * wl.expert_load_factor * g.flops_per_token / tp
+        compute = compute + gemm_time_s(flops, dim, peak_flops, gemm_eff * grouped_ratio, half_dim)
+    act = active_experts(wl, pooled_tokens(tokens, tp, ep))
+    expert_bytes = act * sum(g.params for g in wl.expert_gemms) * weight_bytes / shards
+    io_bytes = tokens * wl.top_k * wl.expert_load_factor * 2.0 * wl.model.hidden * ACT_BYTES / tp
+    return np.maximum(compute, memory_bound_time_s(expert_bytes + io_bytes, hbm_bw))
+
+
+def ep_comm_s(wl: TransformerWorkload, tokens: Arr, tp: Arr, ep: Arr, stride: Arr, tiers: Tiers) -> Arr:
+    """Dispatch + combine all-to-all over the ep GPUs, plus the all-gather that restores the replica's tokens on
+    its TP ranks (ep > 1); zero for dense models and for TP-sharded experts (ep = 1: the MLP all-reduce)."""
+    if not wl.moe:
+        return np.zeros_like(tokens)
+    h = float(wl.model.hidden)
+    a2a_bytes = tokens / tp * wl.top_k * h * ACT_BYTES
+    a2a = 2.0 * all_to_all_s(a2a_bytes, ep, stride, tiers)
+    restore = np.where(tp > 1, all_gather_s(tokens * h * ACT_BYTES, tp, np.ones_like(tp), tiers), 0.0)
+    return np.where(ep > 1, a2a + restore, 0.0)

@@ -1,0 +1,93 @@
+"""Serving records as rich tables: one plan, the Pareto front, a solve result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from madmax_opt.search.serving import _plan_text
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:,.2f}"
+
+
+def record_table(rec: dict[str, Any], title: str = "plan") -> Table:
+    hw = rec["hardware"]
+    t = Table(
+        title=f"{title}: {_plan_text(rec['plan'])} on {hw['gpus']} x {hw['gpu']} ({hw['system']})",
+        header_style="bold",
+    )
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    if not rec["feasible"]:
+        t.add_row("[red]infeasible[/red]", str(rec["infeasible_reason"]))
+    t.add_row("TTFT (ms)", _ms(rec["ttft_s"]))
+    t.add_row("TPOT (ms)", _ms(rec["tpot_s"]))
+    t.add_row("output tokens/s", f"{rec['output_tokens_per_s']:,.0f}")
+    t.add_row("output tokens/s per GPU", f"{rec['output_tokens_per_s_per_gpu']:,.1f}")
+    t.add_row("max batch per replica (KV cache)", f"{rec['max_batch']:,}")
+    t.add_row("running batch (offered)", f"{rec['running_batch']:,} ({rec['plan']['batch']:,})")
+    if rec["queue_wait_s"] > 0:
+        t.add_row("queue wait (ms, in TTFT)", _ms(rec["queue_wait_s"]))
+    cal = rec["calibration"]
+    t.add_row(
+        "calibration",
+        f"{cal['gpu']} / {cal['framework']}: "
+        + (
+            f"{cal['runs']} runs, LOSO median {cal['loso_median_err']:.0%}"
+            if cal["status"] == "calibrated" and cal["loso_median_err"] is not None
+            else f"{cal['level']} (uncalibrated)"
+        ),
+    )
+    t.add_row("KV cache per GPU (GB)", f"{rec['kv_cache_bytes_per_gpu'] / 1e9:,.2f}")
+    t.add_row("$ / M output tokens", f"{rec['usd_per_million_tokens']:,.4f}")
+    t.add_section()
+    for k, v in rec["tpot_breakdown_s"].items():
+        if v > 0:
+            t.add_row(f"  TPOT {k} (ms)", _ms(v))
+    t.add_section()
+    for k, v in rec["memory_bytes_per_gpu"].items():
+        t.add_row(f"  memory {k} (GB)", f"{v / 1e9:,.2f}")
+    return t
+
+
+def pareto_table(rows: list[dict[str, Any]], title: str = "throughput vs latency (Pareto front)") -> Table:
+    t = Table(title=title, header_style="bold")
+    for col in ("TPOT ms", "TTFT ms", "tok/s/GPU", "tok/s", "hardware", "plan", "targets"):
+        t.add_column(col, justify="left" if col in ("hardware", "plan") else "right")
+    for r in rows:
+        t.add_row(
+            _ms(r["tpot_s"]),
+            _ms(r["ttft_s"]),
+            f"{r['output_tokens_per_s_per_gpu']:,.1f}",
+            f"{r['output_tokens_per_s']:,.0f}",
+            f"{r['hardware']['system']} x{r['hardware']['gpus']}",
+            _plan_text(r["plan"]),
+            "met" if r.get("meets_targets") else "-",
+        )
+    return t
+
+
+def print_records(records: list[dict[str, Any]], console: Console) -> None:
+    for i, r in enumerate(records):
+        console.print(record_table(r, title=f"plan {i + 1}" if len(records) > 1 else "plan"))
+
+
+def print_result(result: dict[str, Any], console: Console) -> None:
+    s = result["solver"]
+    console.print(
+        f"[bold]status:[/bold] {result['status']}   objective {s['objective']} {s['objective_unit']}   "
+        f"candidates {s['candidates']:,} (admissible {s['admissible']:,})   CP-SAT Booleans "
+        f"{s['booleans']}   wall {s['wall_s']:.3f} s"
+    )
+    console.print(record_table(result["best"], title="best plan"))
+    for i, r in enumerate(result["top"][1:], start=2):
+        console.print(record_table(r, title=f"plan {i}"))
+    console.print(pareto_table(result["pareto"]))
+    if result.get("baseline"):
+        console.print(record_table(result["baseline"], title="baseline"))
+        if result.get("speedup_vs_baseline"):
+            console.print(f"[bold]speedup over baseline: {result['speedup_vs_baseline']:.2f}x[/bold]")

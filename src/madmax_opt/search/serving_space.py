@@ -1,0 +1,390 @@
+"""Serving plans and their candidates: the plan record, the prepared model, enumeration and the integer columns.
+
+Same design as ``solver`` (shared/reference/solver-notes.md, "enumerate, then assemble"): the vectorised model
+(``inference.inference_terms``) evaluates every candidate (tp, pp, dp replicas, batch, precision, prefill split,
+GPU type and count), each metric is rounded once to an integer (ns of GPU time per output token, micro-dollars
+per million tokens, us of TTFT/TPOT, tokens/s, cents/hour), and CP-SAT picks one candidate (``add_exactly_one``)
+under the linear constraints (latency targets, minimum throughput, GPU count, supply per GPU type, $/hour).
+Within one hardware option every remaining constraint is monotone in the objective, so only the ``k`` best
+admissible candidates of each option can be in the top-k (exact pruning, as in ``solver.solve``). The search itself,
+records and explanations are in ``search.serving``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io.problem import Problem, validate
+from madmax_opt.io.serving_catalog import calibration_columns, serving_framework
+from madmax_opt.model.hardware import HardwareTable
+from madmax_opt.model.inference import (
+    GEMM_PRECISION,
+    PRECISIONS,
+    InferenceTerms,
+    ServingArrays,
+    ServingWorkload,
+    device,
+    inference_terms,
+    memory_bytes,
+    serving_workload,
+)
+from madmax_opt.model.serving_calibration import CalibrationColumns, ServingCatalog
+from madmax_opt.model.spec import InferencePrecision, InferenceTask, Plan
+from madmax_opt.model.objectives import Rates
+from madmax_opt.search.assemble import IntObjective, Limit, admissible_mask, brute_force, cluster_limits
+from madmax_opt.search.objectives import NS, UUSD, integer_objective, serving_units
+
+IntArr = NDArray[np.int64]
+Arr = NDArray[np.float64]
+US = 1e6  # latency unit: microseconds
+SECONDS_PER_HOUR = 3600.0
+MAX_TP = 64
+# concurrent sequences per replica searched: 1, 2, 3, 4, 6, 8, 12, ... 4096, plus the largest batch that fits
+TRAINING_KNOBS: tuple[str, ...] = (
+    "cp",
+    "vpp",
+    "mbs",
+    "zero",
+    "recompute",
+    "sp",
+    "stage_layers",
+    "stage_recompute",
+)
+SERVING_KNOBS: tuple[str, ...] = (
+    "dp", "tp", "pp", "ep", "batch", "max_num_seqs", "precision", "prefill_replicas", "system",
+)
+BATCH_GRID: tuple[int, ...] = tuple(sorted({b for i in range(13) for b in (1 << i, 3 << i) if b <= 4096}))
+
+
+class ServingPlan(Plan):
+    """A serving plan: a parallel plan plus the weight precision and the prefill/decode split (disaggregation)."""
+
+    @model_validator(mode="after")
+    def _serving_knobs(self) -> ServingPlan:
+        training = [k for k in TRAINING_KNOBS if getattr(self, k) != ServingPlan.model_fields[k].default]
+        if training:
+            raise ValueError(
+                f"{', '.join(training)}: training-only; allowed for inference: {', '.join(SERVING_KNOBS)}"
+            )
+        return self
+
+    precision: InferencePrecision | None = Field(
+        None, description="weight precision; default: the task's first"
+    )
+    prefill_replicas: NonNegativeInt = Field(
+        0, description="disaggregated: replicas (of dp) that only prefill"
+    )
+    max_num_seqs: PositiveInt | None = Field(
+        None, description="cap on the running batch (vLLM max_num_seqs, TensorRT-LLM max_batch_size); default: "
+        "the framework's; batch above it (or above what the KV cache holds) waits in a queue",
+    )
+
+
+@dataclass
+class ServingModel:
+    """An inference problem prepared for evaluation: workload and hardware table built once."""
+
+    problem: Problem
+    catalog: ServingCatalog | None = None  # serving calibration; default the package's data/serving_calibration.yaml
+    task: InferenceTask = field(init=False)
+    workload: ServingWorkload = field(init=False)
+    table: HardwareTable = field(init=False)
+    framework: str = field(init=False)
+    cal: CalibrationColumns = field(init=False)
+    calibration: list[dict[str, Any]] = field(init=False)  # per hardware option: what priced it
+
+    def __post_init__(self) -> None:
+        p = self.problem
+        if not isinstance(p.task, InferenceTask):
+            raise ProblemError("expected kind: inference", file=p.source, field="task.kind")
+        if p.model.moe is None and p.space.ep not in (None, 1, [1]):
+            raise ProblemError(
+                f"expert parallelism needs a mixture-of-experts model ({p.model.name} is dense); allowed: 1",
+                file=p.source,
+                field="space.ep",
+            )
+        for knob in ("cp", "vpp", "mbs", "zero", "recompute", "sp"):
+            if getattr(p.space, knob) is not None:
+                allowed = "dp, tp, pp"
+                raise ProblemError(
+                    f"training-only knob; allowed for inference: {allowed}",
+                    file=p.source,
+                    field=f"space.{knob}",
+                )
+        self.task = p.task
+        _check_precisions(p, p.task.precisions(), "task.precision")
+        self.framework = serving_framework(p.stack, file=p.source)
+        self.workload = serving_workload(p.model, p.task, p.stack)
+        self.table = HardwareTable(p.hardware)
+        self.cal, self.calibration = calibration_columns(p.hardware, self.framework, self.catalog)
+
+    def terms(self, plans: ServingArrays) -> InferenceTerms:
+        return inference_terms(self.workload, self.task, self.problem.stack, self.table, plans, self.cal)
+
+    def arrays(self, plans: list[ServingPlan]) -> ServingArrays:
+        default = self.task.precisions()[0]
+
+        def col(values: list[int]) -> IntArr:
+            return np.array(values, dtype=np.int64)
+
+        hw = [self.problem.hw_index(p) for p in plans]
+        for p, j in zip(plans, hw, strict=True):
+            if p.precision is not None:
+                _check_precisions(self.problem, [p.precision], "plan.precision", [j])
+        return ServingArrays(
+            dp=col([p.dp for p in plans]),
+            tp=col([p.tp for p in plans]),
+            pp=col([p.pp for p in plans]),
+            batch=col([p.batch or 1 for p in plans]),
+            precision=col([PRECISIONS.index(p.precision or default) for p in plans]),
+            prefill_dp=col([p.prefill_replicas for p in plans]),
+            hw=col(hw),
+            ep=col([p.ep for p in plans]),
+            max_seqs=col([p.max_num_seqs or 0 for p in plans]),
+        )
+
+
+def _check_precisions(problem: Problem, precisions: list[str], where: str, options: list[int] | None = None) -> None:
+    """One-line error for a precision that no hardware option (or the plan's) can run (e.g. fp4 before Blackwell)."""
+    hw = problem.hardware if options is None else [problem.hardware[j] for j in options]
+    for prec in precisions:
+        need = GEMM_PRECISION[prec]
+        if not any(need in o.gpu.peak_flops for o in hw):
+            able = sorted(g for g, gpu in _gpus().items() if need in gpu.peak_flops)
+            gpus = ", ".join(dict.fromkeys(o.gpu.name for o in hw))
+            raise ProblemError(
+                f"{prec} needs {need} tensor cores, which {gpus} lack; allowed on {gpus}: "
+                f"{', '.join(p for p in PRECISIONS if any(GEMM_PRECISION[p] in o.gpu.peak_flops for o in hw))} "
+                f"({prec} runs on {', '.join(able)})",
+                file=problem.source,
+                field=where,
+            )
+
+
+def _gpus() -> dict[str, Any]:
+    from madmax_opt.io import catalog
+
+    return catalog.gpus()
+
+
+def serving_plan(plans: ServingArrays, i: int, system: str | None = None) -> ServingPlan:
+    return ServingPlan(
+        dp=int(plans.dp[i]),
+        tp=int(plans.tp[i]),
+        pp=int(plans.pp[i]),
+        ep=int(plans.ep[i]),
+        batch=int(plans.batch[i]),
+        max_num_seqs=int(plans.max_seqs[i]) or None,
+        precision=PRECISIONS[int(plans.precision[i])],
+        prefill_replicas=int(plans.prefill_dp[i]),
+        system=system,
+    )
+
+
+def as_serving_plan(plan: Plan, problem: Problem) -> ServingPlan:
+    """A plan (e.g. the problem's baseline) as a serving plan; training-only knobs are one-line errors."""
+    if isinstance(plan, ServingPlan):
+        return plan
+    return validate(ServingPlan, plan.model_dump(exclude_unset=True), file=problem.source, prefix="baseline")
+
+
+# --------------------------------------------------------------------------------------------- enumeration
+
+
+def _values(given: int | list[int] | None, default: list[int]) -> list[int]:
+    if given is None:
+        return default
+    return sorted({given} if isinstance(given, int) else set(given))
+
+
+def ep_values(model: ServingModel, dp: int, tp: int) -> list[int]:
+    """Expert-parallel degrees of a (dp, tp) shape: 1, or multiples of tp dividing dp x tp and the experts."""
+    moe = model.problem.model.moe
+    given = model.problem.space.ep
+    if moe is None:
+        return [1]
+    options = [1] + [e for e in range(tp, dp * tp + 1, tp) if e > 1 and (dp * tp) % e == 0 and moe.num_experts % e == 0]
+    return [e for e in options if given is None or e in _values(given, [])]
+
+
+def enumerate_serving(model: ServingModel) -> ServingArrays:
+    """Every serving plan that uses all GPUs of each hardware option; batches up to the largest that runs at once
+    (what the KV cache holds, capped by the framework's max_num_seqs): a larger offered batch only queues."""
+    p = model.problem
+    m = p.model
+    sp = p.space
+    precisions = [PRECISIONS.index(x) for x in model.task.precisions()]
+    shapes: list[tuple[int, ...]] = []
+    for hw, option in enumerate(p.hardware):
+        domain = option.system.tiers[0].size or option.gpus
+        tps = _values(sp.tp, [t for t in (1 << i for i in range(7)) if t <= min(domain, MAX_TP, m.heads)])
+        pps = _values(sp.pp, [d for d in range(1, m.layers + 1) if m.layers % d == 0 and d <= option.gpus])
+        for tp in tps:
+            for pp in pps:
+                if option.gpus % (tp * pp):
+                    continue
+                dp = option.gpus // (tp * pp)
+                if sp.dp is not None and dp not in _values(sp.dp, []):
+                    continue
+                shapes.extend(
+                    (dp, tp, pp, prec, hw, ep) for prec in precisions for ep in ep_values(model, dp, tp)
+                )
+    if not shapes:
+        return ServingArrays.empty()
+    s = np.array(shapes, dtype=np.int64)
+    one = np.ones(len(s), dtype=np.int64)
+    base = ServingArrays(
+        dp=s[:, 0],
+        tp=s[:, 1],
+        pp=s[:, 2],
+        batch=one,
+        precision=s[:, 3],
+        prefill_dp=np.where(model.task.disaggregated, 1, 0) * one,
+        hw=s[:, 4],
+        ep=s[:, 5],
+        max_seqs=0 * one,
+    )
+    capacity = model.table.hbm_bytes[base.hw] * (1.0 - p.stack.memory_reserve_fraction)
+    dev = device(model.workload, model.task, model.table, base, model.cal)
+    _, _, max_batch = memory_bytes(model.workload, dev, capacity, model.cal.kv_full_reservation[base.hw])
+    runs = np.minimum(max_batch, model.cal.default_max_num_seqs[base.hw])
+    rows: list[tuple[int, ...]] = []
+    for i in range(len(base)):
+        fits = int(min(runs[i], 1 << 30))
+        batches = [b for b in BATCH_GRID if b <= max(fits, 1)]
+        if fits > 1 and fits not in batches:
+            batches.append(fits)
+        splits = range(int(base.dp[i])) if model.task.disaggregated else [0]  # 0: prefill interleaved
+        rows.extend((*s[i, :3], b, s[i, 3], pre, s[i, 4], s[i, 5], 0) for pre in splits for b in batches)
+    if not rows:
+        return ServingArrays.empty()
+    r = np.array(rows, dtype=np.int64)
+    return ServingArrays(*(r[:, j] for j in range(9)))
+
+
+# ------------------------------------------------------------------------------------------- candidates
+
+
+@dataclass
+class ServingCandidates:
+    """Enumerated plans with their float terms and the rounded integer columns CP-SAT sees."""
+
+    plans: ServingArrays
+    terms: InferenceTerms
+    price_per_gpu_hour: Arr
+    power_w_per_gpu: Arr
+    ttft_us: IntArr = field(init=False)
+    tpot_us: IntArr = field(init=False)
+    tokens_per_s: IntArr = field(init=False)  # whole deployment, floored
+    gpu_ns_per_token: IntArr = field(init=False)
+    uusd_per_million_tokens: IntArr = field(init=False)
+    cost_cents_per_hour: IntArr = field(init=False)
+
+    def __post_init__(self) -> None:
+        t = self.terms
+        self.ttft_us = _integer(np.rint(t.ttft_s * US))
+        self.tpot_us = _integer(np.rint(t.tpot_s * US))
+        self.tokens_per_s = _integer(np.floor(np.nan_to_num(t.output_tokens_per_s, nan=0.0)))
+        self.gpu_ns_per_token = _integer(np.rint(self.gpu_s_per_token * NS))
+        self.uusd_per_million_tokens = _integer(np.rint(self.usd_per_million_tokens * UUSD))
+        self.cost_cents_per_hour = _integer(np.rint(self.cost_per_hour * 100))
+
+    @property
+    def gpu_s_per_token(self) -> Arr:
+        """GPU-seconds per output token = 1 / (output tokens/s per GPU)."""
+        return self.plans.gpus / np.maximum(self.terms.output_tokens_per_s, 1e-30)
+
+    @property
+    def cost_per_hour(self) -> Arr:
+        return self.price_per_gpu_hour * self.plans.gpus
+
+    @property
+    def usd_per_million_tokens(self) -> Arr:
+        return self.cost_per_hour / SECONDS_PER_HOUR / np.maximum(self.terms.output_tokens_per_s, 1e-30) * 1e6
+
+    @property
+    def valid(self) -> NDArray[np.bool_]:
+        return np.asarray(self.terms.invalid == 0)
+
+    def rates(self) -> Rates:
+        """What every registered objective is computed from (model/objectives.py), per output token."""
+        return Rates(
+            seconds_per_unit=1.0 / np.maximum(self.terms.output_tokens_per_s, 1e-30),
+            gpus=self.plans.gpus.astype(np.float64),
+            usd_per_hour=self.cost_per_hour,
+            watts=self.power_w_per_gpu * self.plans.gpus,
+            throughput_per_gpu=True,
+        )
+
+    def int_objective(self, kind: str) -> IntObjective:
+        return integer_objective(kind, self.rates(), serving_units(kind), field="objective")
+
+    def objective(self, kind: str) -> IntArr:
+        return self.int_objective(kind).values
+
+
+def _integer(x: Arr) -> IntArr:
+    """Rounded metric -> int64; NaN (invalid plans) and overflow saturate at 2^50 (below CP-SAT's 2^62 limit)."""
+    return np.minimum(np.nan_to_num(x, nan=2.0**50, posinf=2.0**50), 2.0**50).astype(np.int64)
+
+
+def candidates(model: ServingModel, plans: ServingArrays | None = None) -> ServingCandidates:
+    plans = enumerate_serving(model) if plans is None else plans
+    t = model.table
+    return ServingCandidates(plans, model.terms(plans), t.price_per_gpu_hour[plans.hw], t.power_w_per_gpu[plans.hw])
+
+
+def _min_tokens_per_s(task: InferenceTask, model: ServingModel) -> int | None:
+    floors = [x for x in (task.min_throughput, model.problem.constraints.min_throughput) if x is not None]
+    return int(np.ceil(max(floors))) if floors else None
+
+
+def _gpu_type(model: ServingModel, plans: ServingArrays) -> NDArray[np.str_]:
+    names = np.array([o.gpu.name for o in model.problem.hardware])
+    return names[plans.hw] if len(plans) else np.array([], dtype=str)
+
+
+def target_limits(model: ServingModel, c: ServingCandidates) -> list[Limit]:
+    """TTFT, TPOT and throughput targets as linear limits (on the rounded integers CP-SAT sees)."""
+    task = model.task
+    out = []
+    if task.ttft_s is not None:
+        out.append(Limit(c.ttft_us, round(task.ttft_s * US)))
+    if task.tpot_s is not None:
+        out.append(Limit(c.tpot_us, round(task.tpot_s * US)))
+    floor = _min_tokens_per_s(task, model)
+    if floor is not None:
+        out.append(Limit(c.tokens_per_s, floor, at_least=True))
+    return out
+
+
+def cluster(model: ServingModel, c: ServingCandidates) -> list[Limit]:
+    """GPU count, $/hour and GPU supply per type."""
+    cons = model.problem.constraints
+    return cluster_limits(
+        model.problem.hardware, c.plans.hw, c.plans.gpus, c.cost_cents_per_hour, cons.max_gpus, cons.max_cost_per_hour
+    )
+
+
+def meets_targets(model: ServingModel, c: ServingCandidates) -> NDArray[np.bool_]:
+    return admissible_mask(np.ones(len(c.plans), dtype=bool), target_limits(model, c))
+
+
+def within_cluster_limits(model: ServingModel, c: ServingCandidates) -> NDArray[np.bool_]:
+    return admissible_mask(np.ones(len(c.plans), dtype=bool), cluster(model, c))
+
+
+def admissible(model: ServingModel, c: ServingCandidates) -> NDArray[np.bool_]:
+    """Valid plans meeting every target and constraint: what brute force minimises over."""
+    return admissible_mask(c.valid, target_limits(model, c) + cluster(model, c))
+
+
+def brute_force_order(model: ServingModel, c: ServingCandidates, objective: str) -> IntArr:
+    """Admissible candidate indices sorted by (integer objective, enumeration order): the reference answer."""
+    return brute_force(c.objective(objective), admissible(model, c))
