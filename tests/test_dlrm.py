@@ -18,6 +18,7 @@ import yaml
 from cli_helpers import run_main
 from conftest import toy_gpu, toy_system
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.io.dlrm_problem import dlrm_models, dlrm_problem_from_dict, is_dlrm_data
 from madmax_opt.model.dlrm import (
     COLLECTIVE_LANES,
     NODE,
@@ -35,11 +36,8 @@ from madmax_opt.model.dlrm import (
     ShardArrays,
     TableGroup,
     dense_terms,
-    dlrm_models,
-    dlrm_problem_from_dict,
     embedding_options,
     embedding_times,
-    is_dlrm_data,
     layout_of,
     lower,
     per_gpu_terms,
@@ -424,7 +422,7 @@ def test_cli_solve_and_evaluate(tmp_path: Path) -> None:
 
 
 def test_shipped_dlrm_problems_load_and_the_plan_evaluates() -> None:
-    from madmax_opt.model.dlrm import load_dlrm_plans, load_dlrm_problem
+    from madmax_opt.io.dlrm_problem import load_dlrm_plans, load_dlrm_problem
     from madmax_opt.search.placement import evaluate_dlrm
 
     folder = ROOT / "problems" / "dlrm"

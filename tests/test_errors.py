@@ -18,6 +18,7 @@ import yaml
 
 from madmax_opt.cli import main as cli
 from madmax_opt.core.errors import InternalError
+from madmax_opt.report import report as report_module
 from madmax_opt.model.spec import Plan, Task, TransformerModel
 from test_cli import CATALOG, DATA, SMALL, assert_one_line_error, catalog_names, run_cli, run_main
 
@@ -282,7 +283,7 @@ def test_main_internal_error_exit_4(monkeypatch: pytest.MonkeyPatch, capsys: Any
     def broken(*args: Any) -> None:
         raise InternalError("solver/evaluator mismatch on a plan:\n  evaluator 1.0 s, solver 2.0 s")
 
-    monkeypatch.setattr(cli, "solve_result", broken)
+    monkeypatch.setattr(report_module, "solve_result", broken)
     assert _main_exit(monkeypatch, "solve", str(SMALL)) == 4
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: solver/evaluator mismatch")  # newlines folded
@@ -292,7 +293,7 @@ def test_main_os_error_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: Any)
     def read_only(*args: Any) -> None:
         raise PermissionError(13, "Permission denied", "/results/table.md")
 
-    monkeypatch.setattr(cli, "solve_result", read_only)
+    monkeypatch.setattr(report_module, "solve_result", read_only)
     assert _main_exit(monkeypatch, "solve", str(SMALL)) == 2
     assert capsys.readouterr().err == "error: /results/table.md: Permission denied\n"
 
@@ -301,6 +302,6 @@ def test_main_abort_exit_130(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> No
     def abort(*args: Any) -> None:
         raise typer.Abort()
 
-    monkeypatch.setattr(cli, "solve_result", abort)
+    monkeypatch.setattr(report_module, "solve_result", abort)
     assert _main_exit(monkeypatch, "solve", str(SMALL)) == 130
     assert capsys.readouterr().err == "error: aborted\n"

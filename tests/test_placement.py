@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import toy_gpu, toy_system
+from madmax_opt.io.dlrm_problem import dlrm_problem_from_dict
 from madmax_opt.model.dlrm import (
     SHARDINGS,
     TERM_INDEX,
@@ -22,7 +23,6 @@ from madmax_opt.model.dlrm import (
     DLRMStack,
     DLRMTask,
     TableGroup,
-    dlrm_problem_from_dict,
     embedding_options,
     embedding_times,
     layout_of,

@@ -23,30 +23,23 @@ measurement), and count every lookup as a distinct row (an upper bound: duplicat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
-import yaml
 from numpy.typing import NDArray
 from pydantic import (
-    Discriminator,
     Field,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
-    Tag,
-    ValidationError,
     model_validator,
 )
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.problem import HardwareEntry, hardware_options, read_yaml, resolve_system, validate
 from madmax_opt.model.collectives import Tiers, all_gather_s, all_reduce_s, all_to_all_s, reduce_scatter_s
 from madmax_opt.model.compute import gemm_time_s, memory_bound_time_s
 from madmax_opt.model.hardware import HardwareOption, HardwareTable
+from madmax_opt.model.objectives import ObjectiveName
 from madmax_opt.model.spec import GPU, Strict
 
 Arr = NDArray[np.float64]
@@ -59,7 +52,7 @@ Sharding = Literal["table_wise", "column_wise", "table_row_wise", "row_wise", "d
 SHARDINGS: tuple[str, ...] = ("table_wise", "column_wise", "table_row_wise", "row_wise", "data_parallel")
 DenseStrategy = Literal["ddp", "fsdp"]
 DENSE_STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
-DLRMObjective = Literal["throughput", "cost", "time_to_train"]
+DLRMObjective = ObjectiveName  # the objective registry (model/objectives.py)
 
 LENGTH_BYTES = 4  # int32 lengths of the KeyedJaggedTensor, one per sample per table per destination shard
 ROWWISE_STATE_BYTES = 4  # rowwise Adagrad: one fp32 accumulator per row (FBGEMM EXACT_ROWWISE_ADAGRAD)
@@ -244,131 +237,7 @@ class DLRMPlan(Strict):
     )
 
 
-def _by_shape(v: Any) -> str:
-    return "catalog-name" if isinstance(v, str) else "inline"
-
-
-DLRMModelRef = Annotated[
-    Annotated[str, Tag("catalog-name")] | Annotated[DLRMModel, Tag("inline")], Discriminator(_by_shape)
-]
-
-
-class DLRMProblemFile(Strict):
-    """A DLRM problem file: like the transformer one, with a DLRM model and a task in samples."""
-
-    model: DLRMModelRef
-    hardware: HardwareEntry | Annotated[list[HardwareEntry], Field(min_length=1)]
-    task: DLRMTask
-    space: DLRMSpace = DLRMSpace()
-    stack: DLRMStack = DLRMStack()
-    objective: DLRMObjective = "throughput"
-    constraints: DLRMConstraints = DLRMConstraints()
-    baseline: DLRMPlan | None = None
-
-
-@dataclass(frozen=True)
-class DLRMProblem:
-    model: DLRMModel
-    task: DLRMTask
-    space: DLRMSpace
-    stack: DLRMStack
-    hardware: tuple[HardwareOption, ...]
-    objective: DLRMObjective
-    constraints: DLRMConstraints
-    baseline: DLRMPlan | None
-    source: str = "<inline>"
-
-    def hw_index(self, plan: DLRMPlan) -> int:
-        for i, o in enumerate(self.hardware):
-            if plan.system in (None, o.system.name, o.name) and plan.gpus in (None, o.gpus):
-                return i
-        names = ", ".join(o.name for o in self.hardware)
-        raise ProblemError(f"plan names {plan.system or 'any system'} x {plan.gpus or 'any size'}; hardware "
-                           f"options are: {names}", file=self.source, field="plan.system")
-
-
 # ============================================================================================ loading
-
-
-@cache
-def dlrm_models() -> dict[str, DLRMModel]:
-    """The DLRM catalog (``data/dlrm.yaml``)."""
-    text = resources.files("madmax_opt").joinpath("data").joinpath("dlrm.yaml").read_text()
-    raw: dict[str, dict[str, Any]] = yaml.safe_load(text)
-    out: dict[str, DLRMModel] = {}
-    for name, fields in raw.items():
-        try:
-            out[name] = DLRMModel(name=name, **fields)
-        except ValidationError as exc:
-            raise ProblemError(str(exc).splitlines()[0], file="catalog dlrm.yaml", field=name) from None
-    return out
-
-
-def is_dlrm_data(data: Any) -> bool:
-    """Whether a parsed problem file describes a DLRM: a DLRM catalog name (or a name starting with ``dlrm``, so
-    that a misspelt one gets the DLRM catalog's list of names) or an inline model with ``family: dlrm``."""
-    if not isinstance(data, dict):
-        return False
-    m = data.get("model")
-    if isinstance(m, str):
-        return m in dlrm_models() or m.startswith("dlrm")
-    return isinstance(m, dict) and m.get("family") == "dlrm"
-
-
-def is_dlrm_file(path: str | Path) -> bool:
-    """Whether the problem file at ``path`` is a DLRM problem (read before the transformer loader runs)."""
-    return is_dlrm_data(read_yaml(path, what="problem file"))
-
-
-def load_dlrm_problem(path: str | Path) -> DLRMProblem:
-    data = read_yaml(path, what="problem file")
-    if not isinstance(data, dict):
-        validate(DLRMProblemFile, data, file=str(path))
-    return dlrm_problem_from_dict(data, source=str(path))
-
-
-def dlrm_problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> DLRMProblem:
-    pf = validate(DLRMProblemFile, data, file=source)
-    if isinstance(pf.model, str):
-        models = dlrm_models()
-        if pf.model not in models:
-            raise ProblemError(f"unknown DLRM model {pf.model!r}; allowed: {', '.join(sorted(models))}",
-                               file=source, field="model")
-        model = models[pf.model]
-    else:
-        model = pf.model
-    options = hardware_options(pf.hardware, file=source)
-    entries = pf.hardware if isinstance(pf.hardware, list) else [pf.hardware]
-    for i, e in enumerate(entries):  # DLRM placement works on whole nodes
-        field = f"hardware[{i}]" if isinstance(pf.hardware, list) else "hardware"
-        node = resolve_system(e, file=source, field=field).tiers[0].size
-        for n in e.sizes():
-            if node is not None and n > node and n % node:
-                raise ProblemError(f"{n} GPUs is not a whole number of {node}-GPU nodes; allowed: multiples of "
-                                   f"{node} or at most {node}", file=source, field=f"{field}.gpus")
-    if pf.objective == "time_to_train" and pf.task.train_samples is None:
-        raise ProblemError("objective time_to_train needs task.train_samples", file=source,
-                           field="task.train_samples")
-    names = {t.name for t in model.tables}
-    if isinstance(pf.baseline, DLRMPlan) and isinstance(pf.baseline.placement, list):
-        for j, s in enumerate(pf.baseline.placement):
-            if s.group not in names:
-                raise ProblemError(f"unknown table group {s.group!r}; allowed: {', '.join(sorted(names))}",
-                                   file=source, field=f"baseline.placement[{j}].group")
-    return DLRMProblem(model, pf.task, pf.space, pf.stack, tuple(options), pf.objective, pf.constraints,
-                       pf.baseline, source)
-
-
-def load_dlrm_plans(path: str | Path) -> list[DLRMPlan]:
-    """DLRM plans from a YAML/JSON file: one mapping or a list of them."""
-    data = read_yaml(path, what="plan file")
-    items = data if isinstance(data, list) else [data]
-    if not items or not all(isinstance(x, dict) for x in items):
-        keys = ", ".join(DLRMPlan.model_fields)
-        raise ProblemError(f"expected a DLRM plan; allowed: a mapping with keys {{{keys}}} or a list of them",
-                           file=str(path))
-    return [validate(DLRMPlan, x, file=str(path), prefix=f"[{i}]" if isinstance(data, list) else "")
-            for i, x in enumerate(items)]
 
 
 # =========================================================================================== lowering
@@ -962,9 +831,8 @@ def _knob(values: Any, default: list[int]) -> list[int]:
     return sorted(set([values] if isinstance(values, int) else values))
 
 
-def enumerate_dense(problem: DLRMProblem, lay: Layout) -> DensePlans:
+def enumerate_dense(sp: DLRMSpace, m: DLRMModel, lay: Layout) -> DensePlans:
     """The dense plans of the space on one hardware option (validity is ``dense_terms``' job)."""
-    sp, m = problem.space, problem.model
     strategies = list(DENSE_STRATEGIES) if sp.dense is None else ([sp.dense] if isinstance(sp.dense, str)
                                                                    else list(sp.dense))
     tps = _knob(sp.tp, [t for t in (1, 2, 4, 8, 16) if t <= lay.node])

@@ -16,18 +16,8 @@ from rich.table import Table
 
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.io import catalog
-from madmax_opt.model.dlrm import (
-    MLP,
-    DLRMModel,
-    DLRMProblem,
-    TableGroup,
-    dlrm_problem_from_dict,
-    embedding_options,
-    layout_of,
-    load_dlrm_plans,
-    load_dlrm_problem,
-    phase_weights,
-)
+from madmax_opt.io.dlrm_problem import DLRMProblem, dlrm_problem_from_dict, load_dlrm_plans, load_dlrm_problem
+from madmax_opt.model.dlrm import MLP, DLRMModel, TableGroup, embedding_options, layout_of, phase_weights
 from madmax_opt.search.placement import evaluate_dlrm, int_tables, solve_dlrm, solve_placement
 
 MS = 1e3
@@ -110,11 +100,8 @@ def record_table(rec: dict[str, Any], title: str) -> Table:
     return t
 
 
-def solve_command(path: Path, json_out: bool, time_limit_s: float, workers: int, console: Console) -> None:
-    result = solve_result(load_dlrm_problem(path), time_limit_s, workers)
-    if json_out:
-        print(json.dumps(result, indent=2))
-        return
+def print_result(result: dict[str, Any], console: Console) -> None:
+    """The tables of ``solve`` on a recommender problem: best plan, baseline, speedup."""
     console.print(record_table(result["best"], "best plan"))
     if result["baseline"]:
         console.print(record_table(result["baseline"], "baseline"))
@@ -434,4 +421,4 @@ def _plot_frontier(points: list[dict[str, Any]], front: list[dict[str, Any]], pa
     return path
 
 
-__all__ = ["evaluate_command", "solve_command", "solve_result", "write_dlrm_study"]
+__all__ = ["evaluate_command", "print_result", "solve_result", "write_dlrm_study"]

@@ -9,15 +9,27 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
+import signal
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
+from rich.console import Console
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.studies.sweep import MANIFEST_FILE, RESULTS_FILE, TABLE_FILE, read_rows, tokens_per_joule
+from madmax_opt.studies.sweep import (
+    MANIFEST_FILE,
+    RESULTS_FILE,
+    TABLE_FILE,
+    load_sweep,
+    read_rows,
+    run_sweep,
+    tokens_per_joule,
+)
 
 REFERENCE_TOKENS = 1.0e9  # time and cost are per 1e9 tokens when the task has no token budget
 PLOTS = {
@@ -591,8 +603,57 @@ def write_report(outdir: Path, md_path: Path | None = None) -> Path:
 
 
 def report_cmd(
-    outdir: Annotated[Path, typer.Argument(help="output directory of madmax-opt sweep", show_default=False)],
-    md: Annotated[Path | None, typer.Option("--md", help="Markdown file [default: OUTDIR/report.md]")] = None,
+    outdir: Path,
+    md: Path | None = None,
 ) -> None:
     """Pareto fronts, best plans per objective and per system, speedups, PNG plots of a sweep's results."""
-    typer.echo(f"wrote {write_report(outdir, md)}")
+    print(f"wrote {write_report(outdir, md)}")
+
+
+def sweep_cmd(
+    sweep_file: Path,
+    out: Path | None = None,
+    workers: int | None = None,
+    backend: str = 'local',
+    address: str | None = None,
+    restart: bool = False,
+    retry_errors: bool = False,
+    report: Path | None = None,
+) -> None:
+    """Solve every model x task x system x size x objective of a sweep file; resumable, streamed to OUTDIR."""
+    if backend not in ("local", "ray"):
+        raise ProblemError(f"unknown backend {backend!r}; allowed: local, ray", field="--backend")
+    if address is not None and backend != "ray":
+        raise ProblemError("--address needs --backend ray", field="--address")
+    sweep = load_sweep(sweep_file)
+    outdir = out or Path("sweeps") / sweep_file.stem
+    console = Console(stderr=True)
+    command = (
+        "madmax-opt " + shlex.join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("madmax-opt") else None
+    )
+    console.print(f"{len(sweep.combinations)} problems from {sweep_file} -> {outdir}/{RESULTS_FILE}")
+    run = run_sweep(
+        sweep,
+        outdir,
+        workers=workers,
+        backend="ray" if backend == "ray" else "local",
+        address=address,
+        restart=restart,
+        retry_errors=retry_errors,
+        command=command,
+        console=console,
+    )
+    console.print(
+        f"solved {run.solved} ({run.counts.text()}), skipped {run.skipped} already done, "
+        f"{run.wall_s:.1f} s; table {outdir / TABLE_FILE}"
+    )
+    if run.interrupted:
+        console.print(
+            f"interrupted ({run.interrupted}): {run.total - run.skipped - run.solved} problems left; "
+            "rerun the same command to resume"
+        )
+        raise typer.Exit(128 + int(getattr(signal, run.interrupted)))  # the shell convention: 128 + signal
+    if report is not None:
+        from madmax_opt.report.sweep_report import write_report
+
+        console.print(f"wrote {write_report(outdir, report)}")

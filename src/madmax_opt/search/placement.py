@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 from ortools.sat.python import cp_model
 
 from madmax_opt.core.errors import InfeasibleError, InternalError
+from madmax_opt.io.dlrm_problem import DLRMProblem
 from madmax_opt.model.dlrm import (
     COLLECTIVE_KIND,
     COLLECTIVE_LANES,
@@ -43,7 +44,6 @@ from madmax_opt.model.dlrm import (
     DensePlan,
     DensePlans,
     DLRMPlan,
-    DLRMProblem,
     EmbeddingOptions,
     EmbeddingTimes,
     Layout,
@@ -586,7 +586,7 @@ def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, 
     task, stack = problem.task, problem.stack
     lay = layout_of(problem.hardware[hw], stack)
     wl = lower(problem.model)
-    dense = enumerate_dense(problem, lay)
+    dense = enumerate_dense(problem.space, problem.model, lay)
     dt = dense_terms(wl, task, stack, lay, dense)
     ok = np.flatnonzero(dt.invalid == 0)
     if len(ok) == 0:

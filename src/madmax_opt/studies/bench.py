@@ -21,10 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-import typer
 
 from madmax_opt.analysis.evaluator import Model, metrics, to_records
 from madmax_opt.io.problem import Problem, load_problem
@@ -212,20 +210,20 @@ def render(result: BenchResult, info: dict[str, str], date: str) -> str:
 
 
 def bench_evaluator_cmd(
-    problem: Annotated[Path, typer.Argument(help="problem file (YAML) to sample plans from")] = DEFAULT_PROBLEM,
-    plans: Annotated[int, typer.Option("--plans", min=1, help="plans in the vectorised batch")] = 1_000_000,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="timed repeats of the batch")] = 5,
-    calls: Annotated[int, typer.Option("--calls", min=1, help="timed scalar calls")] = 2000,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="also time the batch on this many threads")] = 2,
-    seed: Annotated[int, typer.Option("--seed", help="plan sampling seed")] = 0,
-    out: Annotated[Path, typer.Option("--out", help="Markdown report to write")] = DEFAULT_OUT,
+    problem: Path = DEFAULT_PROBLEM,
+    plans: int = 1000000,
+    repeats: int = 5,
+    calls: int = 2000,
+    workers: int = 2,
+    seed: int = 0,
+    out: Path = DEFAULT_OUT,
 ) -> None:
     """Benchmark the evaluator: 10^6 plans vectorised and one scalar call; writes results/bench/evaluator.md."""
     result = run_bench(problem, plans, repeats, calls, workers, seed)
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(result, machine_info(), date))
-    typer.echo(
+    print(
         f"{result.plans:,} plans in {result.fastest.best_s:.3f} s on {result.fastest.workers} thread(s) "
         f"({result.ns_per_plan:,.0f} ns/plan); scalar "
         f"{result.scalar_median_s * 1e6:,.0f} us, record {result.record_median_s * 1e6:,.0f} us; wrote {out}"

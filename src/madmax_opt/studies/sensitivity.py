@@ -21,18 +21,15 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-import typer
-from rich.console import Console
-from rich.table import Table
 
 from madmax_opt.analysis.attribution import main_bottleneck
 from madmax_opt.analysis.evaluator import Model, metrics, staged_record, to_records
 from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.io.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant, parameter_value
-from madmax_opt.io.problem import Problem, load_problem
+from madmax_opt.io.problem import Problem
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import GPU, InferenceTask, Plan, System
@@ -497,22 +494,6 @@ def write_study(study: Study, out_dir: Path, stem: str, title: str | None = None
     return [p for p in (md, js, png) if p is not None]
 
 
-def print_study(study: Study, console: Console) -> None:
-    t = Table(title=f"hardware sensitivity of {study.problem.source} ({study.solves} solves, {study.wall_s:.2f} s)",
-              header_style="bold")
-    for c in ("parameter", "x", "value", unit(study), "gain", "fixed plan", "$/M tok", "new plan"):
-        t.add_column(c, justify="left" if c in ("parameter", "value", "new plan") else "right")
-    for v in study.variants:
-        r = variant_row(study, v)
-        if v.record is None:
-            t.add_row(v.param, f"{v.factor:g}", r["value_human"] or "-", f"[red]{v.status}[/red]", "-", "-", "-",
-                      v.reason or "")
-            continue
-        new_plan = "same" if r["plan_change"] == "same" else plan_text(v.record["plan"])
-        t.add_row(v.param, f"{v.factor:g}", r["value_human"], f"{r['tokens_per_s']:,.0f}", _pct(r["gain"]),
-                  _pct(r["fixed_plan_gain"]), f"{r['usd_per_million_tokens']:.3f}", new_plan)
-    console.print(t)
-    console.print(base_summary(study))
 
 
 # ------------------------------------------------------------------------------------------- command
@@ -529,30 +510,3 @@ def _floats(text: str, option: str) -> list[float]:
     return values
 
 
-def sensitivity_cmd(
-    problem: Annotated[Path, typer.Argument(help="problem file (YAML)", show_default=False)],
-    params: Annotated[
-        str, typer.Option("--params", help=f"comma-separated parameters; all: {', '.join(PARAMETERS)}")
-    ] = ",".join(HARDWARE_PARAMETERS),
-    factors: Annotated[str, typer.Option("--factors", help="comma-separated factors")] = "0.5,2,4",
-    out: Annotated[Path, typer.Option("--out", help="output directory for STEM.md/.json/.png")] = Path(
-        "results/sensitivity"
-    ),
-    json_out: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.01, help="CP-SAT time limit per solve, s")] = 60.0,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT workers (1 = deterministic)")] = 1,
-    jobs: Annotated[int, typer.Option("--jobs", min=1, help="variants solved in parallel processes")] = 1,
-) -> None:
-    """Re-optimise the plan for each hardware parameter x factor: throughput, cost, plan change, tornado chart."""
-    names = [p.strip() for p in params.split(",") if p.strip()]
-    if not names:
-        raise ProblemError(f"empty list; allowed: {', '.join(PARAMETERS)}", field="--params")
-    study = run_sensitivity(load_problem(problem), names, _floats(factors, "--factors"), time_limit_s=time_limit,
-                            workers=workers, jobs=jobs)
-    paths = write_study(study, out, f"{problem.stem}-sensitivity")
-    if json_out:
-        print(json.dumps(to_json(study), indent=2))
-        return
-    console = Console()
-    print_study(study, console)
-    console.print("wrote " + ", ".join(map(str, paths)))

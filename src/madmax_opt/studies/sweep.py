@@ -21,7 +21,6 @@ import hashlib
 import json
 import math
 import os
-import shlex
 import signal
 import sys
 import threading
@@ -34,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Annotated, Any, Literal
 
-import typer
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 from rich.console import Console
 from rich.progress import (
@@ -881,63 +879,6 @@ def _run_locked(
 # ------------------------------------------------------------------------------------------ command
 
 
-def sweep_cmd(
-    sweep_file: Annotated[Path, typer.Argument(help="sweep file (YAML)", show_default=False)],
-    out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="output directory [default: sweeps/NAME]")
-    ] = None,
-    workers: Annotated[
-        int | None, typer.Option("--workers", min=1, help="parallel problems [default: cores]")
-    ] = None,
-    backend: Annotated[str, typer.Option("--backend", help="local (process pool) | ray")] = "local",
-    address: Annotated[
-        str | None, typer.Option("--address", help="Ray cluster address (ray backend)")
-    ] = None,
-    restart: Annotated[bool, typer.Option("--restart", help="discard earlier results in OUTDIR")] = False,
-    retry_errors: Annotated[
-        bool, typer.Option("--retry-errors", help="solve failed (not infeasible) problems again")
-    ] = False,
-    report: Annotated[
-        Path | None, typer.Option("--report", help="then write the Markdown report (and plots) here")
-    ] = None,
-) -> None:
-    """Solve every model x task x system x size x objective of a sweep file; resumable, streamed to OUTDIR."""
-    if backend not in ("local", "ray"):
-        raise ProblemError(f"unknown backend {backend!r}; allowed: local, ray", field="--backend")
-    if address is not None and backend != "ray":
-        raise ProblemError("--address needs --backend ray", field="--address")
-    sweep = load_sweep(sweep_file)
-    outdir = out or Path("sweeps") / sweep_file.stem
-    console = Console(stderr=True)
-    command = (
-        "madmax-opt " + shlex.join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("madmax-opt") else None
-    )
-    console.print(f"{len(sweep.combinations)} problems from {sweep_file} -> {outdir}/{RESULTS_FILE}")
-    run = run_sweep(
-        sweep,
-        outdir,
-        workers=workers,
-        backend="ray" if backend == "ray" else "local",
-        address=address,
-        restart=restart,
-        retry_errors=retry_errors,
-        command=command,
-        console=console,
-    )
-    console.print(
-        f"solved {run.solved} ({run.counts.text()}), skipped {run.skipped} already done, "
-        f"{run.wall_s:.1f} s; table {outdir / TABLE_FILE}"
-    )
-    if run.interrupted:
-        console.print(
-            f"interrupted ({run.interrupted}): {run.total - run.skipped - run.solved} problems left; "
-            "rerun the same command to resume"
-        )
-        raise typer.Exit(128 + int(getattr(signal, run.interrupted)))  # the shell convention: 128 + signal
-    if report is not None:
-        from madmax_opt.report.sweep_report import write_report
-
-        console.print(f"wrote {write_report(outdir, report)}")
 
 
 __all__ = [
@@ -948,5 +889,4 @@ __all__ = [
     "read_rows",
     "run_sweep",
     "solve_one",
-    "sweep_cmd",
 ]

@@ -1,0 +1,133 @@
+"""The core commands: solve, evaluate, verify, schema, catalog, validate, paper, bench-solver."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from madmax_opt.cli.app import JsonOpt, ProblemArg, app, console
+
+
+@app.command()
+def solve(
+    problem: ProblemArg,
+    json_out: JsonOpt = False,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, help="return the K best distinct plans")] = 1,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.01, help="CP-SAT time limit, s")] = 60.0,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT workers (1 = deterministic)")] = 1,
+    plot: Annotated[Path | None, typer.Option("--plot", help="write PNG plots (step time, memory, top-k) here")]
+    = None,
+    rerank: Annotated[bool, typer.Option("--rerank", help="re-rank the top-k by simulated step time (trace)")]
+    = False,
+) -> None:
+    """Search the plan space (and hardware options) for the optimal plan; cross-checked by the evaluator."""
+    from madmax_opt.report.families import SolveOptions, family_of
+
+    family = family_of(problem)
+    result = family.solve(problem, SolveOptions(top_k, time_limit, workers))
+    if rerank or plot is not None:  # step timelines (trace simulation, plots)
+        from madmax_opt.io.problem import load_problem
+        from madmax_opt.report.timeline import rerank_and_plot
+
+        family.require("timeline", problem)
+        result = rerank_and_plot(load_problem(problem), result, rerank, plot)
+    if json_out:
+        print(json.dumps(result, indent=2))
+    else:
+        family.show(result, console())
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    problem: ProblemArg,
+    plan: Annotated[Path, typer.Option("--plan", help="YAML/JSON file: one plan or a list of plans")],
+    json_out: JsonOpt = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="write PNG plots (step time, memory) here")] = None,
+) -> None:
+    """Predict step time, throughput, MFU and memory per GPU of given plan(s)."""
+    from madmax_opt.report.families import family_of
+
+    family_of(problem).evaluate(problem, plan, json_out, plot, console())
+
+
+@app.command()
+def verify(problem: ProblemArg, json_out: JsonOpt = False) -> None:
+    """Brute-force the same space with the evaluator; exit 1 if the solver's optimum is worse."""
+    from madmax_opt.report.families import family_of
+
+    family = family_of(problem)
+    family.require("verify", problem)
+    assert family.verify is not None
+    report = family.verify(problem)
+    if json_out:
+        print(json.dumps(report, indent=2))
+    else:
+        for k, v in report.items():
+            console().print(f"{k}: {v}")
+    if not report["agree"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of problem files (point your editor at it)."""
+    from madmax_opt.io.problem import ProblemFile
+
+    print(json.dumps(ProblemFile.model_json_schema(), indent=2))
+
+
+@app.command("catalog")
+def catalog_cmd(
+    kind: Annotated[str, typer.Argument(help="gpus, systems or models")] = "systems",
+    json_out: JsonOpt = False,
+) -> None:
+    """List the built-in GPUs, systems or models with their key numbers and sources."""
+    from madmax_opt.report.catalog_report import print_catalog
+
+    print_catalog(kind, json_out, console())
+
+
+@app.command("validate")
+def validate_cmd(
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/validation"),
+) -> None:
+    """Predicted vs measured on the validation data shipped with the package; writes Markdown tables."""
+    from madmax_opt.studies.modern_report import write_modern_report
+    from madmax_opt.studies.validation import write_training_report
+
+    console().print(f"wrote {write_training_report(out)}")
+    console().print(f"wrote {write_modern_report(out)}")  # H100 / B200 / GB200: in-sample and leave-one-source-out
+
+
+@app.command()
+def paper(
+    study: Annotated[str, typer.Argument(help="pretraining, inference, codesign or dlrm")] = "pretraining",
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/paper"),
+) -> None:
+    """Regenerate a paper study (results/paper/STUDY.md): pretraining, inference, codesign or dlrm."""
+    from madmax_opt.core.errors import ProblemError
+    from madmax_opt.report import dlrm_report, serving_reports
+    from madmax_opt.studies import codesign, studies
+
+    writers = {
+        "pretraining": studies.write_pretraining_study,
+        "inference": serving_reports.write_inference_study,
+        "codesign": codesign.write_codesign_study,
+        "dlrm": dlrm_report.write_dlrm_study,
+    }
+    if study not in writers:
+        raise ProblemError(f"unknown study {study!r}; allowed: {', '.join(writers)}", field="STUDY")
+    console().print(f"wrote {writers[study](out)}")
+
+
+@app.command("bench-solver")
+def bench_solver_cmd(
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/bench"),
+) -> None:
+    """Benchmark the solver against brute force (results/bench/solver.md)."""
+    from madmax_opt.studies.bench_solver import write_solver_bench
+
+    console().print(f"wrote {write_solver_bench(out)}")

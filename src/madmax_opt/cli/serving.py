@@ -1,0 +1,23 @@
+"""Serving commands: pareto."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from madmax_opt.cli.app import ProblemArg, app
+
+
+@app.command("pareto")
+def pareto_command(
+    problem: ProblemArg,
+    out: Annotated[
+        Path, typer.Option("--out", help="output path without suffix (.md and .png are written)")
+    ] = Path("results/pareto/serving"),
+) -> None:
+    """Throughput-vs-latency Pareto front of an inference problem: a Markdown table and a PNG plot."""
+    from madmax_opt.report.serving_reports import pareto_cmd
+
+    pareto_cmd(problem=problem, out=out)

@@ -1,0 +1,66 @@
+"""Validation, paper studies and benchmarks: validate, paper, bench-*, trace-check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from madmax_opt.cli.app import app
+
+
+@app.command("bench-evaluator")
+def bench_evaluator_command(
+    problem: Annotated[Path, typer.Argument(help="problem file (YAML) to sample plans from")] = Path("problems/llama2-70b-h100.yaml"),
+    plans: Annotated[int, typer.Option("--plans", min=1, help="plans in the vectorised batch")] = 1_000_000,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="timed repeats of the batch")] = 5,
+    calls: Annotated[int, typer.Option("--calls", min=1, help="timed scalar calls")] = 2000,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="also time the batch on this many threads")] = 2,
+    seed: Annotated[int, typer.Option("--seed", help="plan sampling seed")] = 0,
+    out: Annotated[Path, typer.Option("--out", help="Markdown report to write")] = Path("results/bench/evaluator.md"),
+) -> None:
+    """Benchmark the evaluator: 10^6 plans vectorised and one scalar call; writes results/bench/evaluator.md."""
+    from madmax_opt.studies.bench import bench_evaluator_cmd
+
+    bench_evaluator_cmd(problem=problem, plans=plans, repeats=repeats, calls=calls, workers=workers, seed=seed, out=out)
+
+
+@app.command("bench-sensitivity")
+def bench_sensitivity_command(
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/bench"),
+) -> None:
+    """Time a 10-parameter x 4-factor sensitivity study of a 70B pre-training problem (results/bench)."""
+    from madmax_opt.studies.codesign import bench_sensitivity_cmd
+
+    bench_sensitivity_cmd(out=out)
+
+
+@app.command("validate-inference")
+def validate_inference_command(
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/validation"),
+) -> None:
+    """Inference model vs the measured serving runs in shared/validation; writes results/validation/inference.md."""
+    from madmax_opt.report.serving_reports import validate_inference_cmd
+
+    validate_inference_cmd(out=out)
+
+
+@app.command("trace-check")
+def trace_check_command(
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/validation"),
+) -> None:
+    """Simulated vs closed-form step time on the validation cases and random plans (trace_vs_closed_form.md)."""
+    from madmax_opt.report.timeline import trace_check_cmd
+
+    trace_check_cmd(out=out)
+
+
+@app.command("bench-trace")
+def bench_trace_command(
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/bench"),
+) -> None:
+    """Benchmark the trace simulator on a 405B plan with 16 stages and 64 micro-batches (results/bench/trace.md)."""
+    from madmax_opt.report.timeline import bench_trace_cmd
+
+    bench_trace_cmd(out=out)

@@ -1,0 +1,151 @@
+"""DLRM problem files: loading, validation and catalog resolution for recommender problems (the shapes and
+costs live in ``madmax_opt.model.dlrm``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import Discriminator, Field, Tag, ValidationError
+
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io.problem import HardwareEntry, hardware_options, read_yaml, resolve_system, validate
+from madmax_opt.model.dlrm import (
+    DLRMConstraints,
+    DLRMModel,
+    DLRMObjective,
+    DLRMPlan,
+    DLRMSpace,
+    DLRMStack,
+    DLRMTask,
+    Strict,
+)
+from madmax_opt.model.hardware import HardwareOption
+
+
+def _by_shape(v: Any) -> str:
+    return "catalog-name" if isinstance(v, str) else "inline"
+
+
+DLRMModelRef = Annotated[
+    Annotated[str, Tag("catalog-name")] | Annotated[DLRMModel, Tag("inline")], Discriminator(_by_shape)
+]
+
+
+class DLRMProblemFile(Strict):
+    """A DLRM problem file: like the transformer one, with a DLRM model and a task in samples."""
+
+    model: DLRMModelRef
+    hardware: HardwareEntry | Annotated[list[HardwareEntry], Field(min_length=1)]
+    task: DLRMTask
+    space: DLRMSpace = DLRMSpace()
+    stack: DLRMStack = DLRMStack()
+    objective: DLRMObjective = "throughput"
+    constraints: DLRMConstraints = DLRMConstraints()
+    baseline: DLRMPlan | None = None
+
+
+@dataclass(frozen=True)
+class DLRMProblem:
+    model: DLRMModel
+    task: DLRMTask
+    space: DLRMSpace
+    stack: DLRMStack
+    hardware: tuple[HardwareOption, ...]
+    objective: DLRMObjective
+    constraints: DLRMConstraints
+    baseline: DLRMPlan | None
+    source: str = "<inline>"
+
+    def hw_index(self, plan: DLRMPlan) -> int:
+        for i, o in enumerate(self.hardware):
+            if plan.system in (None, o.system.name, o.name) and plan.gpus in (None, o.gpus):
+                return i
+        names = ", ".join(o.name for o in self.hardware)
+        raise ProblemError(f"plan names {plan.system or 'any system'} x {plan.gpus or 'any size'}; hardware "
+                           f"options are: {names}", file=self.source, field="plan.system")
+
+
+@cache
+def dlrm_models() -> dict[str, DLRMModel]:
+    """The DLRM catalog (``data/dlrm.yaml``)."""
+    text = resources.files("madmax_opt").joinpath("data").joinpath("dlrm.yaml").read_text()
+    raw: dict[str, dict[str, Any]] = yaml.safe_load(text)
+    out: dict[str, DLRMModel] = {}
+    for name, fields in raw.items():
+        try:
+            out[name] = DLRMModel(name=name, **fields)
+        except ValidationError as exc:
+            raise ProblemError(str(exc).splitlines()[0], file="catalog dlrm.yaml", field=name) from None
+    return out
+
+
+def is_dlrm_data(data: Any) -> bool:
+    """Whether a parsed problem file describes a DLRM: a DLRM catalog name (or a name starting with ``dlrm``, so
+    that a misspelt one gets the DLRM catalog's list of names) or an inline model with ``family: dlrm``."""
+    if not isinstance(data, dict):
+        return False
+    m = data.get("model")
+    if isinstance(m, str):
+        return m in dlrm_models() or m.startswith("dlrm")
+    return isinstance(m, dict) and m.get("family") == "dlrm"
+
+
+def is_dlrm_file(path: str | Path) -> bool:
+    """Whether the problem file at ``path`` is a DLRM problem (read before the transformer loader runs)."""
+    return is_dlrm_data(read_yaml(path, what="problem file"))
+
+
+def load_dlrm_problem(path: str | Path) -> DLRMProblem:
+    data = read_yaml(path, what="problem file")
+    if not isinstance(data, dict):
+        validate(DLRMProblemFile, data, file=str(path))
+    return dlrm_problem_from_dict(data, source=str(path))
+
+
+def dlrm_problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> DLRMProblem:
+    pf = validate(DLRMProblemFile, data, file=source)
+    if isinstance(pf.model, str):
+        models = dlrm_models()
+        if pf.model not in models:
+            raise ProblemError(f"unknown DLRM model {pf.model!r}; allowed: {', '.join(sorted(models))}",
+                               file=source, field="model")
+        model = models[pf.model]
+    else:
+        model = pf.model
+    options = hardware_options(pf.hardware, file=source)
+    entries = pf.hardware if isinstance(pf.hardware, list) else [pf.hardware]
+    for i, e in enumerate(entries):  # DLRM placement works on whole nodes
+        field = f"hardware[{i}]" if isinstance(pf.hardware, list) else "hardware"
+        node = resolve_system(e, file=source, field=field).tiers[0].size
+        for n in e.sizes():
+            if node is not None and n > node and n % node:
+                raise ProblemError(f"{n} GPUs is not a whole number of {node}-GPU nodes; allowed: multiples of "
+                                   f"{node} or at most {node}", file=source, field=f"{field}.gpus")
+    if pf.objective == "time_to_train" and pf.task.train_samples is None:
+        raise ProblemError("objective time_to_train needs task.train_samples", file=source,
+                           field="task.train_samples")
+    names = {t.name for t in model.tables}
+    if isinstance(pf.baseline, DLRMPlan) and isinstance(pf.baseline.placement, list):
+        for j, s in enumerate(pf.baseline.placement):
+            if s.group not in names:
+                raise ProblemError(f"unknown table group {s.group!r}; allowed: {', '.join(sorted(names))}",
+                                   file=source, field=f"baseline.placement[{j}].group")
+    return DLRMProblem(model, pf.task, pf.space, pf.stack, tuple(options), pf.objective, pf.constraints,
+                       pf.baseline, source)
+
+
+def load_dlrm_plans(path: str | Path) -> list[DLRMPlan]:
+    """DLRM plans from a YAML/JSON file: one mapping or a list of them."""
+    data = read_yaml(path, what="plan file")
+    items = data if isinstance(data, list) else [data]
+    if not items or not all(isinstance(x, dict) for x in items):
+        keys = ", ".join(DLRMPlan.model_fields)
+        raise ProblemError(f"expected a DLRM plan; allowed: a mapping with keys {{{keys}}} or a list of them",
+                           file=str(path))
+    return [validate(DLRMPlan, x, file=str(path), prefix=f"[{i}]" if isinstance(data, list) else "")
+            for i, x in enumerate(items)]

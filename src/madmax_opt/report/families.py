@@ -1,0 +1,155 @@
+"""The workload families (training, serving, recommender) and the verbs each one has.
+
+This is the one place that dispatches on a problem's family: every command asks :func:`family_of` for the
+family of its problem file and calls that family's verb, or refuses in one line when the verb does not apply.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from madmax_opt.core.errors import ProblemError
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """What ``solve`` passes to a family's search (the CLI's options)."""
+
+    top_k: int = 1
+    time_limit_s: float = 60.0
+    workers: int = 1
+
+
+@dataclass(frozen=True)
+class Family:
+    """One workload family: how to solve, show and evaluate its problems; None marks a verb it does not have."""
+
+    name: str
+    solve: Callable[[Path, SolveOptions], dict[str, Any]]
+    show: Callable[[dict[str, Any], Console], None]
+    evaluate: Callable[[Path, Path, bool, Path | None, Console], None]
+    verify: Callable[[Path], dict[str, Any]] | None = None
+    sensitivity: bool = False
+    timeline: bool = False
+
+    def require(self, verb: str, path: Path) -> None:
+        """A one-line refusal when ``verb`` does not apply to this family."""
+        if not getattr(self, verb):
+            has = [f.name for f in FAMILIES.values() if getattr(f, verb)]
+            raise ProblemError(f"`{verb}` does not apply to {self.name} problems; it applies to: "
+                               + ", ".join(has), file=str(path))
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+
+def _training_solve(path: Path, opts: SolveOptions) -> dict[str, Any]:
+    from madmax_opt.io.problem import load_problem
+    from madmax_opt.report.report import solve_result
+
+    return solve_result(load_problem(path), opts.top_k, opts.time_limit_s, opts.workers)
+
+
+def _training_show(result: dict[str, Any], console: Console) -> None:
+    from madmax_opt.report.report import print_solution
+
+    print_solution(result, console)
+
+
+def _training_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None, console: Console) -> None:
+    from madmax_opt.analysis.evaluator import evaluate
+    from madmax_opt.io.problem import load_plans, load_problem, read_yaml
+    from madmax_opt.report import plots
+    from madmax_opt.report.report import print_evaluations
+
+    loaded = load_problem(path)
+    records = evaluate(loaded, load_plans(plan, loaded))
+    if plot is not None:
+        plots.plan_figures(records, plot)
+    if json_out:  # a file with one plan mapping gives one object, a list gives a list in the same order
+        print(json.dumps(records if isinstance(read_yaml(plan), list) else records[0], indent=2))
+    else:
+        print_evaluations(records, console)
+
+
+def _training_verify(path: Path) -> dict[str, Any]:
+    from madmax_opt.io.problem import load_problem
+    from madmax_opt.search.verify import verify_problem
+
+    return verify_problem(load_problem(path))
+
+
+# ---------------------------------------------------------------------------------------------- serving
+
+
+def _serving_solve(path: Path, opts: SolveOptions) -> dict[str, Any]:
+    return _training_solve(path, opts)  # report.solve_result routes inference tasks to the serving search
+
+
+def _serving_show(result: dict[str, Any], console: Console) -> None:
+    from madmax_opt.report.serving_tables import print_result
+
+    print_result(result, console)
+
+
+def _serving_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None, console: Console) -> None:
+    from madmax_opt.io.problem import load_problem
+    from madmax_opt.report import serving_reports
+
+    if plot is not None:
+        raise ProblemError("--plot draws training plans; for serving use `madmax-opt pareto`", file=str(path),
+                           field="--plot")
+    serving_reports.evaluate_command(load_problem(path), plan, json_out, console)
+
+
+# ------------------------------------------------------------------------------------------- recommender
+
+
+def _dlrm_solve(path: Path, opts: SolveOptions) -> dict[str, Any]:
+    from madmax_opt.io.dlrm_problem import load_dlrm_problem
+    from madmax_opt.report.dlrm_report import solve_result
+
+    if opts.top_k != 1:
+        raise ProblemError("--top-k applies to training and serving problems; recommenders return one plan",
+                           file=str(path), field="--top-k")
+    return solve_result(load_dlrm_problem(path), opts.time_limit_s, opts.workers)
+
+
+def _dlrm_show(result: dict[str, Any], console: Console) -> None:
+    from madmax_opt.report.dlrm_report import print_result
+
+    print_result(result, console)
+
+
+def _dlrm_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None, console: Console) -> None:
+    from madmax_opt.report import dlrm_report
+
+    if plot is not None:
+        raise ProblemError("--plot draws training plans", file=str(path), field="--plot")
+    dlrm_report.evaluate_command(path, plan, json_out, console)
+
+
+TRAINING = Family("training", _training_solve, _training_show, _training_evaluate, _training_verify,
+                  sensitivity=True, timeline=True)
+SERVING = Family("serving", _serving_solve, _serving_show, _serving_evaluate, _training_verify,
+                 sensitivity=True)
+RECOMMENDER = Family("recommender", _dlrm_solve, _dlrm_show, _dlrm_evaluate)
+FAMILIES: dict[str, Family] = {f.name: f for f in (TRAINING, SERVING, RECOMMENDER)}
+
+
+def family_of(path: Path) -> Family:
+    """The family of a problem file: recommender (DLRM model), serving (task kind inference) or training."""
+    from madmax_opt.io.dlrm_problem import is_dlrm_data
+    from madmax_opt.io.problem import read_yaml
+
+    data = read_yaml(path, what="problem file")
+    if is_dlrm_data(data):
+        return RECOMMENDER
+    task = data.get("task") if isinstance(data, dict) else None
+    return SERVING if isinstance(task, dict) and task.get("kind") == "inference" else TRAINING

@@ -1,0 +1,69 @@
+"""``madmax-opt sensitivity``: the study as a rich table, JSON, and files (Markdown, JSON, tornado PNG)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io.problem import load_problem
+from madmax_opt.studies.sensitivity import (
+    HARDWARE_PARAMETERS,
+    PARAMETERS,
+    Study,
+    _floats,
+    _pct,
+    base_summary,
+    plan_text,
+    run_sensitivity,
+    to_json,
+    unit,
+    variant_row,
+    write_study,
+)
+
+
+def print_study(study: Study, console: Console) -> None:
+    t = Table(title=f"hardware sensitivity of {study.problem.source} ({study.solves} solves, {study.wall_s:.2f} s)",
+              header_style="bold")
+    for c in ("parameter", "x", "value", unit(study), "gain", "fixed plan", "$/M tok", "new plan"):
+        t.add_column(c, justify="left" if c in ("parameter", "value", "new plan") else "right")
+    for v in study.variants:
+        r = variant_row(study, v)
+        if v.record is None:
+            t.add_row(v.param, f"{v.factor:g}", r["value_human"] or "-", f"[red]{v.status}[/red]", "-", "-", "-",
+                      v.reason or "")
+            continue
+        new_plan = "same" if r["plan_change"] == "same" else plan_text(v.record["plan"])
+        t.add_row(v.param, f"{v.factor:g}", r["value_human"], f"{r['tokens_per_s']:,.0f}", _pct(r["gain"]),
+                  _pct(r["fixed_plan_gain"]), f"{r['usd_per_million_tokens']:.3f}", new_plan)
+    console.print(t)
+    console.print(base_summary(study))
+
+
+def sensitivity_cmd(
+    problem: Path,
+    params: str = ','.join(HARDWARE_PARAMETERS),
+    factors: str = '0.5,2,4',
+    out: Path = Path('results/sensitivity'),
+    json_out: bool = False,
+    time_limit: float = 60.0,
+    workers: int = 1,
+    jobs: int = 1,
+) -> None:
+    """Re-optimise the plan for each hardware parameter x factor: throughput, cost, plan change, tornado chart."""
+    names = [p.strip() for p in (params or ",".join(HARDWARE_PARAMETERS)).split(",") if p.strip()]
+    if not names:
+        raise ProblemError(f"empty list; allowed: {', '.join(PARAMETERS)}", field="--params")
+    study = run_sensitivity(load_problem(problem), names, _floats(factors, "--factors"), time_limit_s=time_limit,
+                            workers=workers, jobs=jobs)
+    paths = write_study(study, out, f"{problem.stem}-sensitivity")
+    if json_out:
+        print(json.dumps(to_json(study), indent=2))
+        return
+    console = Console()
+    print_study(study, console)
+    console.print("wrote " + ", ".join(map(str, paths)))
