@@ -29,3 +29,9 @@ class InternalError(MadmaxError):
     """The solver and the exact evaluator disagree: a bug, never a silent answer."""
 
     exit_code = 4
+
+
+class TimeLimitError(MadmaxError):
+    """The solver's time limit ran out before it found any plan (CP-SAT UNKNOWN): not a proof of infeasibility."""
+
+    exit_code = 5

@@ -17,6 +17,7 @@ from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.io.derive import Derive, derive_hardware
 from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.objectives import OBJECTIVES
 from madmax_opt.model.spec import (
     GPU,
     Constraints,
@@ -247,8 +248,10 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
     options = hardware_options(pf.hardware, file=source)
     if isinstance(pf.task, InferenceTask) and model.family != "llm":
         raise ProblemError(f"kind inference needs an llm, got a {model.family}", file=source, field="task.kind")
-    if isinstance(pf.task, InferenceTask) and pf.objective == "time_to_train":
-        raise ProblemError("unknown objective for inference; allowed: throughput, cost", file=source, field="objective")
+    if isinstance(pf.task, InferenceTask) and OBJECTIVES[pf.objective].needs_total_units:
+        allowed = ", ".join(n for n, o in OBJECTIVES.items() if not o.needs_total_units)
+        raise ProblemError(f"{pf.objective!r} needs a training run; allowed for inference: {allowed}", file=source,
+                           field="objective")
     if isinstance(pf.task, Task) and model.family == "llm" and pf.task.seq_len is None:
         raise ProblemError("missing, required for an llm; allowed: tokens per sequence, an integer > 0",
                            file=source, field="task.seq_len")

@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
+from madmax_opt.model.objectives import ObjectiveName
+
 Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32", "int8", "int4"]
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
@@ -300,7 +302,7 @@ class Constraints(Strict):
     min_throughput: PositiveFloat | None = Field(None, description="tokens/s")
 
 
-Objective = Literal["throughput", "cost", "time_to_train"]
+Objective = ObjectiveName  # the names of the objective registry (model/objectives.py)
 
 
 class Plan(Strict):

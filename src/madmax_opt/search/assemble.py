@@ -10,7 +10,7 @@ the rest are dropped before the model is built.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,16 @@ from numpy.typing import NDArray
 from ortools.sat.python import cp_model
 
 from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.search.cpsat import (
+    INT_LIMIT,
+    STATUS,
+    CpSatOptions,
+    check_range,
+    gap,
+    has_solution,
+    time_limit_error,
+)
+from madmax_opt.search.cpsat import run as cpsat_run
 
 IntArr = NDArray[np.int64]
 
@@ -54,7 +64,7 @@ def solver_summary(
         "wall_s": wall_s,
         "objective": obj,
         "best_bound": bound,
-        "gap": (obj - bound) / max(abs(obj), 1),
+        "gap": gap(obj, bound),
         "candidates": candidates,
         "booleans": booleans,
     }
@@ -102,53 +112,70 @@ def brute_force(objective: IntArr, ok: NDArray[np.bool_]) -> IntArr:
     return idx[np.lexsort((idx, objective[idx]))]
 
 
+@dataclass(frozen=True)
+class IntObjective:
+    """The integer column CP-SAT minimises, and how to name it when it leaves the solver's range."""
+
+    values: IntArr
+    quantity: str  # e.g. "the step time of the best plans"
+    field: str | None  # the problem field that drives it, e.g. "task.global_batch"
+    unit: str = ""
+    per_unit: float = 1.0  # integer units per ``unit`` (1e6 for us -> s)
+
+
 def pick_best(
-    objective: IntArr,
+    objective: IntObjective,
     ok: NDArray[np.bool_],
     group: IntArr,
     limits: Sequence[Limit],
     *,
+    cpsat: CpSatOptions,
     top_k: int = 1,
-    time_limit_s: float = 60.0,
-    workers: int = 1,
-    seed: int = 0,
+    label: Callable[[int], str] | None = None,
+    file: str | None = None,
 ) -> Pick | None:
-    """The ``top_k`` best admissible candidates by CP-SAT; None when none is admissible."""
+    """The ``top_k`` best admissible candidates by CP-SAT; None when none is admissible.
+
+    Raises ProblemError when the kept objective values leave CP-SAT's integer range (naming the quantity) and
+    TimeLimitError when the time limit runs out before any plan is found."""
+    obj = objective.values
     keep_list: list[int] = []
     for g in np.unique(group[ok]):
         idx = np.flatnonzero(ok & (group == g))
-        keep_list.extend(idx[np.lexsort((idx, objective[idx]))][:top_k].tolist())
+        keep_list.extend(idx[np.lexsort((idx, obj[idx]))][:top_k].tolist())
     if not keep_list:
         return None
     keep = np.array(sorted(keep_list), dtype=np.int64)
+    n = len(keep)
+    check_range(float(obj[keep].min()), INT_LIMIT // (n + 1), objective.quantity, field=objective.field, file=file,
+                unit=objective.unit, scale=objective.per_unit)  # the best plan itself is out of range: refuse
+    keep = keep[obj[keep] < INT_LIMIT // (n + 1)]  # (worse plans out of range cannot be in the top-k)
+    n = len(keep)
     m = cp_model.CpModel()
-    x = [m.new_bool_var(f"x{i}") for i in keep]
+    x = [m.new_bool_var(label(int(i)) if label else f"candidate_{i}") for i in keep]
     m.add_exactly_one(x)
     for lim in limits:
-        expr = sum(int(q) * v for q, v in zip(lim.coeffs[keep], x, strict=True))
+        expr = sum(int(q) * v for q, v in zip(np.minimum(lim.coeffs[keep], INT_LIMIT), x, strict=True))
         m.add(expr >= lim.bound if lim.at_least else expr <= lim.bound)
-    n = len(keep)
-    coeffs = objective[keep] * n + np.arange(n)
-    assert int(coeffs.max()) < 2**50, "objective coefficient overflow"
+    coeffs = obj[keep] * n + np.arange(n)  # ties break by enumeration order, exactly
     m.minimize(sum(int(q) * v for q, v in zip(coeffs, x, strict=True)))
-
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = seed
-    solver.parameters.max_time_in_seconds = time_limit_s
+    m.add_hint(x[int(np.argmin(coeffs))], 1)  # the best candidate before the limits: a greedy start
     top: list[int] = []
     status, best, bound = "infeasible", 0, 0.0
     for rank in range(top_k):
-        st = solver.solve(m)
-        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        st, solver = cpsat_run(m, cpsat, "plan selection")
+        if not has_solution(st):
+            if rank == 0 and st == cp_model.UNKNOWN:
+                raise time_limit_error(cpsat, "plan selection")
             break
         chosen = next(j for j, v in enumerate(x) if solver.value(v))
         top.append(int(keep[chosen]))
         if rank == 0:
-            status = "optimal" if st == cp_model.OPTIMAL else "feasible"
+            status = STATUS[st]
             best = round(solver.objective_value) // n  # a float in the API: never truncate
             bound = float(np.floor(solver.best_objective_bound / n))  # back to objective units
         m.add(x[chosen] == 0)
+        m.clear_hints()
     if not top:
         return None
     return Pick(status, top, best, bound, len(x))

@@ -21,9 +21,11 @@ from numpy.typing import NDArray
 from madmax_opt.analysis.evaluator import Metrics, Model, invalid_reason, metrics, staged_record, to_records
 from madmax_opt.core.errors import InfeasibleError, InternalError
 from madmax_opt.io.problem import Problem
+from madmax_opt.model.objectives import Rates
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS
 from madmax_opt.search.assemble import (
+    IntObjective,
     Limit,
     admissible_mask,
     brute_force,
@@ -31,12 +33,13 @@ from madmax_opt.search.assemble import (
     pick_best,
     supplies,
 )
+from madmax_opt.search.cpsat import INT_LIMIT, CpSatOptions, to_int
+from madmax_opt.search.cpsat import options as cpsat_options
+from madmax_opt.search.objectives import US, UUSD, integer_objective, training_units  # noqa: F401 (UUSD: re-export)
 from madmax_opt.search.space import enumerate_plans
 from madmax_opt.search.stages import UnevenResult, solve_uneven
 
 IntArr = NDArray[np.int64]
-US = 1e6  # integer time unit: microseconds
-UUSD = 1e6  # integer money unit: micro-dollars
 ROUNDING_TOLERANCE_S = len(STEP_TERMS) * 0.5 / US  # each term is rounded once to 1 us
 
 
@@ -52,13 +55,26 @@ class Candidates:
 
     def __post_init__(self) -> None:
         terms = self.met.terms.time
-        self.step_us = np.sum([np.rint(terms[k] * US).astype(np.int64) for k in STEP_TERMS], axis=0)
+        step = np.sum([to_int(terms[k] * US) for k in STEP_TERMS], axis=0)  # each term rounded once
+        self.step_us = np.minimum(step, INT_LIMIT)  # saturated: a step beyond the range is refused when best
         hourly = self.met.cost_per_hour
-        self.cost_uusd_per_step = np.rint(hourly * self.step_us / 3600.0).astype(np.int64)
-        self.cost_cents_per_hour = np.rint(hourly * 100).astype(np.int64)
+        self.cost_uusd_per_step = self.objective("cost")
+        self.cost_cents_per_hour = to_int(hourly * 100)
+
+    def rates(self) -> Rates:
+        """The registry's inputs at the rounded step time (model/objectives.py)."""
+        t = self.met.terms
+        return Rates(self.step_us / US / t.tokens_per_step, t.gpus.astype(np.float64), self.met.cost_per_hour,
+                     t.gpus * self.met.power_w_per_gpu, self.met.train_tokens)
+
+    def int_objective(self, kind: str) -> IntObjective:
+        """Objective ``kind`` per step in integer units (us, micro-$, mJ; time_to_train: ms of the run)."""
+        field = "task.train_tokens" if kind == "time_to_train" else "task.global_batch"
+        return integer_objective(kind, self.rates(), training_units(kind, float(self.met.terms.tokens_per_step)),
+                                 field)
 
     def objective(self, kind: str) -> IntArr:
-        return self.cost_uusd_per_step if kind == "cost" else self.step_us
+        return self.int_objective(kind).values
 
 
 def candidates(model: Model, plans: PlanArrays | None = None) -> Candidates:
@@ -115,23 +131,31 @@ def solve(
     time_limit_s: float = 60.0,
     workers: int = 1,
     seed: int = 0,
+    cpsat: CpSatOptions | None = None,
     model: Model | None = None,
     plans: PlanArrays | None = None,
 ) -> SolveOutcome:
     """Find the optimal plan (and hardware option) for ``problem``; raise InfeasibleError with the reason."""
     t0 = time.perf_counter()
+    opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
     model = model or Model(problem)
     c = candidates(model, plans)
     lims = limits(model, c)
+
+    def label(i: int) -> str:
+        pl = c.plans
+        return (f"plan{i}_hw{pl.hw[i]}_dp{pl.dp[i]}_tp{pl.tp[i]}_pp{pl.pp[i]}_cp{pl.cp[i]}_vpp{pl.vpp[i]}_"
+                f"mbs{pl.mbs[i]}_zero{pl.zero[i]}_rc{pl.recompute[i]}_sp{int(pl.sp[i])}_ep{pl.ep[i]}")
+
     pick = pick_best(
-        c.objective(problem.objective),
+        c.int_objective(problem.objective),
         admissible_mask(c.met.feasible, lims),
         c.plans.hw,
         lims,
         top_k=top_k,
-        time_limit_s=time_limit_s,
-        workers=workers,
-        seed=seed,
+        cpsat=opts,
+        label=label,
+        file=problem.source,
     )
     if pick is None:
         raise InfeasibleError(explain_infeasible(model, c))
@@ -157,14 +181,25 @@ def cross_check(outcome: SolveOutcome, records: list[dict[str, Any]]) -> None:
             )
 
 
-def solve_records(problem: Problem, **kwargs: Any) -> tuple[SolveOutcome, list[dict[str, Any]]]:
+def solve_records(
+    problem: Problem,
+    *,
+    top_k: int = 1,
+    time_limit_s: float = 60.0,
+    workers: int = 1,
+    seed: int = 0,
+    cpsat: CpSatOptions | None = None,
+    plans: PlanArrays | None = None,
+) -> tuple[SolveOutcome, list[dict[str, Any]]]:
     """Solve, re-evaluate every returned plan with the exact evaluator, and (if enabled) search uneven stages.
 
-    With ``space.uneven_stages`` the best uneven pipeline that beats the best uniform plan is put first.
+    With ``space.uneven_stages`` the best uneven pipeline that beats the best uniform plan on the problem's
+    objective is put first.
     """
+    opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
     model = Model(problem)
     try:
-        outcome = solve(problem, model=model, **kwargs)
+        outcome = solve(problem, model=model, top_k=top_k, cpsat=opts, plans=plans)
     except InfeasibleError:
         if not problem.space.uneven_stages:
             raise
@@ -174,8 +209,8 @@ def solve_records(problem: Problem, **kwargs: Any) -> tuple[SolveOutcome, list[d
         recs = to_records(model, outcome.candidates.plans.take(outcome.top))
         cross_check(outcome, recs)
     if problem.space.uneven_stages:
-        best_us = float(outcome.candidates.step_us[outcome.top[0]]) if outcome else float("inf")
-        uneven = solve_uneven(model, best_us, time_limit_s=kwargs.get("time_limit_s", 60.0))
+        incumbent = float(outcome.candidates.objective(problem.objective)[outcome.top[0]]) if outcome else np.inf
+        uneven = solve_uneven(model, incumbent, opts.time_limit_s, objective=problem.objective, cpsat=opts)
         if uneven.plan is not None and uneven.step_us is not None:
             rec = staged_record(model, uneven.plan)
             n_micro = problem.training_task.global_batch / (uneven.plan.dp * uneven.plan.mbs)
@@ -192,8 +227,8 @@ def solve_records(problem: Problem, **kwargs: Any) -> tuple[SolveOutcome, list[d
             outcome = SolveOutcome(
                 uneven.status,
                 [],
-                int(uneven.step_us or 0),
-                uneven.step_us,
+                round(uneven.objective or 0),
+                uneven.objective,
                 uneven.wall_s,
                 candidates(model),
                 uneven.booleans,

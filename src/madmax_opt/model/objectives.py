@@ -1,0 +1,89 @@
+"""The objectives a search minimises: one definition each, shared by every family and every search path.
+
+Every objective is computed from the same per-candidate quantities (:class:`Rates`): wall seconds per unit of work
+(a token for transformers, a sample for recommenders) of the whole deployment, its GPUs, its price per hour, its
+wall power, and the total work of a training run. At fixed hardware every objective is proportional to the seconds
+per unit of work; the uneven-stage search relies on that (a stage split changes the time, not the rate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import numpy as np
+from numpy.typing import NDArray
+
+Arr = NDArray[np.float64]
+ObjectiveName = Literal["throughput", "cost", "time_to_train", "energy"]
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Per candidate: what the objectives are computed from (arrays, SI units)."""
+
+    seconds_per_unit: Arr  # wall seconds per token (or sample) of the whole deployment = 1 / throughput
+    gpus: Arr
+    usd_per_hour: Arr  # the whole deployment
+    watts: Arr  # wall power of the whole deployment (GPUs + host share: System.power_w_per_gpu)
+    total_units: float | None = None  # task.train_tokens / task.train_samples (time_to_train)
+    # serving searches the replica count itself, so its throughput is per GPU (else the largest deployment wins)
+    throughput_per_gpu: bool = False
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One objective: what it minimises (``value``), in which unit, and what it needs from the task."""
+
+    name: ObjectiveName
+    minimises: str  # in words, for docs and reports
+    unit: str
+    value: Callable[[Rates], Arr]
+    needs_total_units: bool = False
+
+
+def _throughput(r: Rates) -> Arr:
+    # max units/s  <=>  min s/unit (serving: GPU-s/unit = gpus / (units/s))
+    return r.seconds_per_unit * r.gpus if r.throughput_per_gpu else r.seconds_per_unit
+
+
+def _cost(r: Rates) -> Arr:
+    return r.usd_per_hour / SECONDS_PER_HOUR * r.seconds_per_unit  # $/unit = ($/h / 3600 s/h) x s/unit
+
+
+def _time_to_train(r: Rates) -> Arr:
+    assert r.total_units is not None, "time_to_train needs the task's total work (checked when loading)"
+    return r.total_units * r.seconds_per_unit  # s = units x s/unit
+
+
+def _energy(r: Rates) -> Arr:
+    return r.watts * r.seconds_per_unit  # J/unit = W x s/unit (wall power: GPU TDP share + host, systems.yaml)
+
+
+OBJECTIVES: dict[str, Objective] = {
+    o.name: o
+    for o in (
+        Objective("throughput", "seconds per token or sample (max throughput; serving: per GPU)", "s", _throughput),
+        Objective("cost", "US$ per token or sample", "$", _cost),
+        Objective("time_to_train", "wall time of the whole training run", "s", _time_to_train, True),
+        Objective("energy", "joules of wall energy per token or sample", "J", _energy),
+    )
+}
+assert tuple(OBJECTIVES) == get_args(ObjectiveName), "ObjectiveName and OBJECTIVES must list the same names"
+
+
+def objective(name: str) -> Objective:
+    """The registered objective ``name`` (an unknown name is rejected when a problem file is loaded)."""
+    if name not in OBJECTIVES:
+        raise KeyError(f"unknown objective {name!r}; allowed: {', '.join(OBJECTIVES)}")
+    return OBJECTIVES[name]
+
+
+def objective_values(name: str, rates: Rates) -> Arr:
+    """The value ``name`` minimises, per candidate (float, in the objective's unit)."""
+    return np.asarray(objective(name).value(rates), dtype=np.float64)
+
+
+__all__ = ["OBJECTIVES", "Objective", "ObjectiveName", "Rates", "objective", "objective_values"]

@@ -1,0 +1,153 @@
+"""The one CP-SAT factory: parameters, determinism, user parameters, model export and honest statuses.
+
+Every search (uniform plans, uneven and mixed stages, serving, DLRM table placement) builds its ``CpSolver``
+here and runs it through :func:`run`, so that:
+- the defaults are deterministic: one worker, a fixed seed (``CpSatOptions``);
+- ``--solver-params`` (CP-SAT's text format, e.g. ``"linearization_level: 2 log_search_progress: true"``) is
+  applied last, over the search's own settings;
+- ``--export-model FILE`` writes each model solved as a text proto (the second one to FILE-2, and so on);
+- statuses are reported as what they are: MODEL_INVALID is an internal error (exit 4, CP-SAT's validation message),
+  UNKNOWN with no solution is "no plan proven within N s" (exit 5, :class:`TimeLimitError`), INFEASIBLE is a proof
+  (the caller names the binding constraint, exit 3), FEASIBLE carries its gap to the proven bound;
+- integers stay in CP-SAT's range: :func:`to_int` saturates at ``INT_LIMIT`` and :func:`check_range` refuses a
+  quantity beyond it in one line that names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from google.protobuf import text_format
+from numpy.typing import NDArray
+from ortools.sat import sat_parameters_pb2
+from ortools.sat.python import cp_model
+
+from madmax_opt.core.errors import InternalError, ProblemError, TimeLimitError
+
+IntArr = NDArray[np.int64]
+MAX_WORKERS = 64  # CP-SAT accepts up to 10,000; beyond the cores of any machine a search runs on
+INT_LIMIT = 2**50  # every coefficient and objective CP-SAT sees stays below this (CP-SAT's own limit is 2^62)
+STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
+          cp_model.UNKNOWN: "unknown", cp_model.MODEL_INVALID: "model-invalid"}
+
+
+def parse_params(text: str) -> sat_parameters_pb2.SatParameters:
+    """CP-SAT parameters in protobuf text format; a parse error is one line naming the option."""
+    params = sat_parameters_pb2.SatParameters()
+    try:
+        text_format.Parse(text, params)
+    except text_format.ParseError as exc:
+        raise ProblemError(f"not CP-SAT parameters ({exc}); allowed: SatParameters text format, e.g. "
+                           "'linearization_level: 2 max_deterministic_time: 10'", field="--solver-params") from None
+    return params
+
+
+@dataclass(frozen=True)
+class CpSatOptions:
+    """How every CP-SAT run of one command is configured (the CLI's --time-limit, --workers, --solver-params,
+    --export-model)."""
+
+    time_limit_s: float = 60.0
+    workers: int = 1  # 1 = deterministic
+    seed: int = 0
+    params: str | None = None
+    export_model: Path | None = None
+    exported: list[Path] = field(default_factory=list, compare=False)  # files written so far
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not 1 <= self.workers <= MAX_WORKERS:
+            raise ProblemError(f"{self.workers} workers; allowed: 1 to {MAX_WORKERS}", field="--workers")
+        if not (self.time_limit_s > 0 and np.isfinite(self.time_limit_s)):
+            raise ProblemError(f"{self.time_limit_s} s; allowed: a finite number of seconds > 0",
+                               field="--time-limit")
+        if self.params:
+            parse_params(self.params)
+
+    def with_time_limit(self, time_limit_s: float) -> CpSatOptions:
+        """The same options with another time limit (e.g. what is left of a search's budget); exports shared."""
+        return CpSatOptions(max(time_limit_s, 0.01), self.workers, self.seed, self.params, self.export_model,
+                            self.exported)
+
+
+def options(cpsat: CpSatOptions | None = None, **kwargs: Any) -> CpSatOptions:
+    """``cpsat`` itself, or options from the keyword arguments (time_limit_s, workers, seed, params, ...)."""
+    return cpsat if cpsat is not None else CpSatOptions(**kwargs)
+
+
+def new_solver(opts: CpSatOptions, **overrides: Any) -> cp_model.CpSolver:
+    """A solver with the deterministic defaults, the search's own ``overrides``, then the user's parameters."""
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.num_workers = opts.workers
+    prm.random_seed = opts.seed
+    prm.max_time_in_seconds = opts.time_limit_s
+    for name, value in overrides.items():
+        setattr(prm, name, value)
+    if opts.params:
+        prm.merge_text_format(opts.params)
+    return solver
+
+
+def export(model: cp_model.CpModel, opts: CpSatOptions) -> None:
+    """Write ``model`` as a text proto to --export-model (FILE, then FILE-2, FILE-3, ... for later models)."""
+    if opts.export_model is None:
+        return
+    path = opts.export_model
+    n = len(opts.exported) + 1
+    if n > 1:
+        path = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    path.write_text(str(model.proto))
+    opts.exported.append(path)
+
+
+def run(model: cp_model.CpModel, opts: CpSatOptions, what: str, **overrides: Any) -> tuple[int, cp_model.CpSolver]:
+    """Solve ``model`` (``what`` names it in messages); MODEL_INVALID raises, every other status is returned."""
+    export(model, opts)
+    solver = new_solver(opts, **overrides)
+    status = solver.solve(model)
+    if status == cp_model.MODEL_INVALID:
+        problem = model.validate()
+        if problem:
+            raise InternalError(f"CP-SAT rejected the {what} model: {problem}")
+        raise ProblemError(f"CP-SAT rejected the parameters: {solver.solution_info()}", field="--solver-params")
+    return status, solver
+
+
+def has_solution(status: int) -> bool:
+    return status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+
+
+def time_limit_error(opts: CpSatOptions, what: str) -> TimeLimitError:
+    """UNKNOWN: the time limit ran out before any plan was found (not a proof that none exists)."""
+    return TimeLimitError(f"no plan proven within {opts.time_limit_s:g} s ({what}); raise --time-limit")
+
+
+def gap(objective: float, bound: float) -> float:
+    """Relative gap of a solution to CP-SAT's proven bound: (objective - bound) / |objective| (0 when optimal)."""
+    return (objective - bound) / max(abs(objective), 1.0)
+
+
+def to_int(x: NDArray[np.float64]) -> IntArr:
+    """Rounded to integers, saturating at INT_LIMIT (NaN, inf and anything larger) instead of wrapping around."""
+    y = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=float(INT_LIMIT), posinf=float(INT_LIMIT),
+                      neginf=-float(INT_LIMIT))
+    return np.rint(np.clip(y, -float(INT_LIMIT), float(INT_LIMIT))).astype(np.int64)
+
+
+def check_range(largest: float, limit: float, quantity: str, *, field: str | None, file: str | None = None,
+                unit: str = "", scale: float = 1.0) -> None:
+    """Refuse in one line when ``largest`` (integer units) reaches ``limit``: names the quantity and its maximum.
+
+    ``scale`` converts integer units back to ``unit`` for the message (e.g. 1e6 for microseconds -> s)."""
+    if largest >= limit:
+        raise ProblemError(
+            f"{quantity} ({largest / scale:.3g} {unit}) is beyond the solver's integer range (at most "
+            f"{limit / scale:.3g} {unit}); allowed: a problem whose values stay within it, e.g. a smaller batch",
+            file=file, field=field)
+
+
+__all__ = ["INT_LIMIT", "MAX_WORKERS", "CpSatOptions", "check_range", "export", "gap", "has_solution",
+           "new_solver", "options", "parse_params", "run", "time_limit_error", "to_int"]

@@ -1,0 +1,72 @@
+"""Integer columns of the registered objectives (model/objectives.py) for the CP-SAT searches.
+
+Each search rounds the registry's float value once to an integer unit fine enough to separate plans:
+training per optimizer step (us of step time, micro-$, mJ; time_to_train in ms of the run), serving per output
+token (GPU-ns, micro-$ per million tokens, uJ). The same integers are used by CP-SAT and by the brute-force
+reference, so both rank candidates identically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from madmax_opt.model.objectives import OBJECTIVES, Rates, objective_values
+from madmax_opt.search.assemble import IntObjective
+from madmax_opt.search.cpsat import to_int
+
+Arr = NDArray[np.float64]
+US = 1e6  # integer time unit of training: microseconds per step
+UUSD = 1e6  # integer money unit: micro-dollars
+NS = 1e9  # serving throughput: GPU-nanoseconds per output token
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Integer units per unit of the objective's value (``per_value``) and how to name it in messages."""
+
+    per_value: float
+    quantity: str
+    unit: str
+    per_unit: float  # integer units per ``unit`` (to print the quantity)
+
+
+def training_units(name: str, tokens_per_step: float) -> Unit:
+    """Training integers are per optimizer step (every candidate processes the same tokens per step)."""
+    return {
+        "throughput": Unit(tokens_per_step * US, "the step time of the best plan", "s", US),
+        "cost": Unit(tokens_per_step * UUSD, "the cost per step of the best plan", "$", UUSD),
+        "energy": Unit(tokens_per_step * 1e3, "the energy per step of the best plan", "J", 1e3),
+        "time_to_train": Unit(1e3, "the training time of the best plan", "s", 1e3),
+    }[name]
+
+
+def serving_units(name: str) -> Unit:
+    """Serving integers are per output token (the deployment's replicas and batch are searched)."""
+    return {
+        "throughput": Unit(NS, "the GPU time per output token of the best plan", "s", NS),
+        "cost": Unit(1e6 * UUSD, "the cost per million output tokens of the best plan", "$", UUSD),
+        "energy": Unit(1e6, "the energy per output token of the best plan", "J", 1e6),
+    }[name]
+
+
+def integer_objective(name: str, rates: Rates, unit: Unit, field: str | None) -> IntObjective:
+    """The registry's value of ``name``, rounded once to ``unit`` (saturating, never wrapping around)."""
+    return IntObjective(to_int(objective_values(name, rates) * unit.per_value), unit.quantity, field, unit.unit,
+                        unit.per_unit)
+
+
+def rate_per_second(name: str, rates_at_one_second: Rates, unit: Unit) -> Arr:
+    """Integer objective units per second of step time at fixed hardware, from the rates of a 1 s step (every
+    objective is proportional to the time at fixed hardware)."""
+    return objective_values(name, rates_at_one_second) * unit.per_value
+
+
+def allowed() -> str:
+    return ", ".join(OBJECTIVES)
+
+
+__all__ = ["NS", "US", "UUSD", "Unit", "allowed", "integer_objective", "rate_per_second", "serving_units",
+           "training_units"]
