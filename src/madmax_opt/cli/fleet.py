@@ -1,0 +1,72 @@
+"""``madmax-opt fleet FLEET.yaml``: many jobs on a heterogeneous fleet, each job's hardware and plan chosen
+together by CP-SAT (beside a greedy baseline)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from madmax_opt.cli.app import app, console
+from madmax_opt.core.errors import ProblemError
+
+
+@app.command("fleet")
+def fleet_cmd(
+    fleet: Annotated[Path | None, typer.Argument(help="fleet file (YAML)", show_default=False)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON instead of tables")] = False,
+    schema: Annotated[bool, typer.Option("--schema", help="print the JSON Schema of fleet files")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="write STEM.md, .json, -rows.csv, -gantt.png here")]
+    = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="write the Gantt-style PNG of finish times here")] = None,
+    csv_out: Annotated[Path | None, typer.Option("--csv", help="write one sweep-compatible row per job here")] = None,
+    time_limit: Annotated[float | None, typer.Option("--time-limit", min=0.01, help="CP-SAT time limit, s "
+                                                     "(default: the file's solver.time_limit_s)")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", min=1, max=64, help="CP-SAT workers (1 = "
+                                                "deterministic)")] = None,
+    cache: Annotated[Path | None, typer.Option("--cache", help="option cache directory (default: "
+                                               "~/.cache/madmax-opt/fleet)")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="search every option again, store nothing")] = False,
+    what_if: Annotated[bool, typer.Option("--what-if/--no-what-if", help="re-solve with extra GPUs per system")]
+    = True,
+) -> None:
+    """Allocate a fleet: per job, one (system, GPU count, plan) or none; CP-SAT optimum vs greedy baseline."""
+    from rich.console import Console
+
+    from madmax_opt.fleet.options import default_cache_dir, option_tables
+    from madmax_opt.fleet.solve import FleetRun, solve_fleet
+    from madmax_opt.fleet.spec import fleet_schema, load_fleet
+    from madmax_opt.report import fleet_report
+    from madmax_opt.search.cpsat import CpSatOptions
+
+    if schema:
+        print(json.dumps(fleet_schema(), indent=2))
+        return
+    if fleet is None:
+        raise ProblemError("missing; allowed: a fleet file (YAML), or --schema", field="FLEET")
+    loaded = load_fleet(fleet)
+    settings = loaded.spec.solver
+    opts = CpSatOptions(time_limit_s=time_limit or settings.time_limit_s, workers=workers or settings.workers)
+    cache_dir = None if no_cache else (cache or default_cache_dir())
+    t0 = time.perf_counter()
+    err = Console(stderr=True)
+    with err.status("searching plans") as status:
+        tables = option_tables(loaded, cache_dir, progress=lambda what: status.update(f"searching plans: {what}"))
+    run = FleetRun(loaded, tables, opts, option_wall_s=time.perf_counter() - t0)
+    result = solve_fleet(run, what_if=what_if)
+    if out is not None:
+        command = "madmax-opt fleet " + shlex.join([str(fleet), "--out", str(out)])
+        path = fleet_report.write_report(result, out, str(fleet), command, loaded.spec.horizon_h)
+        err.print(f"wrote {path}")
+    if plot is not None:
+        fleet_report.gantt_png(result, plot, loaded.spec.horizon_h)
+    if csv_out is not None:
+        fleet_report.write_csv(result, csv_out)
+    if json_out:
+        print(json.dumps(result.model_dump(mode="json"), indent=2))
+    elif out is None:
+        fleet_report.print_fleet(result, console())

@@ -1,0 +1,239 @@
+"""The allocation itself: each job gets one option (system, GPU count, plan) or none, by CP-SAT.
+
+Pure integers, no cost model: an option is (job, system, nodes, GPUs, score, cents/hour, cents, Wh). Constraints:
+at most one option per job (exactly one if required), whole nodes per system within its supply, the $/hour and $
+budgets. Objective: maximise or minimise the sum of the chosen scores; ties broken by fewest GPUs (a second
+CP-SAT phase with the first objective fixed), then by the solver's fixed seed on one worker (deterministic).
+``brute_force`` (every assignment) and ``greedy`` (each job in priority order takes its fastest option that
+fits) use the same integers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from ortools.sat.python import cp_model
+
+from madmax_opt.search import cpsat
+from madmax_opt.search.cpsat import CpSatOptions
+
+Sense = Literal["max", "min"]
+
+
+@dataclass(frozen=True)
+class Option:
+    job: int
+    system: int
+    nodes: int
+    gpus: int
+    score: int  # objective contribution in integer units (see ``fleet.solve.SCORE_UNITS``)
+    speed: float  # throughput, for the greedy order (fastest first)
+    cents_per_hour: int = 0
+    cents: int = 0
+
+
+@dataclass(frozen=True)
+class AllocationInput:
+    jobs: int
+    capacity_nodes: tuple[int, ...]  # per system
+    options: tuple[Option, ...]
+    sense: Sense
+    required: tuple[bool, ...]  # per job
+    priority: tuple[int, ...]  # job indices, greedy order
+    max_cents_per_hour: int | None = None
+    max_cents: int | None = None
+
+    def with_capacity(self, system: int, nodes: int) -> AllocationInput:
+        caps = list(self.capacity_nodes)
+        caps[system] = nodes
+        return replace(self, capacity_nodes=tuple(caps))
+
+
+@dataclass(frozen=True)
+class Allocation:
+    status: str  # optimal | feasible | infeasible
+    choice: tuple[int | None, ...]  # option index per job
+    objective: int | None
+    best_bound: float | None
+    wall_s: float = 0.0
+    booleans: int = 0
+
+    @property
+    def gap(self) -> float | None:
+        if self.objective is None or self.best_bound is None:
+            return None
+        return abs(self.objective - self.best_bound) / max(abs(self.objective), 1)
+
+
+TIE_BREAK_SHARE = 0.2  # share of the time limit the second (fewest-GPUs) phase may use
+
+
+def objective_of(inp: AllocationInput, choice: Sequence[int | None]) -> int:
+    return sum(inp.options[k].score for k in choice if k is not None)
+
+
+def gpus_of(inp: AllocationInput, choice: Sequence[int | None]) -> int:
+    return sum(inp.options[k].gpus for k in choice if k is not None)
+
+
+def feasible(inp: AllocationInput, choice: Sequence[int | None]) -> bool:
+    """Whether an assignment meets every constraint (what brute force and the tests check)."""
+    used = [0] * len(inp.capacity_nodes)
+    for j, k in enumerate(choice):
+        if k is None:
+            if inp.required[j]:
+                return False
+            continue
+        o = inp.options[k]
+        if o.job != j:
+            return False
+        used[o.system] += o.nodes
+    if any(u > c for u, c in zip(used, inp.capacity_nodes, strict=True)):
+        return False
+    chosen = [inp.options[k] for k in choice if k is not None]
+    if inp.max_cents_per_hour is not None and sum(o.cents_per_hour for o in chosen) > inp.max_cents_per_hour:
+        return False
+    return inp.max_cents is None or sum(o.cents for o in chosen) <= inp.max_cents
+
+
+def solve_allocation(inp: AllocationInput, opts: CpSatOptions | None = None) -> Allocation:
+    """The optimal assignment (or the best found with its bound), ties broken by fewest GPUs.
+
+    CP-SAT is configured by ``search.cpsat`` (deterministic by default: one worker, a fixed seed)."""
+    opts = opts or CpSatOptions()
+    t0 = time.perf_counter()
+    if not inp.options:  # nothing to choose: placing no job is the only assignment
+        ok = not any(inp.required)
+        return Allocation("optimal" if ok else "infeasible", (None,) * inp.jobs, 0 if ok else None,
+                          0.0 if ok else None, time.perf_counter() - t0)
+    m = cp_model.CpModel()
+    x = [m.new_bool_var(f"x{k}") for k in range(len(inp.options))]
+    by_job: list[list[int]] = [[] for _ in range(inp.jobs)]
+    by_system: list[list[int]] = [[] for _ in inp.capacity_nodes]
+    for k, o in enumerate(inp.options):
+        by_job[o.job].append(k)
+        by_system[o.system].append(k)
+    for j, ks in enumerate(by_job):
+        if inp.required[j]:
+            if not ks:
+                return Allocation("infeasible", (None,) * inp.jobs, None, None, time.perf_counter() - t0, len(x))
+            m.add_exactly_one(x[k] for k in ks)
+        elif ks:
+            m.add_at_most_one(x[k] for k in ks)
+    for s, ks in enumerate(by_system):
+        if ks:
+            m.add(sum(inp.options[k].nodes * x[k] for k in ks) <= inp.capacity_nodes[s])
+    if inp.max_cents_per_hour is not None:
+        m.add(sum(o.cents_per_hour * x[k] for k, o in enumerate(inp.options)) <= inp.max_cents_per_hour)
+    if inp.max_cents is not None:
+        m.add(sum(o.cents * x[k] for k, o in enumerate(inp.options)) <= inp.max_cents)
+    primary = sum(o.score * x[k] for k, o in enumerate(inp.options))
+    if inp.sense == "max":
+        m.maximize(primary)
+    else:
+        m.minimize(primary)
+    hint = greedy(inp)
+    if hint.objective is not None:  # a feasible start: the greedy assignment
+        for k in range(len(x)):
+            m.add_hint(x[k], k in hint.choice)
+
+    st, solver = cpsat.run(m, opts.with_time_limit(opts.time_limit_s * (1.0 - TIE_BREAK_SHARE)), "fleet allocation")
+    if not cpsat.has_solution(st):
+        status = "infeasible" if st == cp_model.INFEASIBLE else "unknown"
+        return Allocation(status, (None,) * inp.jobs, None, None, time.perf_counter() - t0, len(x))
+    value = round(solver.objective_value)
+    bound = float(solver.best_objective_bound)
+    status = "optimal" if st == cp_model.OPTIMAL else "feasible"
+    choice = _read(solver, x, inp.options, inp.jobs)
+
+    # phase 2, ties: the same objective value (or better, if not proven) with the fewest GPUs
+    m.clear_hints()
+    for k in range(len(x)):
+        m.add_hint(x[k], k in choice)
+    m.add(primary == value if status == "optimal" else (primary >= value if inp.sense == "max" else primary <= value))
+    m.minimize(sum(o.gpus * x[k] for k, o in enumerate(inp.options)))
+    left_s = opts.time_limit_s - (time.perf_counter() - t0)
+    st2, solver = cpsat.run(m, opts.with_time_limit(left_s), "fleet allocation (ties: fewest GPUs)")
+    if cpsat.has_solution(st2):
+        choice = _read(solver, x, inp.options, inp.jobs)
+        value = objective_of(inp, choice)
+    return Allocation(status, choice, value, bound, time.perf_counter() - t0, len(x))
+
+
+def _read(solver: cp_model.CpSolver, x: list[cp_model.IntVar], options: Sequence[Option], jobs: int
+          ) -> tuple[int | None, ...]:
+    out: list[int | None] = [None] * jobs
+    for k, v in enumerate(x):
+        if solver.value(v):
+            out[options[k].job] = k
+    return tuple(out)
+
+
+def greedy(inp: AllocationInput) -> Allocation:
+    """Each job in priority order takes its fastest option (then fewest GPUs) that still fits; none if none."""
+    t0 = time.perf_counter()
+    free = list(inp.capacity_nodes)
+    hourly = cents = 0
+    choice: list[int | None] = [None] * inp.jobs
+    by_job: list[list[int]] = [[] for _ in range(inp.jobs)]
+    for k, o in enumerate(inp.options):
+        by_job[o.job].append(k)
+    for j in inp.priority:
+        for k in sorted(by_job[j], key=lambda k: (-inp.options[k].speed, inp.options[k].gpus, k)):
+            o = inp.options[k]
+            if o.nodes > free[o.system]:
+                continue
+            if inp.max_cents_per_hour is not None and hourly + o.cents_per_hour > inp.max_cents_per_hour:
+                continue
+            if inp.max_cents is not None and cents + o.cents > inp.max_cents:
+                continue
+            free[o.system] -= o.nodes
+            hourly += o.cents_per_hour
+            cents += o.cents
+            choice[j] = k
+            break
+    ok = all(c is not None or not r for c, r in zip(choice, inp.required, strict=True))
+    value = objective_of(inp, choice) if ok else None
+    return Allocation("greedy" if ok else "infeasible", tuple(choice), value, None, time.perf_counter() - t0)
+
+
+def brute_force(inp: AllocationInput) -> tuple[int, int] | None:
+    """(best objective, fewest GPUs at that objective) over every assignment; None if none is feasible.
+
+    Depth-first over jobs with the supply checked on the way (exact: only infeasible branches are cut)."""
+    by_job: list[list[int | None]] = [[] for _ in range(inp.jobs)]
+    for k, o in enumerate(inp.options):
+        by_job[o.job].append(k)
+    for j in range(inp.jobs):
+        if not inp.required[j]:
+            by_job[j].append(None)
+    best: tuple[int, int] | None = None
+    sign = 1 if inp.sense == "max" else -1
+    choice: list[int | None] = [None] * inp.jobs
+    free = list(inp.capacity_nodes)
+
+    def visit(j: int) -> None:
+        nonlocal best
+        if j == inp.jobs:
+            if feasible(inp, choice):
+                key = (sign * objective_of(inp, choice), -gpus_of(inp, choice))
+                if best is None or key > (sign * best[0], -best[1]):
+                    best = (objective_of(inp, choice), gpus_of(inp, choice))
+            return
+        for k in by_job[j]:
+            o = inp.options[k] if k is not None else None
+            if o is not None and o.nodes > free[o.system]:
+                continue
+            if o is not None:
+                free[o.system] -= o.nodes
+            choice[j] = k
+            visit(j + 1)
+            if o is not None:
+                free[o.system] += o.nodes
+        choice[j] = None
+
+    visit(0)
+    return best

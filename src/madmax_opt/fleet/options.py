@@ -1,0 +1,196 @@
+"""Option tables: each job's best plan on each (fleet system, GPU count), by the existing plan search.
+
+Training jobs go through ``search.solver.solve_records`` and serving jobs through ``search.serving.solve_serving``
+(both cross-checked against the exact evaluator), once per hardware option with objective throughput: at a fixed
+system and GPU count the fastest plan is also the cheapest per token. Results are cached on disk, keyed by the
+sha256 of the job's problem, the system, the GPU count and the source of the cost model and search (a change to
+either invalidates the entry).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from madmax_opt.core.errors import InfeasibleError, ProblemError
+from madmax_opt.fleet.spec import Fleet, Job, Pool
+from madmax_opt.io.problem import Problem
+from madmax_opt.search import serving
+from madmax_opt.search.solver import solve_records
+
+CACHE_VERSION = 1
+Progress = Callable[[str], None]
+
+
+class JobOption(BaseModel):
+    """A job's best plan on ``gpus`` GPUs of one fleet system (what the allocation chooses among)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: str
+    system: str  # fleet system name
+    gpu: str
+    gpus: int
+    nodes: int
+    plan: dict[str, Any]
+    throughput: float  # training tokens/s; serving output tokens/s of the deployment
+    samples_per_s: float | None = None
+    step_time_s: float | None = None
+    mfu: float | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    cost_per_hour_usd: float
+    power_w: float  # the whole allocation, wall power incl. host share
+    usd_per_million_tokens: float
+    memory_bytes_per_gpu: float
+    status: str  # the plan search: optimal | feasible
+
+
+class OptionTable(BaseModel):
+    """Every option of one job; ``infeasible`` says why a (system, GPU count) has none."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: str
+    options: list[JobOption]
+    infeasible: dict[str, str]  # "system x gpus" -> reason
+
+
+@cache
+def code_digest() -> str:
+    """sha256 over the cost model, search and catalog sources (a cached option is only valid for the same code)."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for sub in ("model", "search", "analysis", "io", "data"):
+        for p in sorted((root / sub).rglob("*")):
+            if p.is_file() and p.suffix in (".py", ".yaml", ".json", ".csv"):
+                h.update(str(p.relative_to(root)).encode())
+                h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "madmax-opt" / "fleet"
+
+
+def option_key(job: Job, pool: Pool, gpus: int, time_limit_s: float) -> str:
+    payload = {
+        "v": CACHE_VERSION,
+        "code": code_digest(),
+        "problem": job.problem,
+        "system": pool.system.model_dump(mode="json"),
+        "gpus": gpus,
+        "time_limit_s": time_limit_s,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def option_tables(
+    fleet: Fleet, cache_dir: Path | None = None, progress: Progress | None = None
+) -> list[OptionTable]:
+    """One table per job (in file order); each (job, system, size) searched once, then read from the cache."""
+    limit = fleet.spec.solver.option_time_limit_s
+    tables = []
+    for job in fleet.jobs:
+        options: list[JobOption] = []
+        infeasible: dict[str, str] = {}
+        input_errors: list[str] = []
+        for pool in fleet.pools:
+            if job.spec.systems is not None and pool.name not in job.spec.systems:
+                continue
+            sizes = [n for n in pool.sizes if job.spec.max_gpus is None or n <= job.spec.max_gpus]
+            for n in sizes:
+                entry = _cached(job, pool, n, limit, cache_dir, progress)
+                if "option" in entry:
+                    options.append(JobOption.model_validate(entry["option"]))
+                else:
+                    infeasible[f"{pool.name} x{n}"] = str(entry["infeasible"])
+                    if entry.get("input_error"):
+                        input_errors.append(str(entry["infeasible"]))
+        if not options and input_errors and len(input_errors) == len(infeasible):
+            raise ProblemError(input_errors[0])  # the job's problem is wrong on every system
+        tables.append(OptionTable(job=job.name, options=options, infeasible=infeasible))
+    return tables
+
+
+def _cached(job: Job, pool: Pool, gpus: int, limit: float, cache_dir: Path | None, progress: Progress | None
+            ) -> dict[str, Any]:
+    key = option_key(job, pool, gpus, limit)
+    path = cache_dir / f"{key}.json" if cache_dir is not None else None
+    if path is not None and path.is_file():
+        try:
+            entry: dict[str, Any] = json.loads(path.read_text())
+            return entry
+        except (OSError, json.JSONDecodeError):
+            pass  # a damaged entry is recomputed
+    if progress is not None:
+        progress(f"{job.name} on {gpus} x {pool.system.name}")
+    entry = search_option(job, pool, gpus, limit)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(entry, sort_keys=True))
+        os.replace(tmp, path)
+    return entry
+
+
+def search_option(job: Job, pool: Pool, gpus: int, limit: float) -> dict[str, Any]:
+    """{"option": JobOption} with the job's fastest plan on ``gpus`` GPUs of ``pool``, or {"infeasible": why}."""
+    problem = job.on(pool, [gpus])
+    try:
+        rec, status = _serving_best(problem, limit) if job.serving else _training_best(problem, limit)
+    except InfeasibleError as exc:
+        return {"infeasible": " ".join(str(exc).split())}
+    except ProblemError as exc:  # e.g. a precision this GPU lacks: no option here (an error if none anywhere)
+        return {"infeasible": " ".join(str(exc).split()), "input_error": True}
+    power_w = pool.system.power_w_per_gpu * gpus
+    common = {
+        "job": job.name,
+        "system": pool.name,
+        "gpu": pool.gpu.name,
+        "gpus": gpus,
+        "nodes": gpus // pool.gpus_per_node,
+        "plan": rec["plan"],
+        "cost_per_hour_usd": rec["cost_per_hour_usd"],
+        "power_w": power_w,
+        "usd_per_million_tokens": rec["usd_per_million_tokens"],
+        "status": status,
+    }
+    if job.serving:
+        extra = {
+            "throughput": rec["output_tokens_per_s"],
+            "ttft_s": rec["ttft_s"],
+            "tpot_s": rec["tpot_s"],
+            "memory_bytes_per_gpu": rec["memory_bytes_per_gpu"]["total"],
+        }
+    else:
+        extra = {
+            "throughput": rec["tokens_per_s"],
+            "samples_per_s": rec["samples_per_s"],
+            "step_time_s": rec["step_time_s"],
+            "mfu": rec["mfu"],
+            "memory_bytes_per_gpu": rec["memory_bytes_per_gpu"]["total"],
+        }
+    return {"option": JobOption(**common, **extra).model_dump(mode="json")}
+
+
+def _training_best(problem: Problem, limit: float) -> tuple[dict[str, Any], str]:
+    outcome, records = solve_records(problem, top_k=1, time_limit_s=limit, workers=1)
+    return records[0], outcome.status
+
+
+def _serving_best(problem: Problem, limit: float) -> tuple[dict[str, Any], str]:
+    model = serving.ServingModel(problem)
+    outcome = serving.solve_serving(problem, top_k=1, time_limit_s=limit, workers=1, model=model)
+    records = serving.to_records(model, outcome.candidates, outcome.top)
+    serving.cross_check(outcome, records, "throughput")
+    return records[0], outcome.status
+

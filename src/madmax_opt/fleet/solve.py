@@ -1,0 +1,419 @@
+"""The fleet answer: option tables -> integer allocation input -> CP-SAT optimum, greedy baseline, binding
+constraints and the what-if (extra GPUs per system, re-solved)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from madmax_opt.analysis.evaluator import SECONDS_PER_HOUR
+from madmax_opt.core.errors import InfeasibleError
+from madmax_opt.fleet.allocate import (
+    Allocation,
+    AllocationInput,
+    Option,
+    greedy,
+    solve_allocation,
+)
+from madmax_opt.fleet.options import JobOption, OptionTable
+from madmax_opt.fleet.spec import Fleet, Job
+from madmax_opt.search.cpsat import CpSatOptions
+
+WEIGHT_SCALE = 1000  # weights are scored in thousandths
+SCORE_UNITS = {
+    "throughput": "sum of round(1000 x weight) x floor(tokens/s)",
+    "deadlines": "sum of round(1000 x weight) of placed jobs",
+    "cost": "US cents over every job's duration",
+    "energy": "Wh over every job's duration",
+}
+VALUE_UNITS = {"throughput": "weighted tokens/s", "deadlines": "weight of jobs on time", "cost": "US$",
+               "energy": "kWh"}
+WHAT_IF_TIME_LIMIT_S = 10.0
+MAX_TARGET_CHECKS = 60  # jobs whose targets are each relaxed once to see whether they bind
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A job option with what depends on the job and the fleet: duration, cost, energy, targets."""
+
+    job: int
+    option: JobOption
+    hours: float | None  # how long it holds its GPUs
+    finish_h: float | None  # training with a budget: hours to finish it
+    cost_usd: float | None
+    energy_kwh: float | None
+    misses: str | None  # the target it misses, if any
+
+
+def scored_options(fleet: Fleet, tables: list[OptionTable]) -> list[Scored]:
+    out: list[Scored] = []
+    for j, (job, table) in enumerate(zip(fleet.jobs, tables, strict=True)):
+        out.extend(_score(j, job, o, fleet.spec.horizon_h) for o in table.options)
+    return out
+
+
+def _score(j: int, job: Job, o: JobOption, horizon_h: float | None) -> Scored:
+    finish_h = None
+    if job.train_tokens is not None:
+        finish_h = job.train_tokens / o.throughput / SECONDS_PER_HOUR  # hours = tokens / (tokens/s) / 3600
+    elif job.train_samples is not None and o.samples_per_s:
+        finish_h = job.train_samples / o.samples_per_s / SECONDS_PER_HOUR
+    hours = finish_h if finish_h is not None else job.hours(horizon_h)
+    cost = o.cost_per_hour_usd * hours if hours is not None else None
+    energy = o.power_w * hours / 1e3 if hours is not None else None  # kWh = W x h / 1000
+    misses = []
+    if job.spec.deadline_h is not None and finish_h is not None and finish_h > job.spec.deadline_h:
+        misses.append(f"deadline_h {job.spec.deadline_h:g} (finishes in {finish_h:,.1f} h)")
+    if job.min_throughput is not None and o.throughput < job.min_throughput:
+        misses.append(f"min_throughput {job.min_throughput:,.0f} ({o.throughput:,.0f} tokens/s)")
+    return Scored(j, o, hours, finish_h, cost, energy, "; ".join(misses) or None)
+
+
+def credited(job: Job, o: JobOption) -> float:
+    """Throughput the objective counts: a serving job with an arrival rate serves at most what arrives."""
+    if job.serving and job.spec.arrival_rate_rps is not None and job.min_throughput is not None:
+        return min(o.throughput, job.min_throughput)
+    return o.throughput
+
+
+def score(objective: str, job: Job, s: Scored) -> int:
+    """The integer objective contribution of one option (units: SCORE_UNITS)."""
+    w = round(job.spec.weight * WEIGHT_SCALE)
+    if objective == "throughput":
+        return w * math.floor(credited(job, s.option))
+    if objective == "deadlines":
+        return w
+    if objective == "cost":
+        return round((s.cost_usd or 0.0) * 100)
+    return round((s.energy_kwh or 0.0) * 1e3)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """The integer allocation input and, per option, the scored option it stands for."""
+
+    inp: AllocationInput
+    scored: list[Scored]
+    relaxed: frozenset[int] = field(default_factory=frozenset)  # jobs whose targets are ignored
+
+
+def instance(fleet: Fleet, scored: list[Scored], relaxed: frozenset[int] = frozenset()) -> Instance:
+    spec = fleet.spec
+    keep = [s for s in scored if s.misses is None or s.job in relaxed]
+    pools = {p.name: i for i, p in enumerate(fleet.pools)}
+    options = tuple(
+        Option(
+            job=s.job,
+            system=pools[s.option.system],
+            nodes=s.option.nodes,
+            gpus=s.option.gpus,
+            score=score(spec.objective, fleet.jobs[s.job], s),
+            speed=s.option.throughput,
+            cents_per_hour=round(s.option.cost_per_hour_usd * 100),
+            cents=round((s.cost_usd or 0.0) * 100),
+        )
+        for s in keep
+    )
+    must = spec.objective in ("cost", "energy")
+    order = sorted(range(len(fleet.jobs)), key=lambda j: _priority(fleet.jobs[j], j))
+    inp = AllocationInput(
+        jobs=len(fleet.jobs),
+        capacity_nodes=tuple(p.nodes for p in fleet.pools),
+        options=options,
+        sense="min" if must else "max",
+        required=tuple(must or job.spec.required for job in fleet.jobs),
+        priority=tuple(order),
+        max_cents_per_hour=round(spec.budget.usd_per_hour * 100) if spec.budget.usd_per_hour else None,
+        max_cents=round(spec.budget.usd * 100) if spec.budget.usd else None,
+    )
+    return Instance(inp, keep, relaxed)
+
+
+def _priority(job: Job, index: int) -> tuple[float, float, int]:
+    """Greedy order: explicit priority first (lowest first), then heaviest weight, then file order."""
+    return (job.spec.priority if job.spec.priority is not None else math.inf, -job.spec.weight, index)
+
+
+# ------------------------------------------------------------------------------------------------- records
+
+
+class JobResult(Record):
+    job: str
+    model: str
+    task: str
+    weight: float
+    placed: bool
+    system: str | None = None
+    gpu: str | None = None
+    gpus: int = 0
+    nodes: int = 0
+    plan: dict[str, Any] | None = None
+    throughput: float | None = None  # tokens/s (serving: output tokens/s)
+    step_time_s: float | None = None
+    mfu: float | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    finish_h: float | None = None
+    hours: float | None = None
+    deadline_h: float | None = None
+    meets_targets: bool | None = None
+    cost_per_hour_usd: float = 0.0
+    power_w: float = 0.0
+    cost_usd: float | None = None
+    energy_kwh: float | None = None
+    usd_per_million_tokens: float | None = None
+    memory_bytes_per_gpu: float | None = None
+    note: str | None = None
+
+
+class PoolUse(Record):
+    system: str
+    catalog_system: str
+    gpu: str
+    gpus: int
+    used_gpus: int
+    nodes: int
+    used_nodes: int
+    utilisation: float
+
+
+class Binding(Record):
+    constraint: str
+    detail: str
+    gain: float  # objective improvement (in VALUE_UNITS, positive = better) when it is relaxed
+
+
+class WhatIf(Record):
+    extra_gpus: int
+    system: str
+    value: float | None
+    gain: float | None
+    status: str
+
+
+class SolverInfo(Record):
+    status: str
+    objective: int | None
+    best_bound: float | None
+    gap: float | None
+    wall_s: float
+    booleans: int
+    options: int
+    option_search_wall_s: float
+
+
+class Plan(Record):
+    value: float | None
+    jobs: list[JobResult]
+    status: str
+
+
+class FleetResult(Record):
+    objective: str
+    unit: str
+    score_unit: str
+    value: float | None
+    solver: SolverInfo
+    jobs: list[JobResult]
+    pools: list[PoolUse]
+    binding: list[Binding]
+    what_if: list[WhatIf]
+    greedy: Plan
+    gain_vs_greedy: float | None  # optimum minus greedy, positive = better (cost, energy: the saving)
+    relative_gain_vs_greedy: float | None
+
+
+def value_of(fleet: Fleet, inst: Instance, alloc: Allocation) -> float | None:
+    """The objective in human units (weighted tokens/s, weight, US$, kWh), from the floats (not the integers)."""
+    if alloc.objective is None:
+        return None
+    chosen = [inst.scored[k] for k in alloc.choice if k is not None]
+    kind = fleet.spec.objective
+    if kind == "throughput":
+        return sum(fleet.jobs[s.job].spec.weight * credited(fleet.jobs[s.job], s.option) for s in chosen)
+    if kind == "deadlines":
+        return sum(fleet.jobs[s.job].spec.weight for s in chosen)
+    if kind == "cost":
+        return sum(s.cost_usd or 0.0 for s in chosen)
+    return sum(s.energy_kwh or 0.0 for s in chosen)
+
+
+def job_results(fleet: Fleet, inst: Instance, alloc: Allocation, tables: list[OptionTable]) -> list[JobResult]:
+    out = []
+    for j, job in enumerate(fleet.jobs):
+        base: dict[str, Any] = {"job": job.name, "model": job.model_name, "task": job.task_kind,
+                                "weight": job.spec.weight, "deadline_h": job.spec.deadline_h}
+        k = alloc.choice[j] if alloc.choice else None
+        if k is None:
+            out.append(JobResult(**base, placed=False, note=_why_unplaced(fleet, inst, j, tables[j])))
+            continue
+        s = inst.scored[k]
+        o = s.option
+        out.append(JobResult(
+            **base, placed=True, system=o.system, gpu=o.gpu, gpus=o.gpus, nodes=o.nodes, plan=o.plan,
+            throughput=o.throughput, step_time_s=o.step_time_s, mfu=o.mfu, ttft_s=o.ttft_s, tpot_s=o.tpot_s,
+            finish_h=s.finish_h, hours=s.hours, meets_targets=s.misses is None,
+            cost_per_hour_usd=o.cost_per_hour_usd, power_w=o.power_w, cost_usd=s.cost_usd, energy_kwh=s.energy_kwh,
+            usd_per_million_tokens=o.usd_per_million_tokens, memory_bytes_per_gpu=o.memory_bytes_per_gpu,
+            note=s.misses,
+        ))
+    return out
+
+
+def _why_unplaced(fleet: Fleet, inst: Instance, j: int, table: OptionTable) -> str:
+    if not table.options:
+        first = next(iter(table.infeasible.values()), "no system and size offered")
+        return f"no feasible plan on any fleet system ({first})"
+    if not any(s.job == j for s in inst.scored):
+        missed = [s for s in scored_options_of(fleet, table, j) if s.misses]
+        fastest = max(missed, key=lambda s: s.option.throughput)
+        return f"no option meets its targets; the fastest misses {fastest.misses}"
+    return "not chosen: its GPUs score more on other jobs (supply or budget binds)"
+
+
+def scored_options_of(fleet: Fleet, table: OptionTable, j: int) -> list[Scored]:
+    return [_score(j, fleet.jobs[j], o, fleet.spec.horizon_h) for o in table.options]
+
+
+def pool_use(fleet: Fleet, inst: Instance, alloc: Allocation) -> list[PoolUse]:
+    out = []
+    for i, p in enumerate(fleet.pools):
+        chosen = [inst.inp.options[k] for k in alloc.choice if k is not None and inst.inp.options[k].system == i]
+        used = sum(o.gpus for o in chosen)
+        out.append(PoolUse(system=p.name, catalog_system=p.system.name, gpu=p.gpu.name, gpus=p.gpus,
+                           used_gpus=used, nodes=p.nodes, used_nodes=sum(o.nodes for o in chosen),
+                           utilisation=used / p.gpus))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- solve
+
+
+@dataclass
+class FleetRun:
+    fleet: Fleet
+    tables: list[OptionTable]
+    params: CpSatOptions
+    option_wall_s: float = 0.0
+    scored: list[Scored] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scored = scored_options(self.fleet, self.tables)
+
+    def better(self, a: float | None, b: float | None) -> float | None:
+        """How much better value a is than b (positive = better) for the objective's sense."""
+        if a is None or b is None:
+            return None
+        return b - a if self.fleet.spec.objective in ("cost", "energy") else a - b
+
+
+def solve_fleet(run: FleetRun, what_if: bool = True, binding: bool = True) -> FleetResult:
+    fleet = run.fleet
+    inst = instance(fleet, run.scored)
+    alloc = solve_allocation(inst.inp, run.params)
+    if alloc.objective is None:
+        raise InfeasibleError(explain_infeasible(run, inst, alloc))
+    value = value_of(fleet, inst, alloc)
+    base = greedy(inst.inp)
+    greedy_value = value_of(fleet, inst, base)
+    gain = run.better(value, greedy_value)
+    rel = gain / abs(greedy_value) if gain is not None and greedy_value else None
+    kind = fleet.spec.objective
+    return FleetResult(
+        objective=kind,
+        unit=VALUE_UNITS[kind],
+        score_unit=SCORE_UNITS[kind],
+        value=value,
+        solver=SolverInfo(status=alloc.status, objective=alloc.objective, best_bound=alloc.best_bound, gap=alloc.gap,
+                          wall_s=alloc.wall_s, booleans=alloc.booleans, options=len(inst.inp.options),
+                          option_search_wall_s=run.option_wall_s),
+        jobs=job_results(fleet, inst, alloc, run.tables),
+        pools=pool_use(fleet, inst, alloc),
+        binding=binding_constraints(run, inst, value) if binding else [],
+        what_if=what_ifs(run, inst, value) if what_if else [],
+        greedy=Plan(value=greedy_value, jobs=job_results(fleet, inst, base, run.tables), status=base.status),
+        gain_vs_greedy=gain,
+        relative_gain_vs_greedy=rel,
+    )
+
+
+def _quick(run: FleetRun) -> CpSatOptions:
+    return run.params.with_time_limit(min(run.params.time_limit_s, WHAT_IF_TIME_LIMIT_S))
+
+
+def _resolve_value(run: FleetRun, inst: Instance) -> tuple[float | None, str]:
+    alloc = solve_allocation(inst.inp, _quick(run))
+    return value_of(run.fleet, inst, alloc), alloc.status
+
+
+def what_ifs(run: FleetRun, inst: Instance, value: float | None) -> list[WhatIf]:
+    """For each extra GPU count and system: the re-solved objective with that many more GPUs (whole nodes)."""
+    out = []
+    for extra in run.fleet.spec.solver.what_if_gpus:
+        for i, p in enumerate(run.fleet.pools):
+            more = replace(inst, inp=inst.inp.with_capacity(i, (p.gpus + extra) // p.gpus_per_node))
+            v, status = _resolve_value(run, more)
+            out.append(WhatIf(extra_gpus=extra, system=p.name, value=v, gain=run.better(v, value), status=status))
+    return out
+
+
+def binding_constraints(run: FleetRun, inst: Instance, value: float | None) -> list[Binding]:
+    """Each constraint relaxed alone and the allocation re-solved: it binds if the objective improves."""
+    fleet = run.fleet
+    out = []
+    for i, p in enumerate(fleet.pools):
+        room = sum(o.nodes for o in inst.inp.options if o.system == i)  # every option on it at once
+        if room <= p.nodes:
+            continue
+        v, _ = _resolve_value(run, replace(inst, inp=inst.inp.with_capacity(i, room)))
+        gain = run.better(v, value)
+        if gain is not None and gain > 1e-9:
+            out.append(Binding(constraint=f"systems.{p.name}.gpus", gain=gain,
+                               detail=f"supply {p.gpus} GPUs ({p.nodes} nodes of {p.gpus_per_node})"))
+    for key in ("usd_per_hour", "usd"):
+        if getattr(fleet.spec.budget, key) is None:
+            continue
+        free = (replace(inst.inp, max_cents_per_hour=None) if key == "usd_per_hour"
+                else replace(inst.inp, max_cents=None))
+        v, _ = _resolve_value(run, replace(inst, inp=free))
+        gain = run.better(v, value)
+        if gain is not None and gain > 1e-9:
+            out.append(Binding(constraint=f"budget.{key}", gain=gain,
+                               detail=f"{getattr(fleet.spec.budget, key):,.0f} US$" + ("/h" if key == "usd_per_hour" else "")))
+    targeted = sorted({s.job for s in run.scored if s.misses})[:MAX_TARGET_CHECKS]
+    for j in targeted:
+        v, _ = _resolve_value(run, instance(fleet, run.scored, frozenset({j})))
+        gain = run.better(v, value)
+        if gain is not None and gain > 1e-9:
+            job = fleet.jobs[j]
+            what = [k for k in ("deadline_h", "min_throughput", "arrival_rate_rps") if getattr(job.spec, k)]
+            out.append(Binding(constraint=f"jobs.{job.name}.{'/'.join(what) or 'targets'}", gain=gain,
+                               detail="options that miss it would be chosen"))
+    return sorted(out, key=lambda b: (-b.gain, b.constraint))
+
+
+def explain_infeasible(run: FleetRun, inst: Instance, alloc: Allocation) -> str:
+    """Name what binds when the required jobs cannot all be placed."""
+    fleet = run.fleet
+    if alloc.status == "unknown":
+        return (f"no allocation found within the time limit ({run.params.time_limit_s:g} s); "
+                "allowed: raise solver.time_limit_s")
+    for j, job in enumerate(fleet.jobs):
+        if inst.inp.required[j] and not any(o.job == j for o in inst.inp.options):
+            return f"job {job.name} cannot be placed: {_why_unplaced(fleet, inst, j, run.tables[j])} " \
+                   f"(binding constraint: jobs.{job.name} targets)"
+    unlimited = inst.inp
+    for i in range(len(fleet.pools)):
+        unlimited = unlimited.with_capacity(i, sum(o.nodes for o in inst.inp.options))
+    if solve_allocation(unlimited, _quick(run)).objective is not None:
+        need = ", ".join(f"{p.name} {p.gpus}" for p in fleet.pools)
+        return f"the required jobs do not fit the fleet together (binding constraint: GPU supply: {need})"
+    return "the required jobs do not fit the budget (binding constraint: budget)"
+
