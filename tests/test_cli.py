@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 CATALOG = ROOT / "src" / "madmax_opt" / "data"
 SMALL = DATA / "small.yaml"  # llama2-7b, one DGX H100 node (8 GPUs), seq 2048, global batch 16
-SECTIONS = {"model", "hardware", "task", "space", "stack", "objective", "constraints", "baseline"}
+SECTIONS = {"model", "hardware", "task", "space", "stack", "objective", "constraints", "baseline", "calibration"}
 
 
 def _console_script() -> str:

@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from madmax_opt.analysis.attribution import TermsAt, bottleneck_shares
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.io import calibration
 from madmax_opt.io.problem import Problem
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.plan import PlanArrays
@@ -202,6 +203,7 @@ def to_records(
         rec: dict[str, Any] = {
             "plan": plans.plan(i, system=opt.system.name).model_dump(),
             "hardware": {"system": opt.system.name, "gpu": opt.gpu.name, "gpus": opt.gpus},
+            "calibration": calibration.record_dict(opt.gpu, p.stack.framework),  # how much to trust it
             "feasible": bool(cols["feasible"][i]),
             "infeasible_reason": invalid_reason(cols["invalid"][i], mem_cols["total"][i], cols["capacity"][i]),
             "step_time_s": cols["step_time_s"][i],

@@ -21,6 +21,7 @@ STANDARD_SYSTEM: dict[str, str] = {
     "a100-40gb": "dgx-a100-40gb",
     "a100-80gb": "dgx-a100",
     "h100-sxm": "dgx-h100",
+    "h100-hbm2e-96gb": "grand-teton-h100-hbm2e",
     "h200-sxm": "dgx-h200",
     "b200": "dgx-b200",
     "gb200": "gb200-nvl72",

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Discriminator, Field, PositiveInt, Tag, Validati
 from pydantic.fields import FieldInfo
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io import catalog
+from madmax_opt.io import calibration, catalog
 from madmax_opt.io.derive import Derive, derive_hardware
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.objectives import OBJECTIVES
@@ -128,6 +128,10 @@ class ProblemFile(Strict):
     objective: Objective = "throughput"
     constraints: Constraints = Constraints()
     baseline: Plan | None = Field(None, description="the plan run today, for speedup reporting")
+    calibration: str | None = Field(
+        None, description="overlay file written by `madmax-opt calibrate` (relative to this file): its fitted "
+        "(GPU, framework) calibrations replace the catalog's"
+    )
 
 
 @dataclass(frozen=True)
@@ -246,6 +250,9 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
     pf = validate(ProblemFile, data, file=source)
     model = resolve_model(pf.model, file=source)
     options = hardware_options(pf.hardware, file=source)
+    overlay = None if pf.calibration is None else calibration.load_overlay(
+        (Path(source).parent if source != "<inline>" else Path(".")) / pf.calibration, file=source)
+    options = calibration.apply(options, pf.stack.framework, overlay)  # the (GPU, framework) fit prices the plan
     if isinstance(pf.task, InferenceTask) and model.family != "llm":
         raise ProblemError(f"kind inference needs an llm, got a {model.family}", file=source, field="task.kind")
     if isinstance(pf.task, InferenceTask) and OBJECTIVES[pf.objective].needs_total_units:

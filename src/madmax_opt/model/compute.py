@@ -21,3 +21,19 @@ def gemm_time_s(flops: Arr, dim: Arr, peak_flops: Arr, eff_max: Arr, half_dim: A
 def memory_bound_time_s(bytes_moved: Arr, hbm_bw_achieved: Arr) -> Arr:
     """t = bytes / (HBM bandwidth x hbm_eff) for elementwise/normalisation kernels."""
     return bytes_moved / hbm_bw_achieved
+
+
+LOW_PRECISION_GEMMS: tuple[str, ...] = ("fp8", "mxfp8")
+# HBM bytes per element of a GEMM operand to quantise it for an FP8 GEMM (Transformer Engine cast-transpose kernels):
+# fp8 per-tensor current scaling = amax pass (read 2 B) + cast + transpose (read 2 B, write 1 B row-wise + 1 B
+# column-wise) = 6 B (TE Float8CurrentScaling; Megatron-Bridge "FP8-CS"); mxfp8 = one pass writing both copies and
+# one E8M0 scale per 32 elements, no amax pass = 2 + 2 * (1 + 1/32) B (TE MXFP8BlockScaling, OCP MX spec v1.0).
+CAST_BYTES_PER_ELEMENT: dict[str, float] = {"fp8": 6.0, "mxfp8": 2.0 + 2.0 * (1.0 + 1.0 / 32.0)}
+# Extra weight copies Transformer Engine keeps for FP8 GEMMs: the quantised weight and its transpose, 1 B each
+# (+ the MX scales): TE Linear caches them across micro-batches (``is_first_microbatch``) under Megatron-Core.
+FP8_WEIGHT_COPY_BYTES: dict[str, float] = {"fp8": 2.0, "mxfp8": 2.0 * (1.0 + 1.0 / 32.0)}
+
+
+def cast_time_s(elements: Arr, precision: str, hbm_bw_achieved: Arr) -> Arr:
+    """t = elements x cast bytes per element / achieved HBM bandwidth (0 for bf16/fp16 GEMMs)."""
+    return elements * CAST_BYTES_PER_ELEMENT.get(precision, 0.0) / hbm_bw_achieved

@@ -45,6 +45,8 @@ class HardwareTable:
     attn_eff: NDArray[np.float64] = field(init=False)
     layer_overhead_s: NDArray[np.float64] = field(init=False)
     grouped_gemm_ratio: NDArray[np.float64] = field(init=False)
+    fp8_gemm_eff: NDArray[np.float64] = field(init=False)
+    mxfp8_gemm_ratio: NDArray[np.float64] = field(init=False)
     price_per_gpu_hour: NDArray[np.float64] = field(init=False)
     power_w_per_gpu: NDArray[np.float64] = field(init=False)
     tier_size: NDArray[np.float64] = field(init=False)  # (MAX_TIERS, n_options)
@@ -66,6 +68,8 @@ class HardwareTable:
         set_(self, "attn_eff", col(lambda o: o.gpu.calibration.attn_eff))
         set_(self, "layer_overhead_s", col(lambda o: o.gpu.calibration.layer_overhead_s))
         set_(self, "grouped_gemm_ratio", col(lambda o: o.gpu.calibration.grouped_gemm_ratio))
+        set_(self, "fp8_gemm_eff", col(lambda o: o.gpu.calibration.fp8_gemm_eff or o.gpu.calibration.gemm_eff))
+        set_(self, "mxfp8_gemm_ratio", col(lambda o: o.gpu.calibration.mxfp8_gemm_ratio))
         set_(self, "price_per_gpu_hour", col(lambda o: o.system.price_per_gpu_hour))
         set_(self, "power_w_per_gpu", col(lambda o: o.system.power_w_per_gpu))
         size = np.full((MAX_TIERS, len(self.options)), np.inf)
@@ -88,6 +92,7 @@ class HardwareTable:
         set_(self, "tier_rows", np.array(rows, dtype=np.int64))
 
     def peak_flops(self, precision: str) -> NDArray[np.float64]:
+        precision = "fp8" if precision == "mxfp8" else precision  # block scaling runs on the FP8 tensor cores
         out = []
         for o in self.options:
             peaks = o.gpu.peak_flops

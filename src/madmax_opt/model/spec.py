@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, m
 
 from madmax_opt.model.objectives import ObjectiveName
 
-Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32", "int8", "int4"]
+Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32", "int8", "int4", "fp4"]
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
@@ -44,7 +44,47 @@ class Calibration(Strict):
         description="MoE grouped-GEMM efficiency relative to dense GEMMs; default from B200 measurements "
         "(grouped 0.30 / dense 0.49 of peak, shared/reference/hardware.md)",
     )
+    fp8_gemm_eff: Fraction | None = Field(
+        None, description="fraction of the FP8 peak reached by large FP8 GEMMs; default: gemm_eff"
+    )
+    mxfp8_gemm_ratio: Fraction = Field(
+        1.0, description="MXFP8 (block-scaled) GEMM throughput relative to per-tensor-scaled FP8 GEMMs"
+    )
     source: str
+
+
+Framework = Literal["megatron-core", "torchtitan", "pytorch-fsdp"]
+FRAMEWORKS: tuple[str, ...] = ("megatron-core", "torchtitan", "pytorch-fsdp")
+# serving runtimes (inference tasks; default vllm there): priced by data/serving_calibration.yaml
+ServingFrameworkName = Literal["vllm", "tensorrt-llm", "sglang"]
+
+
+class FrameworkFit(Strict):
+    """How one (GPU, framework) calibration was fitted: the runs, their sources and the errors (fractions)."""
+
+    runs: int = Field(ge=0)
+    sources: list[str]
+    fitted: list[str] = Field(description="calibration fields fitted on the runs (the rest keep the GPU prior)")
+    in_sample_median_err: float = Field(ge=0.0)
+    loso_median_err: float | None = Field(None, ge=0.0, description="leave-one-source-out median |error|")
+    method: str
+
+
+class FrameworkCalibration(Strict):
+    """Fitted overrides of a GPU's calibration for one software framework, with the record of the fit."""
+
+    gemm_eff: Fraction | None = None
+    gemm_half_dim: float | None = Field(None, ge=0.0)
+    attn_eff: Fraction | None = None
+    hbm_eff: Fraction | None = None
+    layer_overhead_s: float | None = Field(None, ge=0.0)
+    fp8_gemm_eff: Fraction | None = None
+    mxfp8_gemm_ratio: Fraction | None = None
+    grouped_gemm_ratio: Fraction | None = None
+    fit: FrameworkFit
+
+    def overrides(self) -> dict[str, float]:
+        return {k: v for k, v in self.model_dump(exclude={"fit"}).items() if v is not None}
 
 
 class GPU(Strict):
@@ -55,6 +95,9 @@ class GPU(Strict):
     hbm_bw: PositiveFloat = Field(description="HBM bandwidth, bytes/s")
     tdp_w: PositiveFloat
     calibration: Calibration
+    frameworks: dict[Framework, FrameworkCalibration] = Field(
+        default_factory=dict, description="fitted calibration per software framework (measured runs)"
+    )
     source: str
 
 
@@ -138,6 +181,11 @@ class TransformerModel(Strict):
     patch_size: PositiveInt | None = None
     channels: PositiveInt = 3
     moe: MoE | None = Field(None, description="mixture-of-experts MLP (replaces the dense MLP of every layer)")
+    mla_kv_dim: PositiveInt | None = Field(
+        None,
+        description="serving: multi-head latent attention caches this many values per token and layer (DeepSeek: "
+        "kv_lora_rank 512 + rope 64 = 576), the same on every TP rank; default 2 x kv_heads x head_dim",
+    )
     source: str = "inline"
 
     @model_validator(mode="after")
@@ -182,7 +230,10 @@ class Task(Strict):
     kind: Literal["pretrain", "finetune"] = "pretrain"
     seq_len: PositiveInt | None = Field(None, description="tokens per sequence (ViT: derived from the image)")
     global_batch: PositiveInt = Field(description="sequences (images) per optimizer step")
-    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    precision: Literal["bf16", "fp16", "fp8", "mxfp8"] = Field(
+        "bf16", description="GEMM precision: fp8 = per-tensor scaling (Transformer Engine), mxfp8 = 32-element "
+        "block scaling (Blackwell); attention, norms and the LM head stay bf16"
+    )
     frozen_layers: int = Field(0, ge=0, description="finetune: leading transformer layers without gradients")
     lora_rank: int = Field(0, ge=0, description="finetune: LoRA rank (0 = full fine-tuning)")
     train_tokens: PositiveFloat | None = Field(None, description="token budget for objective time_to_train")
@@ -194,7 +245,7 @@ class Task(Strict):
         return self
 
 
-InferencePrecision = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+InferencePrecision = Literal["bf16", "fp16", "fp8", "int8", "int4", "fp4"]
 KVPrecision = Literal["bf16", "fp16", "fp8", "int8"]
 
 
@@ -204,6 +255,9 @@ class RequestShape(Strict):
     prompt_len: PositiveInt
     output_len: PositiveInt
     weight: PositiveFloat = Field(1.0, description="relative share of requests of this shape")
+
+
+PERCENTILE_TARGETS: tuple[str, ...] = tuple(f"{m}_p{p}_s" for m in ("ttft", "tpot") for p in (50, 90, 99))
 
 
 class InferenceTask(Strict):
@@ -222,6 +276,30 @@ class InferenceTask(Strict):
     tpot_s: PositiveFloat | None = Field(None, description="target time per output token, s")
     min_throughput: PositiveFloat | None = Field(None, description="output tokens/s of the whole deployment")
     disaggregated: bool = Field(False, description="separate prefill and decode replicas, KV sent over the network")
+    arrival_rate: PositiveFloat | None = Field(
+        None, description="online serving: Poisson arrivals, requests/s the deployment must carry (instead of a "
+        "saturated batch); latency targets may then be percentiles (model/queueing.py)"
+    )
+    ttft_p50_s: PositiveFloat | None = Field(None, description="with arrival_rate: target median TTFT, s")
+    ttft_p90_s: PositiveFloat | None = Field(None, description="with arrival_rate: target p90 TTFT, s")
+    ttft_p99_s: PositiveFloat | None = Field(None, description="with arrival_rate: target p99 TTFT, s")
+    tpot_p50_s: PositiveFloat | None = Field(None, description="with arrival_rate: target median TPOT, s")
+    tpot_p90_s: PositiveFloat | None = Field(None, description="with arrival_rate: target p90 TPOT, s")
+    tpot_p99_s: PositiveFloat | None = Field(None, description="with arrival_rate: target p99 TPOT, s")
+
+    @model_validator(mode="after")
+    def _online(self) -> InferenceTask:
+        given = [k for k in PERCENTILE_TARGETS if getattr(self, k) is not None]
+        if given and self.arrival_rate is None:
+            raise ValueError(f"{', '.join(given)}: percentile targets need arrival_rate (requests/s)")
+        if self.arrival_rate is not None and self.disaggregated:
+            raise ValueError("arrival_rate with disaggregated: true is not modelled yet; allowed: disaggregated false")
+        return self
+
+    def latency_targets(self) -> dict[str, float]:
+        """Online serving targets by name (``ttft_p99_s``, ..., and the means ``ttft_s`` / ``tpot_s``)."""
+        names = (*PERCENTILE_TARGETS, "ttft_s", "tpot_s")
+        return {k: float(getattr(self, k)) for k in names if getattr(self, k) is not None}
 
     @model_validator(mode="after")
     def _shapes(self) -> InferenceTask:
@@ -231,7 +309,7 @@ class InferenceTask(Strict):
         if single and (self.prompt_len is None or self.output_len is None):
             raise ValueError("give both prompt_len and output_len (or a mix)")
         if isinstance(self.precision, list) and not self.precision:
-            raise ValueError("precision is an empty list; allowed: one or more of bf16, fp16, fp8, int8, int4")
+            raise ValueError("precision is an empty list; allowed: one or more of bf16, fp16, fp8, int8, int4, fp4")
         return self
 
     def requests(self) -> list[RequestShape]:
@@ -246,6 +324,13 @@ class InferenceTask(Strict):
 
 class Stack(Strict):
     """Software-stack behaviour. Defaults: Megatron-Core + Transformer Engine + NCCL (2024-26)."""
+
+    framework: Framework | ServingFrameworkName = Field(
+        "megatron-core",
+        description="which calibrated efficiency and overlap profile prices the plan: megatron-core (distributed "
+        "optimizer, TE kernels), torchtitan (FSDP2 prefetch, float8 all-gather), pytorch-fsdp (FSDP FULL_SHARD); "
+        "inference: vllm (the default there), tensorrt-llm, sglang",
+    )
 
     flash_attention: bool = Field(True, description="fused/flash attention: no s^2 activations, causal skip")
     ep_comm_overlap: bool = Field(
@@ -305,6 +390,13 @@ class Constraints(Strict):
 Objective = ObjectiveName  # the names of the objective registry (model/objectives.py)
 
 
+def min_stage_layers(stage: int, pp: int, vpp: int) -> int:
+    """Fewest layers pipeline stage ``stage`` may hold with ``vpp`` virtual chunks: one per chunk, except that the
+    first chunk of the first stage may hold only the embedding and the last chunk of the last stage only the loss
+    (Megatron-Core ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``)."""
+    return max(1, vpp - (stage == 0) - (stage == pp - 1))
+
+
 class Plan(Strict):
     """A parallelization plan (the public names). ``system`` picks the hardware option by name."""
 
@@ -338,8 +430,14 @@ class Plan(Strict):
             raise ValueError("give stage_layers and stage_recompute together")
         if self.stage_systems is not None and self.stage_layers is None:
             raise ValueError("stage_systems needs stage_layers and stage_recompute")
-        if self.stage_layers is not None and self.vpp != 1:
-            raise ValueError("uneven stages are modelled for the 1F1B schedule (vpp=1)")
+        if self.stage_layers is not None and self.vpp > 1:  # interleaved: every virtual chunk holds a layer
+            short = [s for s, n in enumerate(self.stage_layers) if n < min_stage_layers(s, self.pp, self.vpp)]
+            if short:
+                raise ValueError(
+                    f"with vpp={self.vpp} stage {short[0]} needs at least "
+                    f"{min_stage_layers(short[0], self.pp, self.vpp)} layers (one per virtual chunk; on the first "
+                    "and last stage one chunk may hold only the embedding / the loss)"
+                )
         return self
 
     @property

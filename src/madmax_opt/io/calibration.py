@@ -1,0 +1,90 @@
+"""Which calibration prices a plan: the GPU's fit for the problem's framework, an overlay file, or the prior.
+
+A GPU's catalog entry holds a prior ``calibration`` (datasheet-based initial values, or the A100 fit) and fitted
+``frameworks.<name>`` overrides with the record of their fit. A problem file may name an overlay written by
+``madmax-opt calibrate`` (``calibration: cluster.yaml``, relative to the problem file) whose entries replace the
+catalog's fit for their (GPU, framework). A pair with no fit is priced with the prior and flagged ``uncalibrated``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.spec import GPU, Framework, FrameworkCalibration, Strict
+
+OVERLAY_KIND = "madmax-opt calibration overlay"
+
+
+class OverlayEntry(FrameworkCalibration):
+    """One fitted (GPU, framework) calibration of an overlay file."""
+
+    gpu: str
+    framework: Framework
+
+
+class Overlay(Strict):
+    """An overlay file written by ``madmax-opt calibrate``."""
+
+    kind: Literal["madmax-opt calibration overlay"] = "madmax-opt calibration overlay"
+    calibrations: list[OverlayEntry] = Field(min_length=1)
+
+
+class CalibrationRecord(BaseModel):
+    """How much to trust a prediction: the calibration that priced it and its validation error (fractions)."""
+
+    gpu: str
+    framework: str
+    status: Literal["calibrated", "uncalibrated"]
+    runs: int = 0
+    sources: list[str] = Field(default_factory=list)
+    in_sample_median_err: float | None = None
+    loso_median_err: float | None = None
+
+
+def load_overlay(path: Path, *, file: str | None, field: str = "calibration") -> Overlay:
+    """Read and validate an overlay file; every problem is a one-line ProblemError naming the file and field."""
+    from madmax_opt.io.problem import read_yaml, validate  # problem.py imports this module
+
+    data = read_yaml(path, what="calibration overlay")
+    if not isinstance(data, dict):
+        raise ProblemError(f"{path} is not a mapping; allowed: an overlay written by madmax-opt calibrate",
+                           file=file, field=field)
+    overlay: Overlay = validate(Overlay, data, file=str(path))
+    return overlay
+
+
+def with_framework(gpu: GPU, framework: str, overlay: Overlay | None = None) -> GPU:
+    """The GPU with the calibration that prices ``framework``: the overlay's fit, else the catalog's, else the prior."""
+    frameworks = dict(gpu.frameworks)
+    for e in overlay.calibrations if overlay else []:
+        if e.gpu == gpu.name:
+            frameworks[e.framework] = FrameworkCalibration(**e.model_dump(exclude={"gpu", "framework"}))
+    fitted = frameworks.get(framework)  # type: ignore[call-overload]
+    calibration = gpu.calibration.model_copy(update=fitted.overrides()) if fitted else gpu.calibration
+    return gpu.model_copy(update={"calibration": calibration, "frameworks": frameworks})
+
+
+def apply(options: list[HardwareOption], framework: str, overlay: Overlay | None) -> list[HardwareOption]:
+    """Every hardware option with its GPU's calibration for ``framework`` (``overlay`` first)."""
+    return [HardwareOption(o.system, with_framework(o.gpu, framework, overlay), o.gpus, o.supply) for o in options]
+
+
+def record(gpu: GPU, framework: str) -> CalibrationRecord:
+    """The trust record of a prediction on ``gpu`` under ``framework``."""
+    fitted = gpu.frameworks.get(framework)  # type: ignore[call-overload]
+    if fitted is None:
+        return CalibrationRecord(gpu=gpu.name, framework=framework, status="uncalibrated")
+    f = fitted.fit
+    return CalibrationRecord(gpu=gpu.name, framework=framework, status="calibrated", runs=f.runs,
+                             sources=list(f.sources), in_sample_median_err=f.in_sample_median_err,
+                             loso_median_err=f.loso_median_err)
+
+
+def record_dict(gpu: GPU, framework: str) -> dict[str, Any]:
+    """``record`` as the JSON object of evaluate/solve records."""
+    return record(gpu, framework).model_dump()

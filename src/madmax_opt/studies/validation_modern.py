@@ -1,0 +1,320 @@
+"""Modern training runs (H100 / B200 / GB200; Megatron-Core, torchtitan, PyTorch FSDP) as problems, plans and
+measured step times, read from ``data/validation/modern/training.yaml`` (a verbatim copy of the shared set; sources,
+metric definitions and caveats in its PROVENANCE.md).
+
+Each case of the file becomes a :class:`madmax_opt.studies.fit.Run`. What is read how (and why) is said where it
+happens; everything the file marks ``not_stated`` is filled with the framework's documented default.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import yaml
+from numpy.typing import NDArray
+
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.model.spec import FrameworkCalibration, FrameworkFit, Plan
+from madmax_opt.studies import fit as fit_mod
+from madmax_opt.studies.fit import Run
+
+Arr = NDArray[np.float64]
+
+MODERN_DIR = ("data", "validation", "modern")
+TRAINING_FILE = "training.yaml"
+
+# stack.framework of each source's software (PROVENANCE.md); MaxText (JAX/XLA) is no modelled framework: its rows
+# are predicted with the pytorch-fsdp profile (also fully sharded) and kept out of every fit
+FRAMEWORK_OF: dict[str, str] = {
+    "NeMo AutoModel": "pytorch-fsdp", "NeMo": "megatron-core", "Megatron-Bridge": "megatron-core",
+    "torchtitan": "torchtitan", "MosaicML": "pytorch-fsdp", "MaxText": "maxtext",
+}
+UNMODELLED_FRAMEWORKS: tuple[str, ...] = ("maxtext",)
+# catalog system of each measured GPU (PROVENANCE caveat 5: the torchtitan H100s are their own device class)
+SYSTEM_OF: dict[str, str] = {
+    "H100 SXM 80GB": "dgx-h100", "H100 80GB": "dgx-h100", "H100 SXM 96GB": "grand-teton-h100-hbm2e",
+    "B200": "dgx-b200", "GB200": "gb200-nvl72",
+}
+NEMO_LLAMA2_VOCAB = 32000  # NeMo LLM_VOCAB_SIZE_MAP["llama2"], used by its llama2 FLOPs formula
+
+
+@dataclass(frozen=True)
+class ModernCase:
+    """A measured run plus how it was read: ``fitted`` False for rows outside every fit (unmodelled framework)."""
+
+    run: Run
+    framework_text: str
+    fitted: bool
+    note: str = ""
+
+
+def training_data() -> dict[str, Any]:
+    """The parsed training.yaml shipped in the package."""
+    text = resources.files("madmax_opt").joinpath(*MODERN_DIR, TRAINING_FILE).read_text(encoding="utf-8")
+    data: dict[str, Any] = yaml.safe_load(text)
+    return data
+
+
+def number(v: Any, alt: bool = False) -> float:
+    """'31508 (FP8-MX: 29789)' -> 31508 (``alt``: 29789); '59.99%' -> 59.99; 2.96E+14 -> 2.96e14."""
+    nums = re.findall(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?", str(v))
+    return float(nums[-1] if alt else nums[0])
+
+
+def model_dict(key: str, catalog: dict[str, Any], layers: int | None = None) -> dict[str, Any]:
+    """An inline model from the file's model_catalog. Squared-ReLU MLPs are two-matrix (non-gated) like GELU;
+    MLA (DeepSeek-V3) is priced as multi-head attention with kv_heads = heads, and its 3 leading dense layers as
+    MoE layers (approximations, stated in the report)."""
+    m = catalog[key]
+    ffn = str(m["ffn"])
+    expert = re.findall(r"expert (\d+)", ffn)
+    gated = m["act"] == "swiglu"
+    out: dict[str, Any] = {
+        "name": key, "layers": layers or m["layers"], "hidden": m["hidden"], "heads": m["heads"],
+        "vocab": m["vocab"], "ffn_kind": "swiglu" if gated else "gelu", "norm": "rmsnorm" if gated else "layernorm",
+        "tied_embeddings": key.startswith("mpt"), "ffn": int(expert[0]) if expert else int(number(ffn)),
+        "source": f"data/validation/modern/training.yaml model_catalog.{key}",
+    }
+    if isinstance(m["kv_heads"], int):
+        out["kv_heads"] = m["kv_heads"]
+    moe = m.get("moe")
+    if moe:
+        out["moe"] = {"num_experts": moe.get("experts") or moe["routed_experts"], "top_k": moe["topk"],
+                      "expert_ffn": out["ffn"], "shared_experts": moe.get("shared_experts", 0)}
+    return out
+
+
+def _recompute(v: Any) -> str:
+    s = str(v or "none").lower()
+    return "full" if "full" in s else ("selective" if "selective" in s else "none")
+
+
+def _precision(c: dict[str, Any], alt: bool) -> str:
+    p = str(c["precision"]).lower()
+    if alt or "mxfp8" in p:
+        return "mxfp8"
+    return "fp8" if "fp8" in p else "bf16"
+
+
+def measured_step_s(c: dict[str, Any], model: dict[str, Any], alt: bool = False) -> float:
+    """Seconds per step: stated, or gbs x seq / (tokens/s/GPU x GPUs) (training tokens over all GPUs, caveat 4),
+    or from NeMo TFLOPS/GPU with NeMo's llama2 formula gbs s L h^2 (12 + 12 g/a + 18 f/h + 12 s/h + 6 V/(L h))
+    (NeMo utils/flops_formulas.py; caveat 3)."""
+    m, p = c["measured"], c["parallelism"]
+    gpus = c["hardware"]["num_gpus"]
+    s = c["model"]["seq_len"]
+    if "step_time_s" in m and not alt:
+        return float(m["step_time_s"])
+    if "tokens_per_sec_per_gpu" in m:
+        return float(p["gbs"] * s / (number(m["tokens_per_sec_per_gpu"], alt) * gpus))
+    L, h, a, f = model["layers"], model["hidden"], model["heads"], model["ffn"]
+    g = model.get("kv_heads", a)
+    flops = p["gbs"] * s * L * h * h * (12 + 12 * g / a + 18 * f / h + 12 * s / h + 6 * NEMO_LLAMA2_VOCAB / (L * h))
+    return float(flops / (number(m["model_tflops_per_gpu"]) * 1e12 * gpus))
+
+
+def _case(c: dict[str, Any], catalog: dict[str, Any], alt: bool) -> ModernCase:
+    fw_text = str(c["stack"]["framework"])
+    framework = next(v for k, v in FRAMEWORK_OF.items() if fw_text.startswith(k))
+    system = next(v for k, v in SYSTEM_OF.items() if str(c["hardware"]["gpu"]).startswith(k))
+    p = c["parallelism"]
+    other = str(p.get("other") or "")
+    tp, pp, cp = p["tp"] or 1, p["pp"] or 1, p["cp"] or 1
+    gpus = c["hardware"]["num_gpus"]
+    dp = gpus // (tp * pp * cp)
+    notes: list[str] = []
+    # caveat 6: the 405B proxy runs 7 of the 126 layers
+    layers = 7 if "proxy7L" in c["id"] else None
+    model = model_dict(c["model"]["catalog_key"], catalog, layers)
+    gbs = p["gbs"]
+    if p["mbs"]:
+        mbs = p["mbs"]
+    elif pp > 1:  # torchtitan: the local batch split into pp micro-batches (its Dec 2024 default) [inferred]
+        mbs = max(1, gbs // (dp * pp))
+        notes.append(f"mbs {mbs} inferred (local batch / pp)")
+    else:
+        mbs = max(1, gbs // (dp * (p["ga"] or 1))) if p["ga"] else 1
+    ep = p["ep"] or 1
+    if "moe" in model and ep == 1 and "DeepEP" in other:  # DeepEP is expert-parallel dispatch [inferred]
+        ep = min(model["moe"]["num_experts"], dp * cp)
+        notes.append(f"ep {ep} inferred from DeepEP")
+    if "moe" not in model:
+        ep = 1
+    vpp = p["vpp"] or 1
+    if "Interleaved" in other and vpp == 1:  # looped schedule, stages per rank not stated: the minimum 2 [inferred]
+        vpp = 2
+        notes.append("vpp 2 inferred (interleaved 1F1B)")
+    fsdp = bool(p.get("fsdp"))
+    precision = _precision(c, alt)
+    problem = problem_from_dict(
+        {
+            "model": model,
+            "hardware": {"system": system, "gpus": gpus},
+            "task": {"seq_len": c["model"]["seq_len"], "global_batch": gbs, "precision": precision},
+            # NeMo / Megatron-Bridge performance recipes overlap TP communication with GEMMs (userbuffers)
+            "stack": {"framework": "pytorch-fsdp" if framework in UNMODELLED_FRAMEWORKS else framework,
+                      "tp_comm_overlap": framework == "megatron-core" and tp > 1},
+        },
+        source=f"training.yaml:{c['id']}",
+    )
+    # Megatron-Core: distributed optimizer (ZeRO-1) and SP with TP, the NeMo / Megatron-Bridge recipe defaults
+    zero = 3 if fsdp else (1 if framework == "megatron-core" else 0)
+    plan = Plan(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, ep=ep, zero=zero,
+                recompute=_recompute(p["recompute"]), sp=tp > 1)
+    name = c["id"] + ("-mx" if alt else "")
+    if alt:
+        notes.append("the parenthesised FP8-MX value of the same row")
+    run = Run(name, c["source"]["ref"], problem, plan, measured_step_s(c, model, alt))
+    return ModernCase(run, fw_text, framework not in UNMODELLED_FRAMEWORKS, "; ".join(notes))
+
+
+def modern_cases() -> list[ModernCase]:
+    """Every training case of the file (rows quoting an FP8-MX value as well give a second, mxfp8 case)."""
+    data = training_data()
+    out = []
+    for c in data["cases"]:
+        out.append(_case(c, data["model_catalog"], False))
+        if "FP8-MX" in str(c["measured"].get("tokens_per_sec_per_gpu", "")):
+            out.append(_case(c, data["model_catalog"], True))
+    return out
+
+
+# ------------------------------------------------------------------------------------- fits and LOSO
+
+
+Key = tuple[str, str]  # (GPU, framework)
+
+
+def key_of(run: Run) -> Key:
+    return (run.gpu, run.framework)
+
+
+def fit_by_key(runs: Sequence[Run]) -> dict[Key, fit_mod.Fit]:
+    """One fit per (GPU, framework) over ``runs``."""
+    groups: dict[Key, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(key_of(r), []).append(r)
+    return {k: fit_mod.fit(v) for k, v in groups.items()}
+
+
+def predict_with(runs: Sequence[Run], fits: dict[Key, fit_mod.Fit]) -> Arr:
+    """Each run predicted with its pair's fit (the prior where the pair has none)."""
+    return np.array([fit_mod.predict([r], [fits[key_of(r)].params if key_of(r) in fits else {}])[0, 0]
+                     for r in runs])
+
+
+@dataclass(frozen=True)
+class ModernSummary:
+    cases: list[ModernCase]
+    fits: dict[Key, fit_mod.Fit]  # the catalog fit: all fitted cases
+    in_sample_s: Arr  # every case with its pair's fit
+    loso_s: Arr  # every case with its pair refitted without the case's source (NaN for unfitted cases)
+
+    @property
+    def measured_s(self) -> Arr:
+        return np.array([c.run.measured_s for c in self.cases])
+
+    @property
+    def in_sample_err(self) -> Arr:
+        return self.in_sample_s / self.measured_s - 1.0
+
+    @property
+    def loso_err(self) -> Arr:
+        return self.loso_s / self.measured_s - 1.0
+
+    @property
+    def fitted(self) -> NDArray[np.bool_]:
+        return np.array([c.fitted for c in self.cases])
+
+    def loso_median(self, key: Key) -> float:
+        idx = [i for i, c in enumerate(self.cases) if c.fitted and key_of(c.run) == key]
+        return float(np.median(np.abs(self.loso_err[idx])))
+
+
+def summarize_modern(cases: list[ModernCase] | None = None) -> ModernSummary:
+    """The catalog fit on every fitted case, in-sample predictions, and leave-one-source-out predictions."""
+    cases = cases if cases is not None else modern_cases()
+    fitted = [c.run for c in cases if c.fitted]
+    fits = fit_by_key(fitted)
+    in_sample = predict_with([c.run for c in cases], fits)
+    loso = np.full(len(cases), np.nan)
+    for source in sorted({r.source for r in fitted}):
+        held = [i for i, c in enumerate(cases) if c.fitted and c.run.source == source]
+        rest = [r for r in fitted if r.source != source]
+        keys = {key_of(cases[i].run) for i in held}
+        refit = fit_by_key([r for r in rest if key_of(r) in keys])
+        loso[held] = predict_with([cases[i].run for i in held], refit)
+    return ModernSummary(cases, fits, in_sample, loso)
+
+
+# --------------------------------------------------------------------------------------------- catalog
+
+
+FIT_METHOD = (
+    "madmax_opt.studies.fit.fit on data/validation/modern/training.yaml (`madmax-opt validate`): coordinate descent "
+    "over fit.FIT_GRID from the GPU prior, objective mean |ln(predicted/measured)| + 0.02 x sum |ln(value/prior)|; "
+    "only the parameters the runs determine (fit.determined) are fitted"
+)
+
+
+def framework_calibrations(s: ModernSummary) -> dict[Key, FrameworkCalibration]:
+    """The catalog entries (gpus.yaml ``frameworks``) this summary's fits stand for."""
+    out: dict[Key, FrameworkCalibration] = {}
+    for key, f in sorted(s.fits.items()):
+        idx = [i for i, c in enumerate(s.cases) if c.fitted and key_of(c.run) == key]
+        record = FrameworkFit(
+            runs=len(idx), sources=sorted({s.cases[i].run.source for i in idx}), fitted=list(f.params),
+            in_sample_median_err=round(float(np.median(np.abs(s.in_sample_err[idx]))), 4),
+            loso_median_err=round(s.loso_median(key), 4), method=FIT_METHOD,
+        )
+        out[key] = FrameworkCalibration(**f.params, fit=record)
+    return out
+
+
+def catalog_yaml(s: ModernSummary) -> dict[str, str]:
+    """Per GPU, the ``frameworks:`` block to paste into data/gpus.yaml (indented for a GPU entry)."""
+    blocks: dict[str, list[str]] = {}
+    for (gpu, framework), fc in framework_calibrations(s).items():
+        lines = blocks.setdefault(gpu, ["  frameworks:"])
+        lines.append(f"    {framework}:")
+        for name, value in fc.overrides().items():
+            lines.append(f"      {name}: {value:g}")
+        f = fc.fit
+        lines += [
+            "      fit:",
+            f"        runs: {f.runs}",
+            f"        sources: [{', '.join(f.sources)}]",
+            f"        fitted: [{', '.join(f.fitted)}]",
+            f"        in_sample_median_err: {f.in_sample_median_err}",
+            f"        loso_median_err: {f.loso_median_err}",
+            "        method: >-",
+            *textwrap.wrap(f.method, 110, initial_indent="          ", subsequent_indent="          "),
+        ]
+    return {gpu: "\n".join(lines) for gpu, lines in blocks.items()}
+
+
+def update_catalog_text(text: str, blocks: dict[str, str]) -> str:
+    """gpus.yaml text with each GPU's ``frameworks:`` block replaced (or inserted before its ``source:`` key)."""
+    lines = text.split("\n")
+    out: list[str] = []
+    gpu: str | None = None
+    skipping = False
+    for line in lines:
+        if line and not line.startswith((" ", "#")) and line.endswith(":"):
+            gpu, skipping = line[:-1], False
+        if skipping and line.startswith("  ") and not line.startswith("   "):
+            skipping = False  # the next key of the GPU entry ends the old block
+        if line.startswith("  frameworks:") and gpu in blocks:
+            skipping = True
+            continue
+        if line.startswith("  source:") and gpu in blocks:
+            out.extend(blocks[gpu].split("\n"))
+        if not skipping:
+            out.append(line)
+    return "\n".join(out)
