@@ -25,7 +25,7 @@ from madmax_opt.model.compute import gemm_time_s, memory_bound_time_s
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.memory import MemoryTerms, layer_activation_bytes, model_state_bytes
 from madmax_opt.model.moe import expert_costs
-from madmax_opt.model.pipeline import bubble_time_s, in_flight_layer_factor
+from madmax_opt.model.pipeline import bubble_time_s, in_flight_layer_factor, stage_in_flight
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import Stack, Task
 from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
@@ -407,7 +407,8 @@ def training_terms(
     # stage 0 (embedding; holds the most activations) and the last stage (LM head); with pp = 1 they coincide
     first_train, last_train = trainable_layers(n, n, frozen), trainable_layers(layers * ones, n, frozen)
     first = stage_costs(lc, stack, hbm_bw, n, ones, np.where(single, 1.0, 0.0), in_flight, first_train)
-    last = stage_costs(lc, stack, hbm_bw, n, np.where(single, 1.0, 0.0), ones, ones, last_train)
+    last_flight = stage_in_flight(pp - 1.0, lc.n_micro, pp, vpp)  # 1 with 1F1B; ~p with interleaving
+    last = stage_costs(lc, stack, hbm_bw, n, np.where(single, 1.0, 0.0), ones, last_flight, last_train)
     # the stages in between, on average (stage time is linear in its trainable layers: exact for the mean)
     middle_train = np.where(pp > 2, (layers - frozen - first_train - last_train) / np.maximum(pp - 2.0, 1.0), 0.0)
     middle = stage_costs(lc, stack, hbm_bw, n, 0.0 * ones, 0.0 * ones, ones, middle_train)
@@ -427,10 +428,9 @@ def training_terms(
     if 0 < frozen < layers:
         # memory per stage is piecewise linear in the stage index (in-flight micro-batches fall, trainable
         # layers rise): its maximum is at stage 0, the last stage, or one of these breakpoints
-        interleave = in_flight / np.minimum(pp, lc.n_micro)
         for s_idx in (np.floor(frozen / n), np.floor(frozen / n) + 1.0, pp - lc.n_micro):
             s_c = np.clip(s_idx, 0.0, pp - 1.0)
-            mult = np.minimum(pp - s_c, lc.n_micro) * interleave
+            mult = stage_in_flight(s_c, lc.n_micro, pp, vpp)
             stages.append(stage_costs(lc, stack, hbm_bw, n, (s_c == 0) * 1.0, (s_c == pp - 1) * 1.0, mult,
                                       trainable_layers((s_c + 1.0) * n, n, frozen)))
     memory = _worst_memory(stages)
@@ -475,10 +475,13 @@ def staged_terms(
     stage_recompute: list[int],
     stage_hw: list[int] | None = None,
 ) -> TrainingTerms:
-    """One uneven 1F1B pipeline: stage s has ``stage_layers[s]`` layers, its own recompute mode (and, for mixed
-    pipelines, its own hardware option), and holds min(p - s, m) micro-batches of activations. Same stage costs
-    and step assembly as ``training_terms``; memory and capacity are compared stage by stage."""
+    """One uneven pipeline: stage s has ``stage_layers[s]`` layers, its own recompute mode (and, for mixed
+    pipelines, its own hardware option), and holds ``stage_in_flight`` micro-batches of activations. With
+    ``base.vpp`` = v > 1 each stage's layers run as v virtual chunks (Megatron-Core's interleaved schedule with
+    first / last stage layer counts or a pipeline layout): p2p per chunk and the bubble (p - 1)/v of the mean
+    stage time. Same stage costs and step assembly as ``training_terms``; memory is compared stage by stage."""
     p = len(stage_layers)
+    v = float(base.vpp[0])
     idx = np.zeros(p, dtype=np.int64)
     stages = base.take(idx)
     hw = stages.hw if stage_hw is None else np.asarray(stage_hw, dtype=np.int64)
@@ -491,13 +494,13 @@ def staged_terms(
     train = trainable_layers(np.cumsum(n_layers), n_layers, float(wl.frozen_layers))
     sc = stage_costs(
         lc, stack, table.hbm_bw[stages.hw], n_layers, (s_idx == 0).astype(np.float64),
-        (s_idx == p - 1).astype(np.float64), np.minimum(p - s_idx, lc.n_micro), train,
+        (s_idx == p - 1).astype(np.float64), stage_in_flight(s_idx, lc.n_micro, float(p), v), train,
     )
     t = sc.per_micro_batch_s
     b = int(np.argmax(t))
     m = lc.n_micro[:1]
     time = {k: m * sc.time[k][b] for k in STAGE_TERMS}
-    time["bubble"] = bubble_time_s(np.array([float(p)]), np.ones(1), np.array([t.mean()]))
+    time["bubble"] = bubble_time_s(np.array([float(p)]), np.array([v]), np.array([t.mean()]))
     time["dp_comm"] = np.array([sc.dp_exposed_s.max()])
     time["optimizer"] = np.array([sc.optimizer_s.max()])
     hidden = {k: m * v[b] for k, v in sc.hidden.items()}

@@ -38,6 +38,13 @@ def default_vpp(layers: int, pp: int) -> list[int]:
     return divisors(layers // pp) if pp > 1 and layers % pp == 0 else [1]
 
 
+def uneven_vpp(layers: int, pp: int) -> list[int]:
+    """Interleaving degrees for uneven stages (Megatron-Core first / last stage layer counts or a pipeline layout):
+    every virtual chunk holds a layer, except that the embedding and the loss may fill one chunk each, so
+    pp * vpp <= layers + 2 (``spec.min_stage_layers``)."""
+    return list(range(1, (layers + 2) // pp + 1)) if pp > 1 else [1]
+
+
 def default_mbs(global_batch: int, dp: int) -> list[int]:
     """Micro-batch sizes that split a replica's batch (global_batch / dp) into whole micro-batches; [1] (flagged
     invalid by the evaluator, with its reason) when dp does not divide the batch."""
@@ -58,14 +65,15 @@ def _restrict(name: str, default: Sequence[int], given: int | list[int] | None, 
     return sorted(set(values))
 
 
-def knob_values(problem: Problem, option: HardwareOption) -> dict[str, list[int]]:
-    """Values each knob may take on ``option`` (before cross-knob validity)."""
+def knob_values(problem: Problem, option: HardwareOption, uneven: bool = False) -> dict[str, list[int]]:
+    """Values each knob may take on ``option`` (before cross-knob validity); ``uneven``: the bases of the uneven
+    pipeline search, where pp need not divide the layers."""
     sp = problem.space
     m = problem.model
     domain = option.system.tiers[0].size or option.gpus
     default_tp = [t for t in _powers_of_two(min(domain, MAX_TP, m.heads)) if m.heads % t == 0]
     layers = m.layers
-    default_pp = [d for d in range(1, layers + 1) if layers % d == 0 and d <= option.gpus]
+    default_pp = [d for d in range(1, min(layers, option.gpus) + 1) if uneven or layers % d == 0]
     # expert parallelism: powers of two dividing the expert count (MoE only)
     default_ep = [e for e in _powers_of_two(min(m.moe.num_experts, MAX_TP)) if m.moe.num_experts % e == 0] if m.moe else [1]
     rc = sp.recompute
@@ -95,6 +103,7 @@ def _shape_product(
     fixed: list[tuple[int, ...]],
     layers: int,
     global_batch: int,
+    uneven: bool = False,
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Rows (dp, tp, pp, cp) x (vpp, mbs, zero, recompute, sp, ep): vpp and mbs per shape (the defaults depend on
     pp and dp), the other knobs the same for every shape."""
@@ -103,7 +112,7 @@ def _shape_product(
     cache: dict[tuple[tuple[int, ...], tuple[int, ...]], NDArray[np.int64]] = {}
     for shape in shapes:
         dp, _, pp, _ = shape
-        vpps = tuple(kv["vpp"] or default_vpp(layers, pp))
+        vpps = tuple(kv["vpp"] or (uneven_vpp(layers, pp) if uneven else default_vpp(layers, pp)))
         mbss = tuple(kv["mbs"] or default_mbs(global_batch, dp))
         key = (vpps, mbss)
         if key not in cache:
@@ -117,15 +126,16 @@ def _shape_product(
     return np.vstack(base_rows), np.vstack(rest_rows)
 
 
-def enumerate_plans(problem: Problem) -> PlanArrays:
-    """Every plan in the space on every hardware option that uses all the option's GPUs.
+def enumerate_plans(problem: Problem, uneven: bool = False) -> PlanArrays:
+    """Every plan in the space on every hardware option that uses all the option's GPUs (``uneven``: the bases of
+    the uneven pipeline search: any pp, and any vpp with ``uneven_vpp``).
 
     Cross-knob validity (divisibility, memory) is left to the evaluator's ``invalid`` code, so that brute
     force and the solver see exactly the same candidates.
     """
     parts = []
     for hw, option in enumerate(problem.hardware):
-        kv = knob_values(problem, option)
+        kv = knob_values(problem, option, uneven)
         shapes = []
         for tp, pp, cp in itertools.product(kv["tp"], kv["pp"], kv["cp"]):
             if option.gpus % (tp * pp * cp):
@@ -137,7 +147,7 @@ def enumerate_plans(problem: Problem) -> PlanArrays:
         if not shapes:
             continue
         fixed = list(itertools.product(kv["zero"], kv["recompute"], kv["sp"], kv["ep"]))
-        b, r = _shape_product(shapes, kv, fixed, problem.model.layers, problem.training_task.global_batch)
+        b, r = _shape_product(shapes, kv, fixed, problem.model.layers, problem.training_task.global_batch, uneven)
         # drop duplicates that differ only in knobs without effect: sp without tp, zero without dp, vpp without pp
         keep = ~((r[:, 4] == 1) & (b[:, 1] == 1))
         keep &= ~((r[:, 2] > 0) & (b[:, 0] * b[:, 3] == 1))

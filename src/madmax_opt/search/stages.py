@@ -1,22 +1,32 @@
 """Uneven pipelines: CP-SAT chooses the layers and the recompute mode of every stage.
 
-For a base plan (hardware, dp, tp, pp, cp, mbs, zero, sp; 1F1B) the step time is
+For a base plan (hardware, dp, tp, pp, cp, vpp, mbs, zero, sp) the step time is
 
-    T = m * max_s t_s + (p - 1)/p * sum_s t_s + max_s dp_s + max_s opt_s
+    T = m * max_s t_s + (p - 1)/(v p) * sum_s t_s + max_s dp_s + max_s opt_s
 
 where stage s with n_s layers and recompute r_s costs t_s = stage_costs(n_s, r_s, first/last extras) per
-micro-batch and must fit in memory holding min(p - s, m) micro-batches. Every (s, n, r) candidate is evaluated by
+micro-batch and must fit in memory holding ``stage_in_flight`` micro-batches (1F1B: min(p - s, m)); with v > 1
+virtual chunks per stage (Megatron-Core interleaving with first / last stage layer counts, embedding and loss
+accounted in the split) every chunk holds a layer, except that the first and last may hold only the embedding /
+the loss, so any v with p v <= L + 2 is searched. Every (s, n, r) candidate is evaluated by
 the same vectorised ``training.stage_costs`` as the uniform model, rounded once to microseconds, and CP-SAT picks
-one per stage (``add_exactly_one``) with sum_s n_s = L, ``tmax >= t_s`` and the objective p*T (integral).
+one per stage (``add_exactly_one``) with sum_s n_s = L, ``tmax >= t_s`` and the objective p v T (integral).
 Raw space: (number of compositions of L into p parts) x R^p, e.g. 10^25 for 126 layers on 16 stages.
 
-Bases are explored best-first by a valid lower bound, (m + p - 1)/p * (L * c_layer + extras): tmax is at least
+Bases are explored best-first by a valid lower bound, (m + (p - 1)/v)/p * (L * c_layer + extras): tmax is at least
 the mean, recomputation and exposed ZeRO-3 traffic only add. A base whose bound is not below the incumbent
 (initially the best uniform plan) cannot improve it, so the search is exact when it finishes within its budget.
+
+Objectives (model/objectives.py): at fixed hardware every objective is rate x T (rate: integer objective units per
+us of step time, from the registry). A base on one hardware option has one rate, so CP-SAT minimises T under
+rate x T < incumbent. In mixed mode the rate depends on how many stages each system gets; when it does (cost,
+energy), every composition (k_1..k_H stages per system, within supply) is one CP-SAT model with those counts fixed,
+explored best-first by rate_k x bound and pruned like the bases.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -26,12 +36,15 @@ from ortools.sat.python import cp_model
 
 from madmax_opt.analysis.evaluator import Model
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.model.objectives import Rates
+from madmax_opt.model.pipeline import stage_in_flight
 from madmax_opt.model.plan import PlanArrays
-from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
+from madmax_opt.model.spec import RECOMPUTE_MODES, Plan, min_stage_layers
 from madmax_opt.model.training import invalid_codes, layer_costs, stage_costs
+from madmax_opt.search.cpsat import CpSatOptions, has_solution
+from madmax_opt.search.cpsat import run as cpsat_run
+from madmax_opt.search.objectives import US, rate_per_second, training_units
 from madmax_opt.search.space import enumerate_plans
-
-US = 1e6
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,7 @@ class UnevenResult:
     bases_pruned: int
     wall_s: float
     booleans: int  # largest CP-SAT model built
+    objective: float | None = None  # the plan's objective in the training integer units (rate x step_us)
 
     def tolerance_s(self, n_micro: float, pp: int) -> float:
         """Rounding bound: each stage time rounded to 1 us enters m + (p-1) times, dp and optimizer once."""
@@ -50,12 +64,12 @@ class UnevenResult:
 
 
 def _bases(model: Model) -> PlanArrays:
-    """Distinct pipeline bases (pp > 1, vpp = 1) that are structurally valid whatever the split."""
-    plans = enumerate_plans(model.problem)
+    """Distinct pipeline bases (pp > 1, any vpp) that are structurally valid whatever the split."""
+    plans = enumerate_plans(model.problem, uneven=True)
     if len(plans) == 0:
         return plans
     sel = (
-        (plans.pp > 1) & (plans.vpp == 1) & (plans.recompute == plans.recompute.min())
+        (plans.pp > 1) & (plans.recompute == plans.recompute.min())
     )  # recompute: per stage
     plans = plans.take(np.flatnonzero(sel))
     if len(plans) == 0:
@@ -90,27 +104,47 @@ def stage_hardware(model: Model, base: PlanArrays) -> list[int]:
     return sorted({model.system_index(o.system.name) for o in model.problem.hardware})
 
 
+def _layer_parts(model: Model, bases: PlanArrays, hw: int | None) -> tuple[NDArray[np.float64], ...]:
+    """Cheapest per-layer time (no recompute), embedding, head, p2p and micro-batches of ``bases`` on ``hw``."""
+    p = model.problem
+    rows = bases if hw is None else PlanArrays(**{**bases.__dict__, "hw": np.full(len(bases), hw)})
+    lc = layer_costs(model.workload, p.training_task, p.stack, model.table, rows)
+    per_layer = (
+        lc.time["compute"]
+        + lc.trainable_fraction * lc.wgrad_s  # weight-gradient GEMMs of trainable layers (all or none here)
+        + lc.time["tp_comm"]
+        + lc.time["cp_comm"]
+        + lc.time["ep_comm"]
+        + lc.time["overhead"]
+    )
+    return per_layer, lc.emb_time_s, lc.head_time_s, lc.pp_comm_s, lc.n_micro
+
+
+def _composition_bound_us(model: Model, base: PlanArrays, hws: list[int], counts: dict[int, int]) -> float:
+    """Lower bound on T with k_h stages on hardware h: stage s holds n_s layers at >= c_h each, so with
+    tmax = tau, L = sum n_s <= tau sum_h k_h / c_h; and sum_s t_s >= L min_used c_h + the cheapest extras."""
+    used = [h for h in hws if counts.get(h, 0) > 0]
+    parts = [_layer_parts(model, base, h) for h in used]
+    c = np.array([float(x[0][0]) for x in parts])
+    k = np.array([counts[h] for h in used], dtype=np.float64)
+    layers = model.workload.layers
+    p, v, m = float(base.pp[0]), float(base.vpp[0]), float(parts[0][4][0])
+    total = layers * c.min() + min(float(x[1][0]) for x in parts) + min(float(x[2][0]) for x in parts) \
+        + p * min(float(x[3][0]) for x in parts)
+    tau = max(layers / float(np.sum(k / c)), total / p)
+    return (m * tau + (p - 1) / (v * p) * total) * US
+
+
 def _lower_bounds_us(model: Model, bases: PlanArrays) -> NDArray[np.float64]:
-    """(m + p - 1)/p * sum of the cheapest possible stage times; per component minimum over stage hardware."""
+    """(m + (p - 1)/v)/p * sum of the cheapest possible stage times (T = m tmax + (p - 1)/(v p) sum_s t_s and
+    tmax >= the mean); per component minimum over stage hardware."""
     p = model.problem
     hw_choices = stage_hardware(model, bases.take([0])) if p.space.mixed_stages else [None]
-    parts = []
-    for hw in hw_choices:
-        rows = bases if hw is None else PlanArrays(**{**bases.__dict__, "hw": np.full(len(bases), hw)})
-        lc = layer_costs(model.workload, p.training_task, p.stack, model.table, rows)
-        per_layer = (
-            lc.time["compute"]
-            + lc.trainable_fraction * lc.wgrad_s  # weight-gradient GEMMs of trainable layers (all or none here)
-            + lc.time["tp_comm"]
-            + lc.time["cp_comm"]
-            + lc.time["ep_comm"]
-            + lc.time["overhead"]
-        )
-        parts.append((per_layer, lc.emb_time_s, lc.head_time_s, lc.pp_comm_s, lc.n_micro))
+    parts = [_layer_parts(model, bases, hw) for hw in hw_choices]
     per_layer, emb, head, p2p, n_micro = (np.min([x[i] for x in parts], axis=0) for i in range(5))
     pp = bases.pp.astype(np.float64)
     total = model.workload.layers * per_layer + emb + head + pp * p2p
-    return (n_micro + pp - 1) / pp * total * US
+    return (n_micro + (pp - 1) / bases.vpp) / pp * total * US
 
 
 def _candidates(
@@ -134,10 +168,11 @@ def _candidates(
         n.astype(np.float64),
         (sf == 0) * 1.0,
         (sf == p - 1) * 1.0,
-        np.minimum(p - sf, lc.n_micro),
+        stage_in_flight(sf, lc.n_micro, float(p), float(base.vpp[0])),
     )
     capacity = model.table.hbm_bytes[rows.hw] * (1.0 - pr.stack.memory_reserve_fraction)
     fits = sc.memory.total <= capacity
+    fits &= n >= np.array([min_stage_layers(int(i), p, int(base.vpp[0])) for i in range(p)])[s]  # a layer per chunk
     t_us = np.rint(sc.per_micro_batch_s * US)  # rounded once per candidate
     return {
         "stage": s[fits],
@@ -156,50 +191,66 @@ def _solve_base(
     p: int,
     layers: int,
     incumbent_us: float,
-    time_limit_s: float,
+    cpsat: CpSatOptions,
     supply: list[tuple[list[int], int]] | None = None,
+    counts: dict[int, int] | None = None,
+    vpp: int = 1,
 ) -> tuple[str, float | None, list[int], int]:
-    """CP-SAT over one base; returns (status, step_us, chosen row indices, booleans)."""
+    """CP-SAT over one base (``counts``: stages per hardware choice, when fixed); returns (status, step_us, chosen
+    row indices, booleans). Only plans strictly faster than ``incumbent_us`` are of interest."""
     m_int = round(float(cand["n_micro"][0]))
-    stage = cand["stage"].astype(np.int64)
-    if any(not np.any(stage == s) for s in range(p)):
+    pv = p * vpp  # p v T = p v m tmax + (p - 1) sum_s t_s + p v (dp + opt): integral
+    stage_all = cand["stage"].astype(np.int64)
+    if any(not np.any(stage_all == s) for s in range(p)):
         return "infeasible", None, [], 0
+    t_all = cand["t_us"].astype(np.int64)
+    live = np.arange(len(stage_all))
+    if np.isfinite(incumbent_us):
+        # exact pruning: a row whose own time already forces p v T >= p v incumbent, with every other stage at its
+        # fastest row, cannot be in a strictly better plan: p v m t_i + (p - 1)(t_i + sum_{s' != s} min t_s') >= bound
+        fastest = np.array([t_all[stage_all == s].min() for s in range(p)])
+        row_lb = pv * m_int * t_all + (p - 1) * (t_all + fastest.sum() - fastest[stage_all])
+        live = np.flatnonzero(row_lb <= int(np.ceil(incumbent_us * pv)) - 1)
+        if any(not np.any(stage_all[live] == s) for s in range(p)):
+            return "infeasible", None, [], 0
+    stage, t = stage_all[live], t_all[live]
+    layers_of, dp_us, opt_us, hw_of = (cand[k][live].astype(np.int64) for k in ("layers", "dp_us", "opt_us", "hw"))
     mdl = cp_model.CpModel()
-    x = [mdl.new_bool_var(f"x{i}") for i in range(len(stage))]
-    t = cand["t_us"].astype(np.int64)
+    x = [mdl.new_bool_var(f"stage{int(stage[j])}_layers{int(layers_of[j])}_"
+                          f"{RECOMPUTE_MODES[int(cand['recompute'][i])]}_hw{int(hw_of[j])}") for j, i in enumerate(live)]
+
+    def weighted(rows: NDArray[np.int64], coeffs: NDArray[np.int64]) -> cp_model.LinearExpr:
+        return cp_model.LinearExpr.weighted_sum([x[j] for j in rows], coeffs[rows].tolist())
+
     hi = int(t.max()) + 1
     tmax = mdl.new_int_var(0, hi, "tmax")
-    dpmax = mdl.new_int_var(0, int(cand["dp_us"].max()) + 1, "dpmax")
-    optmax = mdl.new_int_var(0, int(cand["opt_us"].max()) + 1, "optmax")
+    dpmax = mdl.new_int_var(0, int(dp_us.max()) + 1, "dpmax")
+    optmax = mdl.new_int_var(0, int(opt_us.max()) + 1, "optmax")
     for s in range(p):
         rows = np.flatnonzero(stage == s)
-        mdl.add_exactly_one([x[i] for i in rows])
-        mdl.add(tmax >= sum(int(t[i]) * x[i] for i in rows))
-        mdl.add(dpmax >= sum(int(cand["dp_us"][i]) * x[i] for i in rows))
-        mdl.add(optmax >= sum(int(cand["opt_us"][i]) * x[i] for i in rows))
-    mdl.add(sum(int(cand["layers"][i]) * x[i] for i in range(len(x))) == layers)
+        mdl.add_exactly_one([x[j] for j in rows])
+        mdl.add(tmax >= weighted(rows, t))
+        mdl.add(dpmax >= weighted(rows, dp_us))
+        mdl.add(optmax >= weighted(rows, opt_us))
+    every = np.arange(len(x))
+    mdl.add(weighted(every, layers_of) == layers)
     for hws, stages_allowed in supply or []:  # stages on one GPU type (any of its systems) within its supply
-        rows = np.flatnonzero(np.isin(cand["hw"], hws))
-        mdl.add(sum(x[i] for i in rows) <= stages_allowed)
-    objective = (
-        p * m_int * tmax + (p - 1) * sum(int(t[i]) * x[i] for i in range(len(x))) + p * (dpmax + optmax)
-    )
-    assert p * m_int * hi < 2**50, "objective overflow"
+        mdl.add(sum(x[j] for j in np.flatnonzero(np.isin(hw_of, hws))) <= stages_allowed)
+    for hw, k in (counts or {}).items():  # a fixed composition: k stages on hardware choice hw
+        mdl.add(sum(x[j] for j in np.flatnonzero(hw_of == hw)) == k)
+    objective = pv * m_int * tmax + (p - 1) * weighted(every, t) + pv * (dpmax + optmax)
+    assert pv * m_int * hi < 2**50, "objective overflow"
     mdl.minimize(objective)
     if np.isfinite(incumbent_us):
-        mdl.add(objective <= int(np.ceil(incumbent_us * p)) - 1)  # only strictly better plans are of interest
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = 0
-    solver.parameters.max_time_in_seconds = time_limit_s
-    st = solver.solve(mdl)
+        mdl.add(objective <= int(np.ceil(incumbent_us * pv)) - 1)  # only strictly better plans are of interest
+    st, solver = cpsat_run(mdl, cpsat, "uneven-stage")
     if st == cp_model.INFEASIBLE:
         return "infeasible", None, [], len(x)
-    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if not has_solution(st):
         return "unknown", None, [], len(x)
-    chosen = [i for i in range(len(x)) if solver.value(x[i])]
+    chosen = [int(live[j]) for j in range(len(x)) if solver.value(x[j])]
     status = "optimal" if st == cp_model.OPTIMAL else "feasible"
-    return status, solver.objective_value / p, chosen, len(x)
+    return status, solver.objective_value / pv, chosen, len(x)
 
 
 def _stage_supply(model: Model, base: PlanArrays, hw_choices: list[int]) -> list[tuple[list[int], int]]:
@@ -218,9 +269,45 @@ def _stage_supply(model: Model, base: PlanArrays, hw_choices: list[int]) -> list
     return out
 
 
-def solve_uneven(model: Model, incumbent_us: float, time_limit_s: float = 30.0) -> UnevenResult:
-    """Best uneven pipeline plan strictly better than ``incumbent_us`` (the best uniform plan), if any."""
+def _compositions(
+    model: Model, base: PlanArrays, hws: list[int], supply: list[tuple[list[int], int]], objective: str
+) -> list[tuple[dict[int, int] | None, float]]:
+    """(stages per hardware choice, objective units per us of step time), cheapest rate first. A single entry with
+    no fixed counts when the rate does not depend on where the stages run (one option, or time objectives)."""
+    pr = model.problem
+    p, per_stage = int(base.pp[0]), int(base.dp[0] * base.tp[0] * base.cp[0])
+    tokens = pr.training_task.global_batch * model.workload.seq_len
+    unit = training_units(objective, float(tokens))
+    price = np.array([pr.hardware[h].system.price_per_gpu_hour for h in hws])
+    power = np.array([pr.hardware[h].system.power_w_per_gpu for h in hws])
+    combos = [np.bincount(np.array(c, dtype=np.int64), minlength=len(hws))
+              for c in itertools.combinations_with_replacement(range(len(hws)), p)]
+    combos = [k for k in combos if all(sum(int(k[hws.index(h)]) for h in group) <= allowed for group, allowed in supply)]
+    if not combos:
+        return []
+    k = np.array(combos, dtype=np.float64)
+    gpus = np.full(len(k), float(p * per_stage))
+    rates = Rates(np.full(len(k), 1.0 / tokens), gpus, per_stage * k @ price, per_stage * k @ power,
+                  pr.training_task.train_tokens)
+    per_us = rate_per_second(objective, rates, unit) / US
+    if len(hws) == 1 or np.all(per_us == per_us[0]):
+        return [(None, float(per_us[0]))]
+    order = np.lexsort((np.arange(len(k)), per_us))
+    return [({h: int(combos[i][j]) for j, h in enumerate(hws)}, float(per_us[i])) for i in order]
+
+
+def solve_uneven(
+    model: Model,
+    incumbent: float,
+    time_limit_s: float = 30.0,
+    *,
+    objective: str = "throughput",
+    cpsat: CpSatOptions | None = None,
+) -> UnevenResult:
+    """Best uneven pipeline plan strictly better than ``incumbent`` (the best uniform plan's integer objective,
+    training units of ``objective``: us of step time for throughput), if any."""
     t0 = time.perf_counter()
+    opts = (cpsat or CpSatOptions()).with_time_limit(time_limit_s)
     pr = model.problem
     if 0 < model.workload.frozen_layers < model.workload.layers:
         # a stage's trainable layers depend on where the stage starts, i.e. on the other stages' sizes
@@ -233,49 +320,71 @@ def solve_uneven(model: Model, incumbent_us: float, time_limit_s: float = 30.0) 
     bases = _bases(model)
     if len(bases) == 0:
         return UnevenResult(None, None, "no-improvement", 0, 0, time.perf_counter() - t0, 0)
-    lb = _lower_bounds_us(model, bases)
+    lb_us = _lower_bounds_us(model, bases)
+    jobs = []  # per base: its hardware choices, supply and compositions (cheapest rate first)
+    for j in range(len(bases)):
+        base = bases.take([j])
+        hws = stage_hardware(model, base)
+        supply = _stage_supply(model, base, hws)
+        jobs.append((hws, supply, _compositions(model, base, hws, supply, objective)))
+    bound_obj = [  # per base: (objective lower bound, counts, rate) per composition, best bound first
+        sorted(((rate * (lb_us[j] if counts is None else max(lb_us[j], _composition_bound_us(
+            model, bases.take([j]), hws, counts))), counts, rate) for counts, rate in comps), key=lambda x: x[0])
+        for j, (hws, _, comps) in enumerate(jobs)
+    ]
+    lb = np.array([b[0][0] if b else np.inf for b in bound_obj])
     order = np.lexsort((np.arange(len(bases)), lb))
     modes = sorted(set(np.unique(enumerate_plans(pr).recompute).tolist()))
-    best_plan, best_us, exact, solved, booleans = None, float(incumbent_us), True, 0, 0
-    pruned = 0
+    best_plan, best_obj, best_us, exact, solved, booleans = None, float(incumbent), None, True, 0, 0
+    pruned, out_of_time = 0, False
     for pos, j in enumerate(order):
-        if lb[j] >= best_us:
+        if lb[j] >= best_obj:
             pruned = len(order) - pos
             break
-        remaining = time_limit_s - (time.perf_counter() - t0)
-        if remaining <= 0:
-            exact = False
-            break
         base = bases.take([int(j)])
-        hw_choices = stage_hardware(model, base)
-        cand = _candidates(model, base, modes, hw_choices)
-        supply = _stage_supply(model, base, hw_choices)
-        status, step_us, chosen, nb = _solve_base(
-            cand, int(base.pp[0]), model.workload.layers, best_us, remaining, supply
-        )
-        solved += 1
-        booleans = max(booleans, nb)
-        if status in ("unknown", "feasible"):
-            exact = False
-        if step_us is not None and step_us < best_us:
-            best_us = step_us
-            order_stages = sorted(chosen, key=lambda i: int(cand["stage"][i]))
-            opt = pr.hardware[int(base.hw[0])]
-            best_plan = base.plan(0, system=opt.system.name).model_copy(
-                update={
-                    "recompute": RECOMPUTE_MODES[int(cand["recompute"][order_stages[0]])],
-                    "stage_layers": [int(cand["layers"][i]) for i in order_stages],
-                    "stage_recompute": [RECOMPUTE_MODES[int(cand["recompute"][i])] for i in order_stages],
-                    "stage_systems": [pr.hardware[int(cand["hw"][i])].system.name for i in order_stages]
-                    if pr.space.mixed_stages
-                    else None,
-                }
+        hws, supply, _ = jobs[int(j)]
+        cand = _candidates(model, base, modes, hws)
+        for bound, counts, rate in bound_obj[int(j)]:
+            if bound >= best_obj:
+                break
+            remaining = time_limit_s - (time.perf_counter() - t0)
+            if remaining <= 0:
+                exact, out_of_time = False, True
+                break
+            # against the uniform incumbent (rounded once), an uneven plan must win beyond both roundings
+            margin_us = 0.0 if best_plan is not None else 0.5 / rate + (float(cand["n_micro"][0]) + int(base.pp[0])
+                                                                          + 2) * 0.5
+            status, step_us, chosen, nb = _solve_base(
+                cand, int(base.pp[0]), model.workload.layers, best_obj / rate - margin_us,
+                opts.with_time_limit(remaining),
+                supply, counts, vpp=int(base.vpp[0]),
             )
+            solved += 1
+            booleans = max(booleans, nb)
+            if status in ("unknown", "feasible"):
+                exact = False
+            if step_us is not None and step_us * rate < best_obj:
+                best_obj, best_us = step_us * rate, step_us
+                order_stages = sorted(chosen, key=lambda i: int(cand["stage"][i]))
+                opt = pr.hardware[int(base.hw[0])]
+                best_plan = base.plan(0, system=opt.system.name).model_copy(
+                    update={
+                        "recompute": RECOMPUTE_MODES[int(cand["recompute"][order_stages[0]])],
+                        "stage_layers": [int(cand["layers"][i]) for i in order_stages],
+                        "stage_recompute": [RECOMPUTE_MODES[int(cand["recompute"][i])] for i in order_stages],
+                        "stage_systems": [pr.hardware[int(cand["hw"][i])].system.name for i in order_stages]
+                        if pr.space.mixed_stages
+                        else None,
+                    }
+                )
+        if out_of_time:
+            break
     status = (
         ("optimal" if exact else "feasible")
         if best_plan is not None
         else ("no-improvement" if exact else "feasible")
     )
     return UnevenResult(
-        best_plan, best_us if best_plan else None, status, solved, pruned, time.perf_counter() - t0, booleans
+        best_plan, best_us, status, solved, pruned, time.perf_counter() - t0, booleans,
+        best_obj if best_plan is not None else None,
     )
