@@ -18,8 +18,8 @@ import yaml
 
 from madmax_opt.cli import main as cli
 from madmax_opt.core.errors import InternalError
-from madmax_opt.report import report as report_module
 from madmax_opt.model.spec import Plan, Task, TransformerModel
+from madmax_opt.search import result as report_module
 from test_cli import CATALOG, DATA, SMALL, assert_one_line_error, catalog_names, run_cli, run_main
 
 BAD = DATA / "bad"

@@ -21,8 +21,8 @@ from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.model.spec import Plan
-from madmax_opt.report.report import solve_result
 from madmax_opt.report.sweep_report import pareto_front, point, write_report
+from madmax_opt.search.result import solve_result
 from madmax_opt.studies.sweep import (
     RESULTS_FILE,
     comparable,
@@ -305,24 +305,24 @@ def test_report_of_a_directory_without_a_sweep_is_a_one_line_error(tmp_path: Pat
 def test_a_failing_problem_is_recorded_and_the_sweep_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import madmax_opt.report.report
+    import madmax_opt.search.result
 
     sweep = load_sweep(write_sweep(tmp_path / "s.yaml", SMALL))
-    real = madmax_opt.report.report.solve_result
+    real = madmax_opt.search.result.solve_result
 
     def flaky(problem: Any, *args: Any) -> dict[str, Any]:
         if problem.hardware[0].gpus == 128:
             raise RuntimeError("boom at 128")
         return real(problem, *args)
 
-    monkeypatch.setattr(madmax_opt.report.report, "solve_result", flaky)
+    monkeypatch.setattr(madmax_opt.search.result, "solve_result", flaky)
     run = run_sweep(sweep, tmp_path / "out", workers=1)
     assert (run.counts.ok, run.counts.infeasible, run.counts.error) == (6, 2, 4)
     errors = [r for r in result_lines(tmp_path / "out") if r["status"] == "error"]
     assert {r["combination"]["gpus"] for r in errors} == {128}
     assert all(r["error"] == {"type": "RuntimeError", "message": "boom at 128"} for r in errors)
 
-    monkeypatch.setattr(madmax_opt.report.report, "solve_result", real)
+    monkeypatch.setattr(madmax_opt.search.result, "solve_result", real)
     assert run_sweep(sweep, tmp_path / "out", workers=1).solved == 0  # errors are finished problems
     again = run_sweep(sweep, tmp_path / "out", workers=1, retry_errors=True)
     assert again.solved == 4 and again.counts.ok == 4

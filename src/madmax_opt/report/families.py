@@ -51,7 +51,7 @@ class Family:
 
 def _training_solve(path: Path, opts: SolveOptions) -> dict[str, Any]:
     from madmax_opt.io.problem import load_problem
-    from madmax_opt.report.report import solve_result
+    from madmax_opt.search.result import solve_result
 
     return solve_result(load_problem(path), opts.top_k, opts.time_limit_s, opts.workers)
 

@@ -7,9 +7,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from madmax_opt.analysis.evaluator import evaluate
-from madmax_opt.io.problem import Problem
-
 GB = 1e9
 
 
@@ -96,30 +93,3 @@ def print_solution(result: dict[str, Any], console: Console) -> None:
         console.print(evaluation_table(result["baseline"], title="baseline"))
         if result.get("speedup_vs_baseline"):
             console.print(f"[bold]speedup over baseline: {result['speedup_vs_baseline']:.2f}x[/bold]")
-
-
-def solve_result(problem: Problem, top_k: int, time_limit: float, workers: int) -> dict[str, Any]:
-    """The JSON object of ``solve --json``."""
-    from madmax_opt.search import serving
-    from madmax_opt.search.assemble import solver_summary
-    from madmax_opt.search.solver import solve_records
-
-    if problem.task.kind == "inference":  # serving plans
-        return serving.solve_result(problem, top_k, time_limit, workers)
-    outcome, records = solve_records(problem, top_k=top_k, time_limit_s=time_limit, workers=workers)
-    baseline = evaluate(problem, [problem.baseline])[0] if problem.baseline else None
-    speedup = None
-    if baseline and baseline["feasible"]:
-        speedup = records[0]["tokens_per_s"] / baseline["tokens_per_s"]
-    summary = solver_summary(
-        outcome.objective, outcome.best_bound, outcome.wall_s, len(outcome.candidates.plans), outcome.model_size
-    )
-    return {
-        "status": outcome.status,
-        "objective": problem.objective,
-        "best": records[0],
-        "top": records,
-        "solver": summary,
-        "baseline": baseline,
-        "speedup_vs_baseline": speedup,
-    }

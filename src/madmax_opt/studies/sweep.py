@@ -376,7 +376,7 @@ def solve_one(
     key: str, label: dict[str, Any], problem: dict[str, Any], source: str, solver: dict[str, Any]
 ) -> dict[str, Any]:
     """Solve one combination; never raises: an infeasible or failing problem becomes a row with its error."""
-    from madmax_opt.report.report import solve_result  # the solve JSON of `madmax-opt solve --json`
+    from madmax_opt.search.result import solve_result  # the solve JSON of `madmax-opt solve --json`
 
     t0 = time.perf_counter()
     row: dict[str, Any] = {"key": key, "combination": label, "status": "ok", "result": None, "error": None}
