@@ -228,6 +228,7 @@ class FleetResult(Record):
     greedy: Plan
     gain_vs_greedy: float | None  # optimum minus greedy, positive = better (cost, energy: the saving)
     relative_gain_vs_greedy: float | None
+    options: list[OptionTable]  # every job's best plan per (system, GPU count): what CP-SAT chose among
 
 
 def value_of(fleet: Fleet, inst: Instance, alloc: Allocation) -> float | None:
@@ -341,6 +342,7 @@ def solve_fleet(run: FleetRun, what_if: bool = True, binding: bool = True) -> Fl
         greedy=Plan(value=greedy_value, jobs=job_results(fleet, inst, base, run.tables), status=base.status),
         gain_vs_greedy=gain,
         relative_gain_vs_greedy=rel,
+        options=run.tables,
     )
 
 

@@ -175,6 +175,10 @@ def load_fleet(path: str | Path) -> Fleet:
     if not isinstance(data, dict):
         keys = ", ".join(FleetFile.model_fields)
         raise ProblemError(f"expected a mapping; allowed: a mapping with keys {{{keys}}}", file=file)
+    for key, what in (("systems", "fleet system"), ("jobs", "job")):
+        if data.get(key) in ({}, []):
+            raise ProblemError(f"empty; allowed: a mapping of {what} names to {what}s, at least 1", file=file,
+                               field=key)
     spec: FleetFile = validate(FleetFile, data, file=file)
     pools = tuple(_pool(name, s, file) for name, s in spec.systems.items())
     jobs = tuple(_job(name, j, spec, pools, Path(file).parent, file) for name, j in spec.jobs.items())
@@ -210,6 +214,9 @@ def _job(name: str, j: FleetJob, spec: FleetFile, pools: tuple[Pool, ...], base:
     field = f"jobs.{name}"
     if isinstance(j.problem, str):
         source = str(base / j.problem)
+        if not (base / j.problem).is_file():
+            raise ProblemError(f"{j.problem} not found (looked for {(base / j.problem).resolve()}); allowed: a problem "
+                               "file, relative to the fleet file", file=file, field=f"{field}.problem")
         raw = read_yaml(base / j.problem, what=f"problem file of {field}")
         if not isinstance(raw, dict):
             raise ProblemError("expected a problem mapping; allowed: a problem file (see 'madmax-opt schema')",
