@@ -14,21 +14,6 @@ from madmax_opt.model.spec import GPU, System, TransformerModel
 
 T = TypeVar("T", bound=BaseModel)
 
-# The node a GPU name alone stands for (``hardware: {gpu: h100-sxm, gpus: 64}``).
-STANDARD_SYSTEM: dict[str, str] = {
-    "v100-16gb": "cloud-a-p3-16xlarge",
-    "v100-32gb": "dgx-v100",
-    "a100-40gb": "dgx-a100-40gb",
-    "a100-80gb": "dgx-a100",
-    "h100-sxm": "dgx-h100",
-    "h100-hbm2e-96gb": "grand-teton-h100-hbm2e",
-    "h200-sxm": "dgx-h200",
-    "b200": "dgx-b200",
-    "gb200": "gb200-nvl72",
-    "mi300x": "mi300x-platform",
-}
-
-
 def _load(filename: str, cls: type[T]) -> dict[str, T]:
     text = resources.files("madmax_opt").joinpath("data").joinpath(filename).read_text()
     raw: dict[str, dict[str, Any]] = yaml.safe_load(text)
@@ -52,6 +37,13 @@ def systems() -> dict[str, System]:
     for s in out.values():
         if s.gpu not in gpus():
             raise ProblemError(f"unknown gpu {s.gpu!r}", file="catalog systems.yaml", field=f"{s.name}.gpu")
+    for g in gpus().values():  # a GPU's standard node must exist and hold that GPU
+        if g.standard_system is not None and out.get(g.standard_system, None) is None:
+            raise ProblemError(f"unknown system {g.standard_system!r}", file="catalog gpus.yaml",
+                               field=f"{g.name}.standard_system")
+        if g.standard_system is not None and out[g.standard_system].gpu != g.name:
+            raise ProblemError(f"system {g.standard_system!r} holds {out[g.standard_system].gpu}, not {g.name}",
+                               file="catalog gpus.yaml", field=f"{g.name}.standard_system")
     return out
 
 
@@ -70,6 +62,12 @@ def lookup(kind: str, name: str, *, file: str | None, field: str) -> Any:
 
 
 def standard_system(gpu: str, *, file: str | None, field: str) -> System:
-    lookup("gpu", gpu, file=file, field=field)
-    system: System = lookup("system", STANDARD_SYSTEM[gpu], file=file, field=field)
+    """The catalog node a GPU name alone stands for (``standard_system`` in ``data/gpus.yaml``)."""
+    g: GPU = lookup("gpu", gpu, file=file, field=field)
+    if g.standard_system is None:
+        with_gpu = sorted(s.name for s in systems().values() if s.gpu == gpu)
+        raise ProblemError(f"GPU {gpu!r} has no standard node in the catalog; name a system instead "
+                           f"(hardware.system; allowed: {', '.join(with_gpu) or 'an inline system'})",
+                           file=file, field=field)
+    system: System = lookup("system", g.standard_system, file=file, field=field)
     return system

@@ -94,6 +94,9 @@ class GPU(Strict):
     hbm_bytes: PositiveFloat
     hbm_bw: PositiveFloat = Field(description="HBM bandwidth, bytes/s")
     tdp_w: PositiveFloat
+    standard_system: str | None = Field(
+        None, description="catalog system that `hardware: {gpu: NAME}` stands for (its standard node)"
+    )
     calibration: Calibration
     frameworks: dict[Framework, FrameworkCalibration] = Field(
         default_factory=dict, description="fitted calibration per software framework (measured runs)"

@@ -68,7 +68,7 @@ def _model_dict(name: str, m: dict[str, Any]) -> dict[str, Any]:
 
 
 def case_problem(case: dict[str, Any], models: dict[str, Any], gqa_decode_kernel: bool = True) -> Problem:
-    """One measured case as an inference problem on the GPU's standard node (``catalog.STANDARD_SYSTEM``)."""
+    """One measured case as an inference problem on the GPU's standard node (``standard_system`` in data/gpus.yaml)."""
     from madmax_opt.io.problem import problem_from_dict
 
     kv = "fp8" if case["precision"] == "fp8" and case["src"] in FP8_KV_SOURCES else None
@@ -559,7 +559,8 @@ def load_serving_plans(path: Path) -> tuple[list[Any], bool]:
 
 def evaluate_command(problem: Problem, plan_file: Path, json_out: bool, out: Console) -> None:
     """``madmax-opt evaluate`` for an inference problem."""
-    from madmax_opt.search.serving import evaluate_serving, print_records
+    from madmax_opt.report.serving_tables import print_records
+    from madmax_opt.search.serving import evaluate_serving
 
     plans, is_list = load_serving_plans(plan_file)
     records = evaluate_serving(problem, plans)
@@ -573,7 +574,7 @@ ProblemArg = Annotated[Path, typer.Argument(help="inference problem file (YAML)"
 
 
 def validate_inference_cmd(
-    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/validation"),
+    out: Path = Path('results/validation'),
 ) -> None:
     """Inference model vs the measured serving runs in shared/validation; writes results/validation/inference.md."""
     console.print(f"wrote {write_validation_report(out)}")
@@ -581,9 +582,7 @@ def validate_inference_cmd(
 
 def pareto_cmd(
     problem: ProblemArg,
-    out: Annotated[
-        Path, typer.Option("--out", help="output path without suffix (.md and .png are written)")
-    ] = Path("results/pareto/serving"),
+    out: Path = Path('results/pareto/serving'),
 ) -> None:
     """Throughput-vs-latency Pareto front of an inference problem: a Markdown table and a PNG plot."""
     from madmax_opt.io.problem import load_problem
