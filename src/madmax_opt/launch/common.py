@@ -1,0 +1,180 @@
+"""Shared pieces of the launch formats: the emitted record, the plan's context, refusals, argv helpers.
+
+A format turns one plan into the commands and configuration files a framework runs, and parses them back. Every
+flag or key it writes is listed in ``madmax_opt/data/flags/<format>.yaml`` (read from the framework's own source).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import Field
+
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io.problem import Problem
+from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.spec import Plan, Strict, TransformerModel
+
+Kind = Literal["training", "serving"]
+
+
+class Command(Strict):
+    """One command line: launcher tokens, the program, and the program's arguments (argv = all three)."""
+
+    launcher: list[str] = Field(default_factory=list)
+    program: list[str]
+    args: list[str]
+    role: str = Field("run", description="what this command runs (run, prefill, decode, replica 3, ...)")
+
+    @property
+    def argv(self) -> list[str]:
+        return [*self.launcher, *self.program, *self.args]
+
+    def shell(self) -> str:
+        return " ".join(shlex.quote(t) for t in self.argv)
+
+
+class Emitted(Strict):
+    """The runnable configuration of one plan for one framework."""
+
+    format: str
+    framework: str
+    version: str
+    kind: Kind
+    system: str = Field(description="the hardware the commands are sized for")
+    gpus: int
+    nodes: int
+    gpus_per_node: int
+    commands: list[Command]
+    files: dict[str, str] = Field(default_factory=dict, description="file name -> content, written beside the script")
+    notes: list[str] = Field(default_factory=list)
+
+    def script(self) -> str:
+        """A bash script: the notes as comments, then every command."""
+        lines = ["#!/usr/bin/env bash", f"# {self.framework} {self.version}: {self.gpus} GPUs of {self.system} "
+                 f"({self.nodes} node(s) x {self.gpus_per_node})"]
+        lines += [f"# {n}" for n in self.notes]
+        for c in self.commands:
+            lines += [f"# {c.role}", c.shell()]
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Context:
+    """A plan with what its launch needs from the problem: model, task, stack and its hardware option."""
+
+    problem: Problem
+    plan: Plan
+    option: HardwareOption
+
+    @property
+    def model(self) -> TransformerModel:
+        return self.problem.model
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.option.system.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Format:
+    """A launch format: how it emits and parses, and where every plan field goes.
+
+    ``maps``: plan field -> the flags / keys that carry it. ``refuses``: plan field -> why a non-default value
+    cannot be expressed (the emitter refuses it). Together they cover every field of the plan model.
+    """
+
+    name: str
+    kind: Kind
+    emit: Callable[[Context], Emitted]
+    parse: Callable[[Emitted], Plan]
+    maps: Mapping[str, tuple[str, ...]]
+    refuses: Mapping[str, str] = field(default_factory=dict)
+    config_keys: Callable[[Emitted], set[str]] = lambda e: set()
+
+
+def refuse(fmt: str, setting: str, why: str) -> ProblemError:
+    """The one-line error for a plan setting a format cannot express (exit 2)."""
+    return ProblemError(f"{fmt} cannot express {setting}: {why}", field="plan")
+
+
+def node_layout(fmt: str, gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) of a launch: one partial node, or whole nodes (launchers start equal ranks per node)."""
+    if gpus <= gpus_per_node:
+        return 1, gpus
+    if gpus % gpus_per_node:
+        raise refuse(fmt, f"{gpus} GPUs", f"not a whole number of {gpus_per_node}-GPU nodes; allowed: "
+                     f"at most {gpus_per_node} or a multiple of {gpus_per_node}")
+    return gpus // gpus_per_node, gpus_per_node
+
+
+def flag_args(pairs: Iterable[tuple[str, object]]) -> list[str]:
+    """argv from (flag, value) pairs: value True -> bare flag, None / False -> omitted, else flag and str(value)."""
+    out: list[str] = []
+    for flag, value in pairs:
+        if value is None or value is False:
+            continue
+        out += [flag] if value is True else [flag, str(value)]
+    return out
+
+
+def parse_flags(args: Sequence[str]) -> dict[str, str | bool]:
+    """The inverse of :func:`flag_args`: a flag followed by a non-flag token takes it as its value."""
+    out: dict[str, str | bool] = {}
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if not tok.startswith("-"):
+            raise ValueError(f"unexpected argument {tok!r}")
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out[tok] = args[i + 1]
+            i += 2
+        else:
+            out[tok] = True
+            i += 1
+    return out
+
+
+def flag_names(args: Sequence[str]) -> set[str]:
+    """The flags among argv tokens (their values are not flags)."""
+    return set(parse_flags(args))
+
+
+def dotted_keys(tree: Mapping[str, Any], prefix: str = "") -> set[str]:
+    """Leaf keys of a nested mapping, dotted (``a.b.c``)."""
+    keys: set[str] = set()
+    for k, v in tree.items():
+        name = f"{prefix}{k}"
+        keys |= dotted_keys(v, name + ".") if isinstance(v, Mapping) else {name}
+    return keys
+
+
+def integer(flags: Mapping[str, str | bool], name: str, default: int = 1) -> int:
+    v = flags.get(name)
+    return default if v is None or isinstance(v, bool) else int(v)
+
+
+def precision_of(plan: Plan, task_precision: str) -> str:
+    """The plan's weight precision (serving plans carry one; otherwise the task's)."""
+    return str(getattr(plan, "precision", None) or task_precision)
+
+
+# -------------------------------------------------------------------------- Megatron pipeline layouts
+
+
+def layout_string(stage_layers: Sequence[int]) -> str:
+    """Megatron-Core pipeline layout: embedding E on the first stage, loss L on the last, t per layer, | between."""
+    last = len(stage_layers) - 1
+    return "|".join(("E" if i == 0 else "") + f"t*{n}" + ("L" if i == last else "") for i, n in enumerate(stage_layers))
+
+
+def layout_layers(layout: str) -> list[int]:
+    """Transformer layers per stage of a layout, unrolled with Megatron's own rules (pipeline_parallel_layer_layout)."""
+    s = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        s = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), s)
+    return [stage.count("t") for stage in s.split("|")]

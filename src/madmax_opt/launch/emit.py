@@ -1,0 +1,110 @@
+"""From plan to launch: emit a plan as a framework's runnable configuration, or parse one back.
+
+``emit_plan(problem, plan, fmt)`` -> :class:`Emitted` (commands + files), or a one-line ProblemError (exit 2) when
+the plan sets something the framework cannot express. ``parse_emitted`` is the inverse (tests: round trips).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io.problem import Problem, read_yaml, validate
+from madmax_opt.launch.common import Context, Emitted, Format, flag_names
+from madmax_opt.launch.dspeed import DEEPSPEED
+from madmax_opt.launch.flagsets import FORMAT_NAMES, flagset
+from madmax_opt.launch.megatron import MEGATRON, NEMO
+from madmax_opt.launch.serve import SGLANG, TRTLLM, VLLM
+from madmax_opt.launch.titan import TORCHTITAN
+from madmax_opt.model.spec import InferenceTask, Plan
+from madmax_opt.search.serving_space import ServingPlan
+
+FORMATS: dict[str, Format] = {f.name: f for f in (MEGATRON, NEMO, TORCHTITAN, DEEPSPEED, VLLM, SGLANG, TRTLLM)}
+assert tuple(FORMATS) == FORMAT_NAMES
+
+
+def get_format(fmt: str) -> Format:
+    flagset(fmt)  # unknown names: one-line error listing the allowed ones
+    return FORMATS[fmt]
+
+
+def formats_for(problem: Problem) -> list[str]:
+    """The formats of the problem's kind: serving formats for inference tasks, training formats otherwise."""
+    kind = "serving" if isinstance(problem.task, InferenceTask) else "training"
+    return [name for name, f in FORMATS.items() if f.kind == kind]
+
+
+def emit_plan(problem: Problem, plan: Plan, fmt: str) -> Emitted:
+    """The runnable configuration of ``plan`` in format ``fmt``; ProblemError when it cannot be expressed."""
+    f = get_format(fmt)
+    if fmt not in formats_for(problem):
+        allowed = ", ".join(formats_for(problem))
+        raise ProblemError(f"{fmt} is a {f.kind} format; allowed for this problem: {allowed}", file=problem.source,
+                           field="FORMAT")
+    if f.kind == "serving" and not isinstance(plan, ServingPlan):
+        plan = validate(ServingPlan, plan.model_dump(exclude_unset=True), file=problem.source, prefix="plan")
+    option = problem.hardware[problem.hw_index(plan)]
+    emitted = f.emit(Context(problem=problem, plan=plan, option=option))
+    unknown = emitted_names(emitted) - allowed_names(fmt)
+    if unknown:  # never hand out a flag the framework does not have
+        raise AssertionError(f"{fmt} emitted unrecorded names {sorted(unknown)}")
+    return emitted
+
+
+def parse_emitted(emitted: Emitted) -> Plan:
+    """The plan an emitted configuration runs (``system`` is not recovered: the commands carry node counts)."""
+    return get_format(emitted.format).parse(emitted)
+
+
+def emitted_names(emitted: Emitted) -> set[str]:
+    """Every flag (launcher and program) and config key an emitted configuration uses."""
+    f = FORMATS[emitted.format]
+    names = {n for c in emitted.commands for n in flag_names(c.launcher[1:]) | flag_names(
+        [a for a in c.args if a.startswith("-") or not _is_override(a)])}
+    return names | f.config_keys(emitted)
+
+
+def _is_override(token: str) -> bool:
+    return "=" in token and not token.startswith("-")
+
+
+def allowed_names(fmt: str) -> set[str]:
+    fs = flagset(fmt)
+    return set(fs.flags) | set(fs.config_keys) | fs.launcher_flags
+
+
+def plan_of_record(problem: Problem, record_plan: dict[str, Any]) -> Plan:
+    """A plan of a ``solve --json`` record (serving records carry kv_precision, a task setting, besides)."""
+    cls = ServingPlan if isinstance(problem.task, InferenceTask) else Plan
+    return validate(cls, {k: v for k, v in record_plan.items() if k in cls.model_fields}, file=problem.source,
+                    prefix="plan")
+
+
+def emit_result(problem: Problem, result: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """The ``emitted`` entry of ``solve --json --emit FMT``: the best plan's configuration."""
+    return emit_plan(problem, plan_of_record(problem, result["best"]["plan"]), fmt).model_dump()
+
+
+def load_plan_file(path: Path, problem: Problem) -> list[Plan]:
+    """Plans of a YAML/JSON plan file (a mapping or a list), as training or serving plans per the problem."""
+    from madmax_opt.io.problem import load_plans
+
+    if not isinstance(problem.task, InferenceTask):
+        return load_plans(path, problem)
+    data = read_yaml(path, what="plan file")
+    items = data if isinstance(data, list) else [data]
+    return [validate(ServingPlan, x, file=str(path), prefix=f"[{i}]" if isinstance(data, list) else "")
+            for i, x in enumerate(items)]
+
+
+def write_emitted(emitted: Emitted, out: Path) -> list[Path]:
+    """Write the files and a launch script (``launch.sh``) into ``out``; returns the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in {**emitted.files, "launch.sh": emitted.script()}.items():
+        path = out / name
+        path.write_text(text, encoding="utf-8")
+        paths.append(path)
+    (out / "launch.sh").chmod(0o755)
+    return paths

@@ -1,0 +1,266 @@
+"""Megatron-LM command lines and NeMo 2 / Megatron-Bridge recipe overrides (both Megatron-Core underneath).
+
+Plan -> Megatron-Core: dp comes from the launcher (world size / (tp pp cp)); ZeRO-1 is the distributed optimizer,
+ZeRO-2/3 Megatron-FSDP with sharding optim_grads / optim_grads_params; an uneven split is a pipeline layout string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from madmax_opt.launch.common import (
+    Command,
+    Context,
+    Emitted,
+    Format,
+    flag_args,
+    integer,
+    layout_layers,
+    layout_string,
+    node_layout,
+    parse_flags,
+    refuse,
+)
+from madmax_opt.launch.flagsets import flagset
+from madmax_opt.model.spec import Plan, Task
+
+SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP data_parallel_sharding_strategy per ZeRO stage
+FP8_RECIPE = {"fp8": ("hybrid", "tensorwise"), "mxfp8": ("e4m3", "mxfp8")}  # task precision -> (format, recipe)
+NEMO_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_current_scaling_mixed",
+                  "mxfp8": "bf16_with_mxfp8_mixed"}
+NEMO_RECIPE = {"swiglu": "llama3_70b_pretrain_32gpu_h100_bf16_config",  # silu + gated MLP base
+               "gelu": "gpt3_175b_pretrain_32gpu_h100_bf16_config"}
+
+
+def training_checks(ctx: Context, fmt: str) -> Task:
+    """Settings no training format expresses: ViT, fine-tuning recipes, a serving batch, mixed GPU types."""
+    p, m, task = ctx.plan, ctx.model, ctx.problem.task
+    if not isinstance(task, Task):
+        raise refuse(fmt, "an inference task", "a training format; allowed for serving: vllm, sglang, trtllm")
+    if m.family != "llm":
+        raise refuse(fmt, f"model family {m.family}", "only decoder LLMs are emitted; allowed: family llm")
+    if task.lora_rank or task.frozen_layers:
+        raise refuse(fmt, "lora_rank / frozen_layers", "fine-tuning recipes are not emitted; allowed: full training")
+    if p.batch is not None:
+        raise refuse(fmt, "batch", "a serving setting; training plans use mbs")
+    if p.stage_systems is not None and len(set(p.stage_systems)) > 1:
+        raise refuse(fmt, "mixed GPU types per pipeline stage", "one launch runs on one system; allowed: "
+                     "stage_systems all equal")
+    return task
+
+
+def uniform_recompute(p: Plan, fmt: str) -> None:
+    if p.stage_recompute is not None and len(set(p.stage_recompute)) > 1:
+        raise refuse(fmt, f"per-stage recompute {p.stage_recompute}",
+                     "recomputation is one setting for every stage; allowed: stage_recompute all equal")
+
+
+def even_layers(layers: int, stages: int, fmt: str, what: str) -> int:
+    if layers % stages:
+        raise refuse(fmt, what, f"{layers} layers do not split evenly over {stages} stages; allowed: a divisor, "
+                     "or an uneven plan (stage_layers)")
+    return layers // stages
+
+
+def torchrun(ctx: Context, fmt: str) -> tuple[list[str], int]:
+    nodes, per_node = node_layout(fmt, ctx.plan.gpus, ctx.gpus_per_node)
+    return ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(per_node)], nodes
+
+
+def torchrun_world(launcher: Sequence[str]) -> int:
+    f = parse_flags(launcher[1:])
+    return integer(f, "--nnodes") * integer(f, "--nproc-per-node")
+
+
+def emitted(ctx: Context, fmt: str, commands: list[Command], nodes: int, files: dict[str, str] | None = None,
+            notes: list[str] | None = None) -> Emitted:
+    fs = flagset(fmt)
+    return Emitted(format=fmt, framework=fs.framework, version=fs.version, kind="training",
+                   system=ctx.option.system.name, gpus=ctx.plan.gpus, nodes=nodes,
+                   gpus_per_node=min(ctx.plan.gpus, ctx.gpus_per_node), commands=commands, files=files or {},
+                   notes=notes or [])
+
+
+# ----------------------------------------------------------------------------------------------- Megatron-LM
+
+
+def megatron_emit(ctx: Context) -> Emitted:
+    fmt, p, m = "megatron", ctx.plan, ctx.model
+    task = training_checks(ctx, fmt)
+    uniform_recompute(p, fmt)
+    layout = layout_string(p.stage_layers) if p.stage_layers is not None else None
+    per_chunk = even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}") if layout is None else None
+    moe = m.moe
+    fp8 = FP8_RECIPE.get(task.precision)
+    launcher, nodes = torchrun(ctx, fmt)
+    args = flag_args([
+        ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp),
+        ("--num-layers-per-virtual-pipeline-stage", per_chunk if p.vpp > 1 else None),
+        ("--pipeline-model-parallel-layout", layout),
+        ("--context-parallel-size", p.cp), ("--expert-model-parallel-size", p.ep),
+        ("--sequence-parallel", p.sp),
+        ("--micro-batch-size", p.mbs), ("--global-batch-size", task.global_batch),
+        ("--recompute-granularity", None if p.recompute == "none" else p.recompute),
+        ("--recompute-method", "uniform" if p.recompute == "full" else None),
+        ("--recompute-num-layers", 1 if p.recompute == "full" else None),
+        ("--use-distributed-optimizer", p.zero == 1),
+        ("--use-megatron-fsdp", p.zero >= 2), ("--data-parallel-sharding-strategy", SHARDING.get(p.zero)),
+        ("--overlap-grad-reduce", ctx.problem.stack.dp_overlap),
+        ("--overlap-param-gather", ctx.problem.stack.dp_overlap and p.zero >= 1),
+        ("--tp-comm-overlap", ctx.problem.stack.tp_comm_overlap and p.tp > 1 and p.sp),
+        ("--fp16", task.precision == "fp16"), ("--bf16", task.precision != "fp16"),
+        ("--fp8-format", fp8[0] if fp8 else None), ("--fp8-recipe", fp8[1] if fp8 else None),
+        ("--num-layers", m.layers), ("--hidden-size", m.hidden), ("--num-attention-heads", m.heads),
+        ("--group-query-attention", m.n_kv_heads != m.heads),
+        ("--num-query-groups", m.n_kv_heads if m.n_kv_heads != m.heads else None),
+        ("--ffn-hidden-size", m.ffn), ("--swiglu", m.ffn_kind == "swiglu"),
+        ("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"),
+        ("--seq-length", task.seq_len), ("--max-position-embeddings", task.seq_len), ("--vocab-size", m.vocab),
+        ("--untie-embeddings-and-output-weights", not m.tied_embeddings), ("--disable-bias-linear", not m.bias),
+        ("--num-experts", moe.num_experts if moe else None), ("--moe-router-topk", moe.top_k if moe else None),
+        ("--moe-ffn-hidden-size", moe.expert_ffn if moe else None),
+        ("--moe-shared-expert-intermediate-size", moe.shared_experts * moe.expert_ffn if moe and moe.shared_experts
+         else None),
+    ])
+    cmd = Command(launcher=launcher, program=[flagset(fmt).program], args=args)
+    return emitted(ctx, fmt, [cmd], nodes, notes=["add your data and tokenizer flags (--data-path, "
+                                                  "--tokenizer-type) and training schedule (--train-iters, --lr)"])
+
+
+def megatron_parse(e: Emitted) -> Plan:
+    (cmd,) = e.commands
+    f = parse_flags(cmd.args)
+    tp, pp, cp = integer(f, "--tensor-model-parallel-size"), integer(f, "--pipeline-model-parallel-size"), integer(
+        f, "--context-parallel-size")
+    layers = integer(f, "--num-layers")
+    granularity = f.get("--recompute-granularity")
+    recompute = str(granularity) if isinstance(granularity, str) else "none"
+    zero = 1 if "--use-distributed-optimizer" in f else 0
+    if "--use-megatron-fsdp" in f:
+        zero = {v: k for k, v in SHARDING.items()}[str(f["--data-parallel-sharding-strategy"])]
+    layout = f.get("--pipeline-model-parallel-layout")
+    per_chunk = f.get("--num-layers-per-virtual-pipeline-stage")
+    stages = layout_layers(str(layout)) if isinstance(layout, str) else None
+    return Plan(
+        dp=torchrun_world(cmd.launcher) // (tp * pp * cp), tp=tp, pp=pp, cp=cp,
+        vpp=layers // (pp * int(per_chunk)) if isinstance(per_chunk, str) else 1,
+        mbs=integer(f, "--micro-batch-size"), zero=zero, recompute=recompute,
+        sp="--sequence-parallel" in f, ep=integer(f, "--expert-model-parallel-size"),
+        stage_layers=stages, stage_recompute=[recompute] * pp if stages else None,
+    )
+
+
+# ------------------------------------------------------------------------------------ NeMo / Megatron-Bridge
+
+
+def nemo_emit(ctx: Context) -> Emitted:
+    fmt, p, m = "nemo", ctx.plan, ctx.model
+    task = training_checks(ctx, fmt)
+    uniform_recompute(p, fmt)
+    if p.stage_layers is None:
+        even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}")
+    moe = m.moe
+    overrides: list[tuple[str, object]] = [
+        ("model.tensor_model_parallel_size", p.tp), ("model.pipeline_model_parallel_size", p.pp),
+        ("model.virtual_pipeline_model_parallel_size", p.vpp if p.vpp > 1 else None),
+        ("model.pipeline_model_parallel_layout", layout_string(p.stage_layers) if p.stage_layers else None),
+        ("model.context_parallel_size", p.cp), ("model.expert_model_parallel_size", p.ep),
+        ("model.sequence_parallel", p.sp),
+        ("model.recompute_granularity", None if p.recompute == "none" else p.recompute),
+        ("model.recompute_method", "uniform" if p.recompute == "full" else None),
+        ("model.recompute_num_layers", 1 if p.recompute == "full" else None),
+        ("model.tp_comm_overlap", ctx.problem.stack.tp_comm_overlap and p.tp > 1 and p.sp),
+        ("train.micro_batch_size", p.mbs), ("train.global_batch_size", task.global_batch),
+        ("dataset.seq_length", task.seq_len), ("model.seq_length", task.seq_len),
+        ("ddp.use_distributed_optimizer", p.zero >= 1), ("optimizer.use_distributed_optimizer", p.zero >= 1),
+        ("ddp.use_megatron_fsdp", True if p.zero >= 2 else None), ("dist.use_megatron_fsdp", True if p.zero >= 2
+                                                                    else None),
+        ("ddp.data_parallel_sharding_strategy", SHARDING.get(p.zero)),
+        ("ddp.overlap_grad_reduce", ctx.problem.stack.dp_overlap),
+        ("ddp.overlap_param_gather", ctx.problem.stack.dp_overlap and p.zero >= 1),
+        ("mixed_precision", NEMO_PRECISION[task.precision]),
+        ("model.num_layers", m.layers), ("model.hidden_size", m.hidden), ("model.num_attention_heads", m.heads),
+        ("model.num_query_groups", m.n_kv_heads), ("model.ffn_hidden_size", m.ffn), ("model.vocab_size", m.vocab),
+        ("model.normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"),
+        ("model.gated_linear_unit", m.ffn_kind == "swiglu"), ("model.add_bias_linear", m.bias),
+        ("model.share_embeddings_and_output_weights", m.tied_embeddings),
+        ("model.num_moe_experts", moe.num_experts if moe else None),
+        ("model.moe_router_topk", moe.top_k if moe else None),
+        ("model.moe_ffn_hidden_size", moe.expert_ffn if moe else None),
+        ("model.moe_shared_expert_intermediate_size", moe.shared_experts * moe.expert_ffn if moe and
+         moe.shared_experts else None),
+    ]
+    args = ["--recipe", NEMO_RECIPE[m.ffn_kind], "--mode", "pretrain"]
+    args += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides if v is not None]
+    launcher, nodes = torchrun(ctx, fmt)
+    cmd = Command(launcher=launcher, program=[flagset(fmt).program], args=args)
+    notes = [f"base recipe {NEMO_RECIPE[m.ffn_kind]} supplies activation, rope and optimizer defaults; the "
+             "overrides set the architecture and the plan", "add --dataset and checkpoint options for your run"]
+    return emitted(ctx, fmt, [cmd], nodes, notes=notes)
+
+
+def nemo_overrides(args: Sequence[str]) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("-"))
+
+
+def nemo_parse(e: Emitted) -> Plan:
+    (cmd,) = e.commands
+    o = nemo_overrides(cmd.args)
+
+    def num(key: str, default: int = 1) -> int:
+        return int(o[key]) if key in o else default
+
+    tp, pp, cp = num("model.tensor_model_parallel_size"), num("model.pipeline_model_parallel_size"), num(
+        "model.context_parallel_size")
+    recompute = o.get("model.recompute_granularity", "none")
+    zero = 1 if o.get("ddp.use_distributed_optimizer") == "true" else 0
+    if o.get("ddp.use_megatron_fsdp") == "true":
+        zero = {v: k for k, v in SHARDING.items()}[o["ddp.data_parallel_sharding_strategy"]]
+    layout = o.get("model.pipeline_model_parallel_layout")
+    stages = layout_layers(layout) if layout else None
+    return Plan(
+        dp=torchrun_world(cmd.launcher) // (tp * pp * cp), tp=tp, pp=pp, cp=cp,
+        vpp=num("model.virtual_pipeline_model_parallel_size"), mbs=num("train.micro_batch_size"), zero=zero,
+        recompute=recompute,
+        sp=o.get("model.sequence_parallel") == "true", ep=num("model.expert_model_parallel_size"),
+        stage_layers=stages, stage_recompute=[recompute] * pp if stages else None,
+    )
+
+
+def nemo_keys(e: Emitted) -> set[str]:
+    return {k for c in e.commands for k in nemo_overrides(c.args)}
+
+
+MIXED = "stage_systems with more than one system: one launch runs on one GPU type"
+STAGE_RECOMPUTE = "stage_recompute that differs between stages: recomputation is one setting for every stage"
+BATCH = "batch: a serving setting"
+
+MEGATRON = Format(
+    name="megatron", kind="training", emit=megatron_emit, parse=megatron_parse,
+    maps={
+        "dp": ("--nnodes", "--nproc-per-node"), "tp": ("--tensor-model-parallel-size",),
+        "pp": ("--pipeline-model-parallel-size",), "cp": ("--context-parallel-size",),
+        "vpp": ("--num-layers-per-virtual-pipeline-stage",), "mbs": ("--micro-batch-size",),
+        "zero": ("--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy"),
+        "recompute": ("--recompute-granularity", "--recompute-method", "--recompute-num-layers"),
+        "sp": ("--sequence-parallel",), "ep": ("--expert-model-parallel-size",),
+        "system": ("--nnodes", "--nproc-per-node"), "stage_layers": ("--pipeline-model-parallel-layout",),
+        "stage_recompute": ("--recompute-granularity",), "stage_systems": ("--nnodes", "--nproc-per-node"),
+    },
+    refuses={"batch": BATCH, "stage_recompute": STAGE_RECOMPUTE, "stage_systems": MIXED},
+)
+
+NEMO = Format(
+    name="nemo", kind="training", emit=nemo_emit, parse=nemo_parse, config_keys=nemo_keys,
+    maps={
+        "dp": ("--nnodes", "--nproc-per-node"), "tp": ("model.tensor_model_parallel_size",),
+        "pp": ("model.pipeline_model_parallel_size",), "cp": ("model.context_parallel_size",),
+        "vpp": ("model.virtual_pipeline_model_parallel_size",), "mbs": ("train.micro_batch_size",),
+        "zero": ("ddp.use_distributed_optimizer", "ddp.use_megatron_fsdp", "ddp.data_parallel_sharding_strategy"),
+        "recompute": ("model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers"),
+        "sp": ("model.sequence_parallel",), "ep": ("model.expert_model_parallel_size",),
+        "system": ("--nnodes", "--nproc-per-node"), "stage_layers": ("model.pipeline_model_parallel_layout",),
+        "stage_recompute": ("model.recompute_granularity",), "stage_systems": ("--nnodes", "--nproc-per-node"),
+    },
+    refuses={"batch": BATCH, "stage_recompute": STAGE_RECOMPUTE, "stage_systems": MIXED},
+)
