@@ -20,10 +20,10 @@ from strategies import small_hardware, small_models
 def small_problems(draw: Any) -> dict[str, Any]:
     model = draw(small_models([4, 6, 8, 12, 16]))
     hardware = draw(small_hardware(3))
-    space: dict[str, Any] = {
-        "cp": draw(st.sampled_from([1, [1, 2]])),
-        "mbs": draw(st.sampled_from([[1, 2], [1, 2, 4]])),
-    }
+    space: dict[str, Any] = {"cp": draw(st.sampled_from([1, [1, 2]]))}
+    mbs = draw(st.sampled_from([[1, 2], [1, 2, 4], None]))  # None: the default, every divisor of the batch
+    if mbs is not None:
+        space["mbs"] = mbs
     if draw(st.booleans()):
         space["recompute"] = draw(st.sampled_from([["none", "full"], "full", ["none", "selective", "full"]]))
     constraints: dict[str, Any] = {}
@@ -133,3 +133,121 @@ def test_model_that_fits_nowhere_is_explained() -> None:
     }
     with pytest.raises(InfeasibleError, match=r"needs at least .* GB per GPU.*memory capacity"):
         solve_records(problem_from_dict(data))
+
+
+# ------------------------------------------------ the default space: every vpp and micro-batch size Megatron runs
+
+
+def _gpt3(gpus: int, space: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "model": "gpt3-175b",
+        "hardware": {"system": "dgx-a100", "gpus": gpus},
+        "task": {"seq_len": 2048, "global_batch": 1536},
+        "space": space or {},
+    }
+
+
+def test_default_space_is_every_valid_vpp_and_mbs() -> None:
+    """Counted independently: per shape, vpp in the divisors of L/pp and mbs in the divisors of B/dp."""
+    data = _gpt3(512, {"tp": 8, "cp": 1, "zero": 1, "recompute": "none", "sp": True})
+    plans = candidates(Model(problem_from_dict(data))).plans
+    expected = set()
+    for pp in (1, 2, 4, 8, 16, 32, 64):  # pp | 96 layers and pp | 512 / tp
+        if 96 % pp or 64 % pp:
+            continue
+        dp = 64 // pp
+        for v in range(1, 97):
+            if 96 % (pp * v) or (pp == 1 and v > 1):
+                continue
+            for b in range(1, 1537):
+                if (1536 // dp) % b == 0:
+                    expected.add((dp, pp, v, b))
+    got = {(int(plans.dp[i]), int(plans.pp[i]), int(plans.vpp[i]), int(plans.mbs[i])) for i in range(len(plans))}
+    assert got == expected
+    assert {(16, 4, 24, 3), (8, 8, 12, 6)} <= got  # interleave 24, mbs 3 and 6 are in the default space
+
+
+@pytest.mark.parametrize("gpus", [512, 4096])
+def test_default_solve_beats_every_plan_of_the_widened_space(gpus: int) -> None:
+    """Issue 16: vpp up to 24 and mbs 3 and 6 (as another tool searches) cannot beat the default solve."""
+    default = problem_from_dict(_gpt3(gpus))
+    out, recs = solve_records(default)
+    wide = problem_from_dict(_gpt3(gpus, {"vpp": list(range(1, 25)), "mbs": [1, 2, 3, 4, 6, 8]}))
+    model = Model(wide)
+    c = candidates(model)
+    order = brute_force_order(model, c, "throughput")
+    assert out.status == "optimal" and len(order) > 0
+    assert out.objective is not None and out.objective <= int(c.step_us[order[0]])  # rounded integers
+    assert recs[0]["step_time_s"] <= float(c.met.step_time_s[c.met.feasible].min()) + 2 * ROUNDING_TOLERANCE_S
+    if gpus == 4096:  # the old default (vpp 1, 2, 4; mbs 1, 2, 4, 8) is beaten by more than 10 %
+        old = problem_from_dict(_gpt3(gpus, {"vpp": [1, 2, 4], "mbs": [1, 2, 4, 8]}))
+        _, old_recs = solve_records(old)
+        assert recs[0]["step_time_s"] < 0.92 * old_recs[0]["step_time_s"]
+
+
+# ------------------------------------------------ the summary describes the search that returned the plan
+
+
+def _uneven405(space: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "model": "llama3-405b",
+        "hardware": {"system": "dgx-h100", "gpus": 1024},
+        "task": {"seq_len": 8192, "global_batch": 512},
+        "space": {"tp": 8, "uneven_stages": True, **space},
+    }
+
+
+def test_summary_of_an_uneven_plan_is_the_uneven_search() -> None:
+    out, recs = solve_records(problem_from_dict(_uneven405({"pp": 16, "vpp": 1})))  # 126 layers: no uniform plan
+    s = out.summary()
+    u = out.uneven
+    assert u is not None and recs[0]["plan"]["stage_layers"] is not None
+    assert s["search"] == "uneven" and s["objective"] == u.objective and s["wall_s"] == u.wall_s
+    assert s["booleans"] == u.booleans and s["candidates"] == u.bases_solved + u.bases_pruned
+    assert s["gap"] == 0.0 and s["best_bound"] == s["objective"]  # proven optimal, never negative
+    assert s["total_wall_s"] >= s["wall_s"]
+    n_micro = 512 / (recs[0]["plan"]["dp"] * recs[0]["plan"]["mbs"])
+    assert abs(s["objective"] / 1e6 - recs[0]["step_time_s"]) <= u.tolerance_s(n_micro, 16)
+
+
+def test_summary_of_a_uniform_winner_is_the_uniform_search() -> None:
+    data = _gpt3(512, {"pp": 8, "tp": 8, "vpp": 1, "uneven_stages": True})
+    out, recs = solve_records(problem_from_dict(data))
+    s = out.summary()
+    assert recs[0]["plan"]["stage_layers"] is None and s["search"] == "uniform"
+    assert out.uneven is not None and out.uneven.status == "no-improvement"
+    assert s["booleans"] == out.model_size and s["candidates"] == len(out.candidates.plans)
+    assert s["gap"] >= 0.0 and s["total_wall_s"] >= s["wall_s"] + out.uneven.wall_s * 0.99
+
+
+def test_even_split_that_ties_is_reported_uniform(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An uneven search that returns the even split of the best uniform plan (its rounding a few us lower) must not
+    be reported as an uneven plan."""
+    from madmax_opt.search import solver
+    from madmax_opt.search.stages import UnevenResult
+
+    data = _gpt3(512, {"pp": 8, "tp": 8, "vpp": 1, "uneven_stages": True})
+    problem = problem_from_dict(data)
+    _, base_recs = solve_records(problem_from_dict({**data, "space": {**data["space"], "uneven_stages": False}}))
+    best = base_recs[0]["plan"]
+    even = solver.Plan(**{**best, "stage_layers": [12] * 8, "stage_recompute": [best["recompute"]] * 8})
+    step_us = base_recs[0]["step_time_s"] * 1e6 - 1.0  # "better" by rounding only
+
+    def fake(*args: Any, **kwargs: Any) -> UnevenResult:
+        return UnevenResult(even, step_us, "optimal", 1, 0, 0.01, 10, step_us, step_us)
+
+    monkeypatch.setattr(solver, "solve_uneven", fake)
+    out, recs = solve_records(problem)
+    assert recs[0]["plan"]["stage_layers"] is None and out.summary()["search"] == "uniform"
+    assert recs[0]["step_time_s"] == base_recs[0]["step_time_s"]
+
+
+def test_gap_is_never_negative() -> None:
+    from madmax_opt.core.errors import InternalError
+    from madmax_opt.search.assemble import solver_summary
+
+    # float noise in CP-SAT's bound (1e-8 relative, as the 405B uneven solve reported) is clamped to 0
+    assert solver_summary(21997656.5625, 21997656.5625 * (1 + 2.4e-10), 0.1, 1, 1)["gap"] == 0.0
+    assert solver_summary(100, 90.0, 0.1, 1, 1)["gap"] == pytest.approx(0.1)
+    with pytest.raises(InternalError):  # a bound far above the solution is a bug, not noise
+        solver_summary(100, 110.0, 0.1, 1, 1)

@@ -83,8 +83,9 @@ def print_solution(result: dict[str, Any], console: Console) -> None:
     s = result["solver"]
     console.print(
         f"[bold]status:[/bold] {result['status']}   objective {s['objective']} (bound {s['best_bound']}, "
-        f"gap {s['gap']:.3g})   candidates {s['candidates']:,}   CP-SAT Booleans {s['booleans']}   "
-        f"wall {s['wall_s']:.3f} s"
+        f"gap {s['gap']:.3g})   {s.get('search', 'uniform')} search: candidates {s['candidates']:,}   "
+        f"CP-SAT Booleans {s['booleans']}   wall {s['wall_s']:.3f} s"
+        + (f" (all searches {s['total_wall_s']:.3f} s)" if s.get("total_wall_s", s["wall_s"]) != s["wall_s"] else "")
     )
     console.print(evaluation_table(result["best"], title="best plan"))
     if len(result["top"]) > 1:

@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 from ortools.sat.python import cp_model
 
+from madmax_opt.core.errors import InternalError
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.search.cpsat import (
     INT_LIMIT,
@@ -55,16 +56,24 @@ class Pick:
 
 
 def solver_summary(
-    objective: int | None, best_bound: float | None, wall_s: float, candidates: int, booleans: int
+    objective: float | None, best_bound: float | None, wall_s: float, candidates: int, booleans: int
 ) -> dict[str, Any]:
     """The ``solver`` object of the solve JSON: objective, proven bound, relative gap, size, time."""
     obj = objective or 0
     bound = best_bound if best_bound is not None else float("nan")
+    g = gap(obj, bound)
+    # CP-SAT reports its bound as a float (best_objective_bound, and the uneven search divides sums of integers by
+    # p v): a bound above the objective by float rounding only (relative 1e-9) is that noise, and the gap is 0;
+    # anything larger would be a wrong bound
+    if -1e-9 <= g < 0.0:
+        g = 0.0
+    if g < 0.0:
+        raise InternalError(f"solver bound {bound} above its own solution {obj} (gap {g:.3g})")
     return {
         "wall_s": wall_s,
         "objective": obj,
         "best_bound": bound,
-        "gap": gap(obj, bound),
+        "gap": g,
         "candidates": candidates,
         "booleans": booleans,
     }

@@ -12,7 +12,6 @@ from madmax_opt.io.problem import Problem
 def solve_result(problem: Problem, top_k: int, time_limit: float, workers: int) -> dict[str, Any]:
     """The JSON object of ``solve --json``."""
     from madmax_opt.search import serving
-    from madmax_opt.search.assemble import solver_summary
     from madmax_opt.search.solver import solve_records
 
     if problem.task.kind == "inference":  # serving plans
@@ -22,9 +21,7 @@ def solve_result(problem: Problem, top_k: int, time_limit: float, workers: int) 
     speedup = None
     if baseline and baseline["feasible"]:
         speedup = records[0]["tokens_per_s"] / baseline["tokens_per_s"]
-    summary = solver_summary(
-        outcome.objective, outcome.best_bound, outcome.wall_s, len(outcome.candidates.plans), outcome.model_size
-    )
+    summary = outcome.summary()  # describes the search that produced the returned plan
     return {
         "status": outcome.status,
         "objective": problem.objective,

@@ -19,10 +19,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from madmax_opt.analysis.evaluator import Metrics, Model, invalid_reason, metrics, staged_record, to_records
-from madmax_opt.core.errors import InfeasibleError, InternalError
+from madmax_opt.core.errors import InfeasibleError, InternalError, ProblemError
 from madmax_opt.io.problem import Problem
 from madmax_opt.model.objectives import Rates
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.spec import Plan
 from madmax_opt.model.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS
 from madmax_opt.search.assemble import (
     IntObjective,
@@ -31,6 +32,7 @@ from madmax_opt.search.assemble import (
     brute_force,
     cluster_limits,
     pick_best,
+    solver_summary,
     supplies,
 )
 from madmax_opt.search.cpsat import INT_LIMIT, CpSatOptions, to_int
@@ -115,13 +117,29 @@ def brute_force_order(model: Model, c: Candidates, objective: str) -> IntArr:
 class SolveOutcome:
     status: str  # optimal | feasible | infeasible
     top: list[int]  # candidate indices, best first
-    objective: int | None
+    objective: float | None  # integer units of the objective (uneven: a multiple of 1/(p v) of them)
     best_bound: float | None
     wall_s: float
     candidates: Candidates
     model_size: int  # Booleans in the CP-SAT model
     explanation: str | None = None
     uneven: UnevenResult | None = None  # uneven-pipeline search, when the space allows it
+    search: str = "uniform"  # the search that produced the returned plan: uniform | uneven | mixed
+    total_wall_s: float | None = None  # every search together (uniform + uneven)
+
+    def summary(self) -> dict[str, Any]:
+        """The ``solver`` object of the solve JSON: objective, bound and gap of the returned plan; wall time and
+        model size of the search that produced it (``search``); ``total_wall_s`` over all searches run."""
+        size = len(self.candidates.plans) if self.search == "uniform" or self.uneven is None else (
+            self.uneven.bases_solved + self.uneven.bases_pruned)  # uneven: pipeline bases (each a CP-SAT model)
+        out = solver_summary(self.objective, self.best_bound, self.wall_s, size, self.model_size)
+        out["search"] = self.search
+        out["total_wall_s"] = self.total_wall_s if self.total_wall_s is not None else self.wall_s
+        if self.uneven is not None:
+            out["uneven"] = {"status": self.uneven.status, "bases_solved": self.uneven.bases_solved,
+                             "bases_pruned": self.uneven.bases_pruned, "wall_s": self.uneven.wall_s,
+                             "booleans": self.uneven.booleans}
+        return out
 
 
 def solve(
@@ -196,6 +214,7 @@ def solve_records(
     With ``space.uneven_stages`` the best uneven pipeline that beats the best uniform plan on the problem's
     objective is put first.
     """
+    t0 = time.perf_counter()
     opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
     model = Model(problem)
     try:
@@ -220,22 +239,53 @@ def solve_records(
                     f"uneven-pipeline mismatch on {rec['plan']}: evaluator {rec['step_time_s']:.6f} s, "
                     f"solver {uneven.step_us / US:.6f} s (tolerance {tol * 1e6:.1f} us)"
                 )
-            recs = [rec, *recs][: max(len(recs), 1)]
+            even = _uniform_equivalent(model, uneven.plan)
+            if even is not None and recs and even["step_time_s"] >= recs[0]["step_time_s"] - tol:
+                pass  # an even split that ties the best uniform plan (the two roundings differ): keep the uniform
+            else:
+                recs = [even or rec, *recs][: max(len(recs), 1)]
+                winner = "mixed" if uneven.plan.stage_systems and len(set(uneven.plan.stage_systems)) > 1 else \
+                    "uneven"
+                if outcome is not None:  # the uneven search produced the returned plan: describe that search
+                    outcome.status, outcome.objective, outcome.wall_s = uneven.status, uneven.objective, uneven.wall_s
+                    outcome.model_size, outcome.search = uneven.booleans, winner
         if outcome is None:
             if uneven.plan is None:
                 raise InfeasibleError(explain_infeasible(model, candidates(model)))
             outcome = SolveOutcome(
                 uneven.status,
                 [],
-                round(uneven.objective or 0),
                 uneven.objective,
+                uneven.best_bound,
                 uneven.wall_s,
                 candidates(model),
                 uneven.booleans,
+                search=winner,
             )
         outcome.uneven = uneven
+        if uneven.status == "feasible":  # the uneven search did not finish: the returned plan is not proven best
+            outcome.status = "feasible"
+        if uneven.best_bound is not None and outcome.best_bound is not None:  # a bound over both searches
+            outcome.best_bound = min(outcome.best_bound, uneven.best_bound)
     assert outcome is not None  # a uniform or an uneven plan was found, else InfeasibleError was raised
+    outcome.total_wall_s = time.perf_counter() - t0
     return outcome, recs
+
+
+def _uniform_equivalent(model: Model, plan: Plan) -> dict[str, Any] | None:
+    """The uniform-plan record of an uneven plan whose stages are all alike (equal layers, one recompute mode,
+    one system), when that uniform plan is valid; None otherwise."""
+    assert plan.stage_layers is not None and plan.stage_recompute is not None
+    systems = set(plan.stage_systems or [plan.system])
+    if len(set(plan.stage_layers)) > 1 or len(set(plan.stage_recompute)) > 1 or len(systems) > 1:
+        return None
+    uniform = plan.model_copy(update={"stage_layers": None, "stage_recompute": None, "stage_systems": None,
+                                      "recompute": plan.stage_recompute[0], "system": systems.pop()})
+    try:
+        rec = to_records(model, model.arrays([uniform]))[0]
+    except ProblemError:  # e.g. no hardware option with that system and GPU count
+        return None
+    return rec if rec["feasible"] else None
 
 
 def explain_infeasible(model: Model, c: Candidates) -> str:

@@ -57,6 +57,7 @@ class UnevenResult:
     wall_s: float
     booleans: int  # largest CP-SAT model built
     objective: float | None = None  # the plan's objective in the training integer units (rate x step_us)
+    best_bound: float | None = None  # proven lower bound on the objective of every uneven plan (same units)
 
     def tolerance_s(self, n_micro: float, pp: int) -> float:
         """Rounding bound: each stage time rounded to 1 us enters m + (p-1) times, dp and optimizer once."""
@@ -337,6 +338,7 @@ def solve_uneven(
     modes = sorted(set(np.unique(enumerate_plans(pr).recompute).tolist()))
     best_plan, best_obj, best_us, exact, solved, booleans = None, float(incumbent), None, True, 0, 0
     pruned, out_of_time = 0, False
+    open_bound = np.inf  # lowest lower bound of the bases / compositions not solved to optimality
     for pos, j in enumerate(order):
         if lb[j] >= best_obj:
             pruned = len(order) - pos
@@ -350,6 +352,7 @@ def solve_uneven(
             remaining = time_limit_s - (time.perf_counter() - t0)
             if remaining <= 0:
                 exact, out_of_time = False, True
+                open_bound = min(open_bound, float(lb[j]))  # later bases (sorted) and compositions bound >= lb[j]
                 break
             # against the uniform incumbent (rounded once), an uneven plan must win beyond both roundings
             margin_us = 0.0 if best_plan is not None else 0.5 / rate + (float(cand["n_micro"][0]) + int(base.pp[0])
@@ -363,6 +366,7 @@ def solve_uneven(
             booleans = max(booleans, nb)
             if status in ("unknown", "feasible"):
                 exact = False
+                open_bound = min(open_bound, bound)
             if step_us is not None and step_us * rate < best_obj:
                 best_obj, best_us = step_us * rate, step_us
                 order_stages = sorted(chosen, key=lambda i: int(cand["stage"][i]))
@@ -387,4 +391,5 @@ def solve_uneven(
     return UnevenResult(
         best_plan, best_us, status, solved, pruned, time.perf_counter() - t0, booleans,
         best_obj if best_plan is not None else None,
+        min(best_obj, open_bound),  # every base was solved, pruned by its bound, or is still open
     )
