@@ -178,3 +178,37 @@ def test_mixed_stages_match_exhaustive_and_respect_supply() -> None:
     # a plan using two H100 stages breaks the supply and is reported infeasible by the evaluator
     over = res.plan.model_copy(update={"stage_systems": ["dgx-h100", "dgx-h100", "dgx-a100"]})
     assert not staged_record(model, over)["feasible"]
+
+
+@pytest.mark.parametrize(("pp", "vpp", "split"), [(8, 8, [15] + [16] * 6 + [15]), (16, 2, [7] + [8] * 14 + [7])])
+def test_llama3_405b_interleaved_uneven_is_expressible_priced_and_searched(pp: int, vpp: int, split: list[int]) -> None:
+    """126 layers on pp 8 x vpp 8 / pp 16 x vpp 2 (issue 11): Megatron-Core's split with the embedding and the loss
+    counted as layers, (126 + 2) / (p v) per virtual chunk, is one the search may return; the bubble is (p - 1)/v
+    of the mean stage time, i.e. v times smaller than the same split without interleaving."""
+    data = {
+        "model": "llama3-405b",
+        "hardware": {"system": "dgx-h100", "gpus": 1024},
+        "task": {"seq_len": 8192, "global_batch": 512},
+        "space": {"pp": pp, "vpp": vpp, "tp": 8, "uneven_stages": True},
+    }
+    problem = problem_from_dict(data)
+    out, rec = solve_records(problem)
+    plan = rec[0]["plan"]
+    assert out.uneven is not None and out.uneven.status == "optimal" and out.summary()["search"] == "uneven"
+    assert plan["vpp"] == vpp and sum(plan["stage_layers"]) == 126 and rec[0]["feasible"]
+    # the account-for-embedding/loss split of the same base, priced by the evaluator: never better than the optimum
+    model = Model(problem)
+    from madmax_opt.model.spec import Plan
+
+    megatron = Plan(**{**plan, "stage_layers": split, "stage_recompute": [plan["stage_recompute"][1]] * pp})
+    ref = staged_record(model, megatron)
+    if ref["feasible"]:
+        assert rec[0]["step_time_s"] <= ref["step_time_s"] + 2 * out.uneven.tolerance_s(512 / plan["dp"], pp)
+    one = staged_record(model, megatron.model_copy(update={"vpp": 1}))
+    # bubble: (p - 1)/v x mean stage time; the stage times differ only by the p2p of the v chunks
+    p2p_v = ref["time_breakdown_s"]["pp_comm"] / (512 / (plan["dp"] * plan["mbs"]))  # per micro-batch, v chunks
+    p2p_1 = one["time_breakdown_s"]["pp_comm"] / (512 / (plan["dp"] * plan["mbs"]))
+    mean_v = ref["time_breakdown_s"]["bubble"] * vpp / (pp - 1)
+    mean_1 = one["time_breakdown_s"]["bubble"] / (pp - 1)
+    assert mean_v - mean_1 == pytest.approx(p2p_v - p2p_1, rel=1e-9)
+    assert p2p_v == pytest.approx(vpp * p2p_1, rel=1e-12)  # one send/receive pair per chunk
