@@ -10,14 +10,24 @@ import typer
 
 from madmax_opt.cli.app import JsonOpt, ProblemArg, app, console
 
+# CP-SAT options of solve and verify (checked by search.cpsat.CpSatOptions: one line, exit 2)
+TimeLimitOpt = Annotated[float, typer.Option("--time-limit", min=0.01, help="CP-SAT time limit, s")]
+WorkersOpt = Annotated[int, typer.Option("--workers", min=1, help="CP-SAT workers, 1 to 64 (1 = deterministic)")]
+SolverParamsOpt = Annotated[str | None, typer.Option(
+    "--solver-params", help="CP-SAT parameters in text format, applied last, e.g. 'log_search_progress: true'")]
+ExportModelOpt = Annotated[Path | None, typer.Option(
+    "--export-model", help="write each CP-SAT model as a text proto to FILE (later ones to FILE-2, FILE-3, ...)")]
+
 
 @app.command()
 def solve(
     problem: ProblemArg,
     json_out: JsonOpt = False,
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="return the K best distinct plans")] = 1,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.01, help="CP-SAT time limit, s")] = 60.0,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT workers (1 = deterministic)")] = 1,
+    time_limit: TimeLimitOpt = 60.0,
+    workers: WorkersOpt = 1,
+    solver_params: SolverParamsOpt = None,
+    export_model: ExportModelOpt = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="write PNG plots (step time, memory, top-k) here")]
     = None,
     rerank: Annotated[bool, typer.Option("--rerank", help="re-rank the top-k by simulated step time (trace)")]
@@ -27,7 +37,7 @@ def solve(
     from madmax_opt.report.families import SolveOptions, family_of
 
     family = family_of(problem)
-    result = family.solve(problem, SolveOptions(top_k, time_limit, workers))
+    result = family.solve(problem, SolveOptions(top_k, time_limit, workers, solver_params, export_model))
     if rerank or plot is not None:  # step timelines (trace simulation, plots)
         from madmax_opt.io.problem import load_problem
         from madmax_opt.report.timeline import rerank_and_plot
@@ -54,14 +64,21 @@ def evaluate_cmd(
 
 
 @app.command()
-def verify(problem: ProblemArg, json_out: JsonOpt = False) -> None:
+def verify(
+    problem: ProblemArg,
+    json_out: JsonOpt = False,
+    time_limit: TimeLimitOpt = 60.0,
+    workers: WorkersOpt = 1,
+    solver_params: SolverParamsOpt = None,
+    export_model: ExportModelOpt = None,
+) -> None:
     """Brute-force the same space with the evaluator; exit 1 if the solver's optimum is worse."""
-    from madmax_opt.report.families import family_of
+    from madmax_opt.report.families import SolveOptions, family_of
 
     family = family_of(problem)
     family.require("verify", problem)
     assert family.verify is not None
-    report = family.verify(problem)
+    report = family.verify(problem, SolveOptions(1, time_limit, workers, solver_params, export_model))
     if json_out:
         print(json.dumps(report, indent=2))
     else:

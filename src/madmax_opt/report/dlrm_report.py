@@ -18,7 +18,8 @@ from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.io import catalog
 from madmax_opt.io.dlrm_problem import DLRMProblem, dlrm_problem_from_dict, load_dlrm_plans, load_dlrm_problem
 from madmax_opt.model.dlrm import MLP, DLRMModel, TableGroup, embedding_options, layout_of, phase_weights
-from madmax_opt.search.placement import evaluate_dlrm, int_tables, solve_dlrm, solve_placement
+from madmax_opt.search.cpsat import CpSatOptions
+from madmax_opt.search.placement import dlrm_status, evaluate_dlrm, int_tables, solve_dlrm, solve_placement
 
 MS = 1e3
 GB = 1e9
@@ -27,9 +28,11 @@ GB = 1e9
 # ============================================================================================ solve / evaluate
 
 
-def solve_result(problem: DLRMProblem, time_limit_s: float, workers: int) -> dict[str, Any]:
+def solve_result(
+    problem: DLRMProblem, time_limit_s: float, workers: int, cpsat: CpSatOptions | None = None
+) -> dict[str, Any]:
     """The JSON object of ``solve --json`` for a DLRM problem: best plan, per-option results, baseline."""
-    best, results = solve_dlrm(problem, time_limit_s=time_limit_s, workers=workers)
+    best, results = solve_dlrm(problem, time_limit_s=time_limit_s, workers=workers, cpsat=cpsat)
     baseline: dict[str, Any] | None
     if problem.baseline is not None:
         baseline = evaluate_dlrm(problem, [problem.baseline], problem.source)[0]
@@ -38,6 +41,7 @@ def solve_result(problem: DLRMProblem, time_limit_s: float, workers: int) -> dic
         baseline = next(r.baseline for r in results if r.hw == hw)
     speedup = baseline["step_time_s"] / best["step_time_s"] if baseline and baseline["feasible"] else None
     return {
+        "status": dlrm_status(results),
         "model": problem.model.name,
         "objective": problem.objective,
         "best": best,

@@ -10,11 +10,14 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from madmax_opt.core.errors import ProblemError
+
+if TYPE_CHECKING:
+    from madmax_opt.search.cpsat import CpSatOptions
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,14 @@ class SolveOptions:
     top_k: int = 1
     time_limit_s: float = 60.0
     workers: int = 1
+    solver_params: str | None = None  # CP-SAT parameters, text format (--solver-params)
+    export_model: Path | None = None  # write the CP-SAT model(s) here (--export-model)
+
+    def cpsat(self) -> CpSatOptions:
+        """The CP-SAT options of every search this command runs (search/cpsat.py)."""
+        from madmax_opt.search.cpsat import CpSatOptions as Options
+
+        return Options(self.time_limit_s, self.workers, params=self.solver_params, export_model=self.export_model)
 
 
 @dataclass(frozen=True)
@@ -34,7 +45,7 @@ class Family:
     solve: Callable[[Path, SolveOptions], dict[str, Any]]
     show: Callable[[dict[str, Any], Console], None]
     evaluate: Callable[[Path, Path, bool, Path | None, Console], None]
-    verify: Callable[[Path], dict[str, Any]] | None = None
+    verify: Callable[[Path, SolveOptions], dict[str, Any]] | None = None
     sensitivity: bool = False
     timeline: bool = False
 
@@ -53,7 +64,7 @@ def _training_solve(path: Path, opts: SolveOptions) -> dict[str, Any]:
     from madmax_opt.io.problem import load_problem
     from madmax_opt.search.result import solve_result
 
-    return solve_result(load_problem(path), opts.top_k, opts.time_limit_s, opts.workers)
+    return solve_result(load_problem(path), opts.top_k, opts.time_limit_s, opts.workers, cpsat=opts.cpsat())
 
 
 def _training_show(result: dict[str, Any], console: Console) -> None:
@@ -78,11 +89,11 @@ def _training_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None
         print_evaluations(records, console)
 
 
-def _training_verify(path: Path) -> dict[str, Any]:
+def _training_verify(path: Path, opts: SolveOptions) -> dict[str, Any]:
     from madmax_opt.io.problem import load_problem
     from madmax_opt.search.verify import verify_problem
 
-    return verify_problem(load_problem(path))
+    return verify_problem(load_problem(path), cpsat=opts.cpsat())
 
 
 # ---------------------------------------------------------------------------------------------- serving
@@ -118,7 +129,7 @@ def _dlrm_solve(path: Path, opts: SolveOptions) -> dict[str, Any]:
     if opts.top_k != 1:
         raise ProblemError("--top-k applies to training and serving problems; recommenders return one plan",
                            file=str(path), field="--top-k")
-    return solve_result(load_dlrm_problem(path), opts.time_limit_s, opts.workers)
+    return solve_result(load_dlrm_problem(path), opts.time_limit_s, opts.workers, cpsat=opts.cpsat())
 
 
 def _dlrm_show(result: dict[str, Any], console: Console) -> None:

@@ -55,6 +55,9 @@ def sensitivity_cmd(
     jobs: int = 1,
 ) -> None:
     """Re-optimise the plan for each hardware parameter x factor: throughput, cost, plan change, tornado chart."""
+    from madmax_opt.report.families import family_of
+
+    family_of(problem).require("sensitivity", problem)  # recommenders: one line, before loading the file
     names = [p.strip() for p in (params or ",".join(HARDWARE_PARAMETERS)).split(",") if p.strip()]
     if not names:
         raise ProblemError(f"empty list; allowed: {', '.join(PARAMETERS)}", field="--params")

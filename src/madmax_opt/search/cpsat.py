@@ -122,7 +122,8 @@ def has_solution(status: int) -> bool:
 
 def time_limit_error(opts: CpSatOptions, what: str) -> TimeLimitError:
     """UNKNOWN: the time limit ran out before any plan was found (not a proof that none exists)."""
-    return TimeLimitError(f"no plan proven within {opts.time_limit_s:g} s ({what}); raise --time-limit")
+    extra = " (or the limits set in --solver-params)" if opts.params else ""
+    return TimeLimitError(f"no plan proven within {opts.time_limit_s:g} s ({what}); raise --time-limit{extra}")
 
 
 def gap(objective: float, bound: float) -> float:
@@ -143,10 +144,10 @@ def check_range(largest: float, limit: float, quantity: str, *, field: str | Non
 
     ``scale`` converts integer units back to ``unit`` for the message (e.g. 1e6 for microseconds -> s)."""
     if largest >= limit:
+        value = "" if largest >= INT_LIMIT else f" ({largest / scale:.3g} {unit})"  # saturated: value unknown
         raise ProblemError(
-            f"{quantity} ({largest / scale:.3g} {unit}) is beyond the solver's integer range (at most "
-            f"{limit / scale:.3g} {unit}); allowed: a problem whose values stay within it, e.g. a smaller batch",
-            file=file, field=field)
+            f"{quantity}{value} is beyond the solver's integer range (at most {limit / scale:.3g} {unit}); "
+            "allowed: a problem whose values stay within it, e.g. a smaller batch", file=file, field=field)
 
 
 __all__ = ["INT_LIMIT", "MAX_WORKERS", "CpSatOptions", "check_range", "export", "gap", "has_solution",

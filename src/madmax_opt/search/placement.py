@@ -65,6 +65,11 @@ from madmax_opt.model.dlrm import (
     step_terms,
     step_time_s,
 )
+from madmax_opt.model.objectives import Rates, objective_values
+from madmax_opt.search.cpsat import CpSatOptions, time_limit_error
+from madmax_opt.search.cpsat import gap as relative_gap
+from madmax_opt.search.cpsat import options as cpsat_options
+from madmax_opt.search.cpsat import run as cpsat_run
 
 IntArr = NDArray[np.int64]
 NS = 1e9  # integer time unit: nanoseconds
@@ -153,7 +158,7 @@ class PlacementResult:
 
     @property
     def gap(self) -> float:
-        return (self.objective - self.bound) / max(self.objective, 1)
+        return relative_gap(self.objective, self.bound)
 
     @property
     def gain_vs_greedy(self) -> float | None:
@@ -323,28 +328,21 @@ class PlacementModel:
 PROOF_PHASE_LIMIT = 5.0  # deterministic time units of the first, single-worker phase
 
 
-def _phase(pm: PlacementModel, hint: ShardArrays | None, *, time_limit_s: float, deterministic_limit: float | None,
-           workers: int, seed: int, portfolio: bool) -> tuple[Any, cp_model.CpSolver]:
-    """One CP-SAT run. Proof phase: one worker following the decision strategies with quick restarts, no presolve,
-    full LP relaxation. Portfolio phase: CP-SAT's own portfolio (LNS included), interleaved in one thread when
-    ``workers`` is 1 so that it stays deterministic."""
+def _phase(pm: PlacementModel, hint: ShardArrays | None, *, cpsat: CpSatOptions, deterministic_limit: float | None,
+           portfolio: bool) -> tuple[Any, cp_model.CpSolver]:
+    """One CP-SAT run (through the factory: --solver-params apply last). Proof phase: one worker following the
+    decision strategies with quick restarts, no presolve, full LP relaxation. Portfolio phase: CP-SAT's own
+    portfolio (LNS included), interleaved in one thread when ``workers`` is 1 so that it stays deterministic."""
     if hint is not None:
         pm.hint(hint)
-    solver = cp_model.CpSolver()
-    prm = solver.parameters
-    prm.random_seed = seed
-    prm.max_time_in_seconds = max(time_limit_s, 0.01)
+    prm: dict[str, Any] = {"cp_model_presolve": False, "linearization_level": 2}
     if deterministic_limit is not None:
-        prm.max_deterministic_time = deterministic_limit
-    prm.cp_model_presolve = False
-    prm.linearization_level = 2
+        prm["max_deterministic_time"] = deterministic_limit
     if portfolio:
-        prm.num_workers = max(workers, PORTFOLIO_WORKERS)
-        prm.interleave_search = workers == 1
+        prm.update(num_workers=max(cpsat.workers, PORTFOLIO_WORKERS), interleave_search=cpsat.workers == 1)
     else:
-        prm.num_workers = 1
-        prm.search_branching = cp_model.PORTFOLIO_WITH_QUICK_RESTART_SEARCH
-    return solver.solve(pm.model), solver
+        prm.update(num_workers=1, search_branching=cp_model.PORTFOLIO_WITH_QUICK_RESTART_SEARCH)
+    return cpsat_run(pm.model, cpsat, "table placement", **prm)
 
 
 PORTFOLIO_WORKERS = 4  # subsolvers of the second phase (interleaved in one thread when workers == 1)
@@ -352,7 +350,7 @@ PORTFOLIO_WORKERS = 4  # subsolvers of the second phase (interleaved in one thre
 
 def solve_placement(
     it: IntTables, *, time_limit_s: float = 30.0, workers: int = 1, seed: int = 0,
-    deterministic_limit: float | None = None,
+    deterministic_limit: float | None = None, cpsat: CpSatOptions | None = None,
 ) -> PlacementResult | None:
     """Minimise the integer placement objective under per-GPU memory; None when no placement fits.
 
@@ -365,25 +363,28 @@ def solve_placement(
     ``deterministic_limit`` units). The greedy plan is the first hint, and the result is never worse than greedy.
     """
     t0 = time.perf_counter()
+    opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
+    time_limit_s = opts.time_limit_s
     pm = PlacementModel(it)
     greedy = greedy_placement(it)
     greedy_obj = int_objective(it, greedy)[0] if greedy is not None else None
     best: tuple[int, ShardArrays] | None = (greedy_obj, greedy) if greedy is not None and greedy_obj is not None \
         else None
     first = PROOF_PHASE_LIMIT if deterministic_limit is None else min(PROOF_PHASE_LIMIT, deterministic_limit)
-    st, solver = _phase(pm, greedy, time_limit_s=time_limit_s, deterministic_limit=first, workers=workers,
-                        seed=seed, portfolio=False)
+    st, solver = _phase(pm, greedy, cpsat=opts, deterministic_limit=first, portfolio=False)
     bound = float(solver.best_objective_bound) if st != cp_model.INFEASIBLE else 0.0
     best = _better(it, pm, solver, st, best)
     left_s = time_limit_s - (time.perf_counter() - t0)
     left_det = None if deterministic_limit is None else deterministic_limit - first
     if st not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) and left_s > 0.1 and (left_det is None or left_det > 0):
-        st, solver = _phase(pm, best[1] if best else None, time_limit_s=left_s, deterministic_limit=left_det,
-                            workers=workers, seed=seed, portfolio=True)
+        st, solver = _phase(pm, best[1] if best else None, cpsat=opts.with_time_limit(left_s),
+                            deterministic_limit=left_det, portfolio=True)
         if st != cp_model.INFEASIBLE:
             bound = max(bound, float(solver.best_objective_bound))
         best = _better(it, pm, solver, st, best)
     if best is None:
+        if st == cp_model.UNKNOWN:  # neither greedy nor CP-SAT found a placement, and none was proven impossible
+            raise time_limit_error(opts, "table placement")
         return None
     obj, shards = best
     return PlacementResult(
@@ -502,6 +503,7 @@ class OptionResult:
     baseline: dict[str, Any] | None
     placement: PlacementResult | None
     reason: str | None = None
+    status: str = "optimal"  # feasible when any placement solved for this option was not proven optimal
 
 
 def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, shards: ShardArrays,
@@ -566,10 +568,18 @@ def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, 
     return rec
 
 
-def _objective_value(problem: DLRMProblem, rec: dict[str, Any]) -> float:
-    if problem.objective == "cost":
-        return float(rec["usd_per_million_samples"])
-    return float(rec["step_time_s"])
+def _rates(problem: DLRMProblem, rec: dict[str, Any]) -> Rates:
+    """The objective registry's inputs for one record (model/objectives.py; the unit of work is a sample)."""
+    opt = next(o for o in problem.hardware
+               if o.system.name == rec["hardware"]["system"] and o.gpus == rec["hardware"]["gpus"])
+    return Rates(np.array([1.0 / rec["samples_per_s"]]), np.array([float(opt.gpus)]),
+                 np.array([float(rec["cost_per_hour_usd"])]), np.array([opt.gpus * opt.system.power_w_per_gpu]),
+                 problem.task.train_samples)
+
+
+def objective_value(problem: DLRMProblem, rec: dict[str, Any]) -> float:
+    """The problem's objective of a record (float, the registry's unit: s, $ or J per sample, s of training)."""
+    return float(objective_values(problem.objective, _rates(problem, rec))[0])
 
 
 def _admissible(problem: DLRMProblem, rec: dict[str, Any]) -> bool:
@@ -580,9 +590,11 @@ def _admissible(problem: DLRMProblem, rec: dict[str, Any]) -> bool:
                 and (c.min_samples_per_s is None or rec["samples_per_s"] >= c.min_samples_per_s))
 
 
-def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, workers: int = 1) -> OptionResult:
+def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, workers: int = 1,
+                  cpsat: CpSatOptions | None = None) -> OptionResult:
     """Best (dense plan, placement) on hardware option ``hw``: CP-SAT placement per distinct embedding memory
     budget (loosest first; a placement that fits a tighter budget is optimal there too), dense plans enumerated."""
+    solver_opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers)
     task, stack = problem.task, problem.stack
     lay = layout_of(problem.hardware[hw], stack)
     wl = lower(problem.model)
@@ -607,19 +619,20 @@ def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, 
                     and int(per_gpu_terms(it.coef, opts.options, r.shards, lay)[MEMORY].max()) <= it.capacity_mb),
                    None)
         if res is None and it.capacity_mb not in solved:
-            res = solve_placement(it, time_limit_s=time_limit_s, workers=workers)
+            res = solve_placement(it, cpsat=solver_opts)
             solved[it.capacity_mb] = res
         if res is None:
             continue
         first = first or res
         rec = _record(problem, hw, lay, opts, res.shards, dense, i, embedding_times(opts, res.shards, lay))
-        if _admissible(problem, rec) and (best is None or _objective_value(problem, rec) < _objective_value(problem,
+        if _admissible(problem, rec) and (best is None or objective_value(problem, rec) < objective_value(problem,
                                                                                                             best)):
             best = rec
             best["placement_solver"] = _solver_info(res)
     baseline = paper_baseline(problem, hw, lay=lay, opts_full=None)
     reason = None if best is not None else "no placement of the tables fits in GPU memory"
-    return OptionResult(hw, best, baseline, first, reason)
+    proven = all(r.status == "optimal" for r in solved.values() if r is not None)
+    return OptionResult(hw, best, baseline, first, reason, "optimal" if proven else "feasible")
 
 
 def _solver_info(res: PlacementResult) -> dict[str, Any]:
@@ -655,17 +668,24 @@ def paper_baseline(problem: DLRMProblem, hw: int, *, lay: Layout | None = None,
     return best
 
 
-def solve_dlrm(problem: DLRMProblem, *, time_limit_s: float = 30.0, workers: int = 1) -> tuple[
-        dict[str, Any], list[OptionResult]]:
-    """The best plan over every hardware option (raises InfeasibleError naming the reason when none fits)."""
-    results = [search_option(problem, hw, time_limit_s=time_limit_s, workers=workers)
-               for hw in range(len(problem.hardware))]
+def solve_dlrm(problem: DLRMProblem, *, time_limit_s: float = 30.0, workers: int = 1,
+               cpsat: CpSatOptions | None = None) -> tuple[dict[str, Any], list[OptionResult]]:
+    """The best plan over every hardware option by the problem's objective (at fixed hardware every objective
+    ranks plans by step time; across options the registry's value decides). InfeasibleError names the reason."""
+    opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers)
+    results = [search_option(problem, hw, cpsat=opts) for hw in range(len(problem.hardware))]
     cands = [r.record for r in results if r.record is not None and _admissible(problem, r.record)]
     if not cands:
         reasons = "; ".join(f"{problem.hardware[r.hw].name}: {r.reason}" for r in results if r.reason)
         raise InfeasibleError(f"{problem.model.name}: no feasible plan ({reasons or 'constraints exclude all'})")
-    best = min(cands, key=lambda rec: _objective_value(problem, rec))
+    best = min(cands, key=lambda rec: objective_value(problem, rec))
     return best, results
+
+
+def dlrm_status(results: list[OptionResult]) -> str:
+    """optimal when every placement behind the answer was proven optimal (dense plans are enumerated), else
+    feasible (see each option's placement gap)."""
+    return "optimal" if all(r.status == "optimal" for r in results) else "feasible"
 
 
 def evaluate_dlrm(problem: DLRMProblem, plans: list[DLRMPlan], source: str | None = None) -> list[dict[str, Any]]:
@@ -698,10 +718,12 @@ __all__ = [
     "PlacementModel",
     "PlacementResult",
     "brute_force_placement",
+    "dlrm_status",
     "evaluate_dlrm",
     "greedy_placement",
     "int_objective",
     "int_tables",
+    "objective_value",
     "paper_baseline",
     "solve_dlrm",
     "solve_placement",

@@ -7,16 +7,19 @@ from typing import Any
 
 from madmax_opt.analysis.evaluator import evaluate
 from madmax_opt.io.problem import Problem
+from madmax_opt.search.cpsat import CpSatOptions
 
 
-def solve_result(problem: Problem, top_k: int, time_limit: float, workers: int) -> dict[str, Any]:
+def solve_result(
+    problem: Problem, top_k: int, time_limit: float, workers: int, cpsat: CpSatOptions | None = None
+) -> dict[str, Any]:
     """The JSON object of ``solve --json``."""
     from madmax_opt.search import serving
     from madmax_opt.search.solver import solve_records
 
     if problem.task.kind == "inference":  # serving plans
-        return serving.solve_result(problem, top_k, time_limit, workers)
-    outcome, records = solve_records(problem, top_k=top_k, time_limit_s=time_limit, workers=workers)
+        return serving.solve_result(problem, top_k, time_limit, workers, cpsat=cpsat)
+    outcome, records = solve_records(problem, top_k=top_k, time_limit_s=time_limit, workers=workers, cpsat=cpsat)
     baseline = evaluate(problem, [problem.baseline])[0] if problem.baseline else None
     speedup = None
     if baseline and baseline["feasible"]:

@@ -370,10 +370,13 @@ def pareto_front(model: ServingModel, c: ServingCandidates) -> IntArr:
 # ------------------------------------------------------------------------------------------ entry points
 
 
-def solve_result(problem: Problem, top_k: int, time_limit: float, workers: int) -> dict[str, Any]:
+def solve_result(
+    problem: Problem, top_k: int, time_limit: float, workers: int, cpsat: CpSatOptions | None = None
+) -> dict[str, Any]:
     """The JSON object of ``solve --json`` for an inference problem."""
     model = ServingModel(problem)
-    outcome = solve_serving(problem, top_k=top_k, time_limit_s=time_limit, workers=workers, model=model)
+    outcome = solve_serving(problem, top_k=top_k, time_limit_s=time_limit, workers=workers, cpsat=cpsat,
+                            model=model)
     c = outcome.candidates
     records = to_records(model, c, outcome.top)
     cross_check(outcome, records, problem.objective)
