@@ -50,6 +50,9 @@ def load_overlay(path: Path, *, file: str | None, field: str = "calibration") ->
     """Read and validate an overlay file; every problem is a one-line ProblemError naming the file and field."""
     from madmax_opt.io.problem import read_yaml, validate  # problem.py imports this module
 
+    if not path.is_file():
+        raise ProblemError(f"overlay file not found (looked for {path.resolve()}); allowed: a file written by "
+                           "madmax-opt calibrate, relative to the problem file", file=file, field=field)
     data = read_yaml(path, what="calibration overlay")
     if not isinstance(data, dict):
         raise ProblemError(f"{path} is not a mapping; allowed: an overlay written by madmax-opt calibrate",

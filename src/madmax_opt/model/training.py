@@ -21,7 +21,13 @@ from numpy.typing import NDArray
 
 from madmax_opt.core.numeric import ordered_sum
 from madmax_opt.model.collectives import Tiers, all_gather_s, all_reduce_s, p2p_s, reduce_scatter_s
-from madmax_opt.model.compute import gemm_time_s, memory_bound_time_s
+from madmax_opt.model.compute import (
+    FP8_WEIGHT_COPY_BYTES,
+    LOW_PRECISION_GEMMS,
+    cast_time_s,
+    gemm_time_s,
+    memory_bound_time_s,
+)
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.memory import MemoryTerms, layer_activation_bytes, model_state_bytes
 from madmax_opt.model.moe import expert_costs
@@ -92,6 +98,8 @@ class LayerCosts:
     grad_bytes: float
     dp_group: Arr
     zero3_layer_buffers: Arr
+    weight_copy_bytes: float = 0.0  # extra bytes per local parameter held for FP8 GEMMs (TE weight cache)
+    gather_bytes: float = 2.0  # bytes per parameter a ZeRO-3 / FSDP all-gather moves (bf16; float8 all-gather: 1)
     expert_params: Arr | float = 0.0  # routed-expert parameters of one layer on one GPU (MoE)
     expert_group: Arr | float = 1.0  # expert-data-parallel group (dp*cp/ep) and its stride
     expert_stride: Arr | float = 1.0
@@ -104,8 +112,14 @@ def layer_costs(
     dp, tp, pp, cp, vpp, mbs = (_f(x) for x in (plans.dp, plans.tp, plans.pp, plans.cp, plans.vpp, plans.mbs))
     rc, sp, hw = plans.recompute, plans.sp, plans.hw
     tiers = table.tiers(hw)
-    peak = table.peak_flops(task.precision)[hw]
+    low = task.precision in LOW_PRECISION_GEMMS
+    # FP8 / MXFP8 reach the weight GEMMs only (TE fp8_autocast, torchao Float8Linear): attention, norms and the
+    # LM head run in bf16 at the bf16 peak; MX block scaling costs mxfp8_gemm_ratio of the FP8 GEMM rate
+    peak = table.peak_flops("bf16" if low else task.precision)[hw]
     eff, half = table.gemm_eff[hw], table.gemm_half_dim[hw]
+    mm_peak = table.peak_flops(task.precision)[hw]
+    mm_eff = table.fp8_gemm_eff[hw] * np.where(task.precision == "mxfp8", table.mxfp8_gemm_ratio[hw], 1.0) if low \
+        else eff
     hbm_bw = table.hbm_bw[hw]
     m = wl.model
     s = float(wl.seq_len)
@@ -116,17 +130,22 @@ def layer_costs(
 
     # ---- compute (forward) -------------------------------------------------------------------------
     gemm_fwd = np.zeros_like(dp)
+    cast_fwd, cast_bwd = np.zeros_like(dp), np.zeros_like(dp)  # FP8 quantisation of GEMM operands
     column_parallel: list[Arr] = []  # forward times of the GEMMs whose input TP gathers (QKV, MLP up)
     for g in wl.gemms:
         sharded = (g.n if g.tp_dim == "n" else g.k) / tp
         other = float(g.k if g.tp_dim == "n" else g.n)
         dim = np.minimum(np.minimum(tokens, sharded), other)
-        t_gemm = gemm_time_s(tokens * g.flops_per_token / tp, dim, peak, eff, half)
+        t_gemm = gemm_time_s(tokens * g.flops_per_token / tp, dim, mm_peak, mm_eff, half)
         gemm_fwd = gemm_fwd + t_gemm
         if g.tp_dim == "n":
             column_parallel.append(t_gemm)
+        if low:  # quantise the input x (tokens x k) in forward and the output gradient dy (tokens x n) in backward
+            k_local, n_local = (g.k, sharded) if g.tp_dim == "n" else (sharded, g.n)
+            cast_fwd = cast_fwd + cast_time_s(tokens * k_local, task.precision, hbm_bw)
+            cast_bwd = cast_bwd + cast_time_s(tokens * n_local, task.precision, hbm_bw)
     ep = _f(plans.ep)
-    ex = expert_costs(wl, tokens, tp, cp, dp, ep, sp_div, tiers, peak, eff, half, table.grouped_gemm_ratio[hw])
+    ex = expert_costs(wl, tokens, tp, cp, dp, ep, sp_div, tiers, mm_peak, mm_eff, half, table.grouped_gemm_ratio[hw])
     gemm_fwd = gemm_fwd + ex.fwd_gemm_s
     attn_flops = tokens * wl.attn_flops_per_token / tp
     if stack.flash_attention:
@@ -139,11 +158,11 @@ def layer_costs(
     elem = memory_bound_time_s(
         tokens * (wl.elementwise_replicated_bytes / sp_div + wl.elementwise_tp_bytes / tp), hbm_bw
     )
-    layer_fwd = gemm_fwd + attn_fwd + score_elem + elem
+    layer_fwd = gemm_fwd + attn_fwd + score_elem + elem + cast_fwd
     # backward: activation-gradient GEMMs always; weight-gradient GEMMs (= forward FLOPs) in trainable layers only,
     # added per stage by the number of trainable layers it holds
     train_frac = wl.trainable_fraction
-    layer_bwd = gemm_fwd + attn_fwd * attn_bwd_factor + 2.0 * (score_elem + elem)
+    layer_bwd = gemm_fwd + attn_fwd * attn_bwd_factor + 2.0 * (score_elem + elem) + cast_bwd
     selective = attn_fwd * (not stack.flash_attention) + score_elem
     layer_recompute = np.select([rc == 1, rc == 2], [selective, layer_fwd], 0.0)
 
@@ -236,6 +255,12 @@ def layer_costs(
         grad_bytes=4.0 if stack.grad_reduce_dtype == "fp32" else 2.0,
         dp_group=dp * cp,  # gradients are reduced (and ZeRO shards) over dp x cp
         zero3_layer_buffers=np.where(plans.zero >= 3, 2.0 * 2.0 * (wl.params_per_layer / tp + ex.params), 0.0),
+        # Megatron-Core + TE caches each weight's FP8 copy and its transpose for the step; FSDP2 / torchao casts on
+        # the fly and keeps no copy (torchao Float8Linear)
+        weight_copy_bytes=FP8_WEIGHT_COPY_BYTES.get(task.precision, 0.0) * (stack.framework == "megatron-core"),
+        # torchtitan all-gathers FP8 weights for Float8 linears (torchao enable_fsdp_float8_all_gather; inferred
+        # for the Dec 2024 benchmark, torchtitan docs/float8.md)
+        gather_bytes=1.0 if (low and stack.framework == "torchtitan") else 2.0,
         expert_params=ex.params,
         expert_group=ex.group,
         expert_stride=ex.stride,
@@ -285,15 +310,25 @@ def stage_costs(
     time["pp_comm"] = lc.pp_comm_s
     # ZeRO-3 / FSDP: gather weights for fwd, bwd (and recompute), reduce-scatter grads, every micro-batch
     gathers = 2.0 + np.where(lc.plans.recompute == 2, 1.0, 0.0)
+    zero3_on = (zero >= 3) & (group > 1)
     zero3 = np.where(
-        (zero >= 3) & (group > 1),
-        gathers * all_gather_s(params * 2.0, group, lc.plans.tp, tiers)
+        zero3_on,
+        gathers * all_gather_s(params * lc.gather_bytes, group, lc.plans.tp, tiers)
         + reduce_scatter_s(trainable * lc.grad_bytes, group, lc.plans.tp, tiers)
         + _expert_zero3_s(lc, n_layers, train_layers, gathers),
         0.0,
     )
     busy = time["compute"] + time["recompute"] - n_layers * layer_hidden
-    time["zero3_comm"] = np.maximum(0.0, zero3 - busy) if stack.dp_overlap else zero3
+    # prefetching hides layer i+1's gather under layer i, but each pass starts with an exposed gather of its first
+    # layer and the backward ends with an exposed reduce-scatter of its last (PyTorch FSDP2 / FSDP1 BACKWARD_PRE)
+    first_layer = np.where(
+        zero3_on,
+        gathers * all_gather_s(lc.params * lc.gather_bytes, group, lc.plans.tp, tiers)
+        + reduce_scatter_s(lc.trainable * lc.grad_bytes, group, lc.plans.tp, tiers),
+        0.0,
+    )
+    exposed = np.maximum(np.minimum(first_layer, zero3), zero3 - busy)
+    time["zero3_comm"] = np.maximum(0.0, exposed) if stack.dp_overlap else zero3
     hidden = {
         "tp_comm": n_layers * lc.hidden["tp_comm"],
         "cp_comm": n_layers * lc.hidden["cp_comm"],
@@ -324,6 +359,7 @@ def stage_costs(
     w, g, o = model_state_bytes(params, trainable, zero, group, lc.grad_bytes)
     we, ge, oe = model_state_bytes(ex_params, ex_train, zero, lc.expert_group, lc.grad_bytes)
     w, g, o = w + we, g + ge, o + oe
+    w = w + params * lc.weight_copy_bytes / np.where(zero >= 3, group, 1.0)  # FP8 weight copies (TE cache)
     act = n_layers * act_multiplier * lc.act_stored_bytes + lc.act_working_bytes + last * lc.logits_bytes
     memory = MemoryTerms(w, g, o, act, lc.zero3_layer_buffers)
     return StageCosts(time, hidden, memory, dp_exposed, optimizer)

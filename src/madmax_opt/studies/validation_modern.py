@@ -174,9 +174,9 @@ def _case(c: dict[str, Any], catalog: dict[str, Any], alt: bool) -> ModernCase:
     return ModernCase(run, fw_text, framework not in UNMODELLED_FRAMEWORKS, "; ".join(notes))
 
 
-def modern_cases() -> list[ModernCase]:
+def modern_cases(data: dict[str, Any] | None = None) -> list[ModernCase]:
     """Every training case of the file (rows quoting an FP8-MX value as well give a second, mxfp8 case)."""
-    data = training_data()
+    data = training_data() if data is None else data
     out = []
     for c in data["cases"]:
         out.append(_case(c, data["model_catalog"], False))

@@ -1,0 +1,56 @@
+"""madmax-opt calibrate: fit a (GPU, framework) calibration to measured runs, write an overlay for problem files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from madmax_opt.cli.app import JsonOpt, app, console
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{100.0 * x:+.1f} %"  # NaN: not available
+
+
+@app.command("calibrate")
+def calibrate_command(
+    runs: Annotated[Path, typer.Argument(help="measured runs (modern or minimal schema, YAML)", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="overlay file to write")] = Path("cluster.yaml"),
+    params: Annotated[
+        str | None, typer.Option("--params", help="comma-separated parameters to fit [default: all the runs determine]")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Fit the calibration of each (GPU, framework) in RUNS; print before / after / leave-one-out errors per run."""
+    from rich.table import Table
+
+    from madmax_opt.studies.calibrate import calibrate, overlay_yaml
+
+    names = [p.strip() for p in params.split(",") if p.strip()] if params else None
+    results = calibrate(runs, names)
+    out.write_text(overlay_yaml(results, runs))
+    if json_out:
+        print(json.dumps({"overlay": str(out), "calibrations": [
+            {**r.entry().model_dump(mode="json", exclude_none=True), "left_at_prior": r.fit.left_out,
+             "runs": [{"name": run.name, "measured_s": run.measured_s, "before_err": float(b), "after_err": float(a),
+                       "loo_err": None if lo != lo else float(lo)}
+                      for run, b, a, lo in zip(r.runs, r.before_err, r.fit.error, r.loo_err, strict=True)]}
+            for r in results]}, indent=2))
+        return
+    con = console()
+    for r in results:
+        gpu, framework = r.key
+        t = Table(title=f"{gpu} / {framework}: {len(r.runs)} run(s)", header_style="bold")
+        for c in ("run", "measured s", "before", "after", "leave-one-out"):
+            t.add_column(c)
+        for run, b, a, lo in zip(r.runs, r.before_err, r.fit.error, r.loo_err, strict=True):
+            t.add_row(run.name, f"{run.measured_s:.3f}", _pct(float(b)), _pct(float(a)), _pct(float(lo)))
+        con.print(t)
+        fitted = ", ".join(f"{k} {v:g}" for k, v in r.fit.params.items()) or "nothing"
+        con.print(f"fitted: {fitted}")
+        for name, why in r.fit.left_out.items():
+            con.print(f"left at the prior: {name}: {why}")
+    con.print(f"wrote {out}")
