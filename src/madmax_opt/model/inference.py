@@ -226,6 +226,7 @@ class Device:
     attn_eff: Arr
     hbm_bw: Arr  # achieved (x hbm_eff)
     overhead_s: Arr
+    prefill_overhead_s: Arr  # fixed time of one prefill pass
     weight_bytes: Arr  # bytes per GEMM weight
     kv_bytes: Arr  # bytes per KV value
     tiers: Tiers
@@ -339,7 +340,7 @@ def device(
         pp=pp,
         ep=plans.ep.astype(np.float64),
         ep_stride=pp,  # an EP group takes the same stage of ep / tp replicas laid out tp x pp apart
-        grouped_ratio=table.grouped_gemm_ratio[hw],
+        grouped_ratio=cal.grouped_gemm_ratio[hw],
         peak_flops=peaks[plans.precision, hw],
         peak16_flops=peak16[hw],
         gemm_eff=cal.gemm_eff[hw],
@@ -347,10 +348,17 @@ def device(
         attn_eff=cal.attn_eff[hw],
         hbm_bw=raw_bw[hw] * cal.hbm_eff[hw],
         overhead_s=cal.layer_overhead_s[hw],
+        prefill_overhead_s=cal.prefill_overhead_s[hw],
         weight_bytes=np.array([BYTES_PER_VALUE[p] for p in prec], dtype=np.float64),
         kv_bytes=np.array([BYTES_PER_VALUE[kv_of[p]] for p in prec], dtype=np.float64),
-        tiers=table.tiers(hw),
+        tiers=_scaled(table.tiers(hw), cal.comm_eff[hw]),
     )
+
+
+def _scaled(tiers: Tiers, comm_eff: Arr) -> Tiers:
+    """The tiers with the runtime's collective efficiency applied to every tier's bandwidth (custom all-reduce
+    kernels of TensorRT-LLM / vLLM vs NCCL's bus bandwidth, RCCL on ROCm)."""
+    return Tiers(size=tiers.size, bw=tiers.bw * comm_eff[None, :], latency_s=tiers.latency_s)
 
 
 def memory_bytes(
@@ -442,13 +450,15 @@ def inference_terms(
         p = np.full_like(batch, float(r.prompt_len))
         one = layer_pass_s(sw, dev, p, p / 2.0, p)  # causal: a query attends p/2 keys on average
         ones = np.ones_like(batch)
-        latencies.append(
+        latencies.append(  # + the runtime's fixed cost of a prefill pass (scheduling, sampling, host sync)
             layers * np.sum(list(one.values()), axis=0) + head_pass_s(sw, dev, ones) + (pp - 1) * p2p(p)
+            + dev.prefill_overhead_s
         )
         k = max(1.0, np.floor(PREFILL_PASS_TOKENS / r.prompt_len))
         lay_k = layer_pass_s(sw, dev, k * p, p / 2.0, k * p)
         stage_k = (
             layers / pp * np.sum(list(lay_k.values()), axis=0) + head_pass_s(sw, dev, k * ones) + p2p(k * p)
+            + dev.prefill_overhead_s
         )
         occupancy.append(stage_k / k)  # pipelined: a stage takes a new pass every stage time
         shard = r.prompt_len * layers / pp * kv_values_per_gpu(m, tp) * dev.kv_bytes

@@ -42,6 +42,15 @@ class ServingParams(_Strict):
     layer_overhead_s: float = Field(
         ge=0.0, description="fixed time per transformer layer per pass: launches, TP all-reduce latency, scheduling"
     )
+    prefill_overhead_s: float = Field(
+        ge=0.0, description="fixed time per prefill pass: request scheduling, sampling, host-device synchronisation"
+    )
+    grouped_gemm_ratio: float = Field(
+        gt=0.0, le=1.0, description="MoE grouped-GEMM efficiency relative to gemm_eff (routed experts)"
+    )
+    comm_eff: float = Field(
+        gt=0.0, le=2.0, description="the runtime's collective bandwidth relative to the catalog's NCCL bus bandwidth"
+    )
 
 
 class FitRecord(_Strict):
@@ -100,6 +109,9 @@ class CalibrationColumns:
     attn_eff: Arr
     hbm_eff: Arr
     layer_overhead_s: Arr
+    prefill_overhead_s: Arr
+    grouped_gemm_ratio: Arr
+    comm_eff: Arr
     kv_full_reservation: NDArray[np.bool_]
     default_max_num_seqs: Arr  # inf = no cap
 
@@ -115,6 +127,9 @@ class CalibrationColumns:
             attn_eff=col("attn_eff"),
             hbm_eff=col("hbm_eff"),
             layer_overhead_s=col("layer_overhead_s"),
+            prefill_overhead_s=col("prefill_overhead_s"),
+            grouped_gemm_ratio=col("grouped_gemm_ratio"),
+            comm_eff=col("comm_eff"),
             kv_full_reservation=np.full(n, framework.kv_reservation == "full"),
             default_max_num_seqs=np.full(n, cap),
         )

@@ -24,8 +24,14 @@ from madmax_opt.model.inference import (
     STEP_TERMS,
     ServingArrays,
 )
+from madmax_opt.model.objectives import Rates, objective_values
+from madmax_opt.model.serving_calibration import ServingCatalog
+from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.model.spec import Plan
 from madmax_opt.search.assemble import admissible_mask, pick_best, solver_summary, supplies
+from madmax_opt.search.cpsat import CpSatOptions
+from madmax_opt.search.cpsat import options as cpsat_options
+from madmax_opt.search.objectives import serving_units
 from madmax_opt.search.serving_space import (
     BATCH_GRID,
     US,
@@ -45,10 +51,6 @@ from madmax_opt.search.serving_space import (
     target_limits,
     within_cluster_limits,
 )
-from madmax_opt.model.objectives import Rates, objective_values
-from madmax_opt.search.cpsat import CpSatOptions
-from madmax_opt.search.cpsat import options as cpsat_options
-from madmax_opt.search.objectives import serving_units
 
 __all__ = [
     "ServingCandidates",
@@ -195,9 +197,12 @@ def to_records(
     return out
 
 
-def evaluate_serving(problem: Problem, plans: list[Plan]) -> list[dict[str, Any]]:
-    """Evaluate public plans of an inference problem (a plan without ``batch`` gets its best batch)."""
-    model = ServingModel(problem)
+def evaluate_serving(
+    problem: Problem, plans: list[Plan], catalog: ServingCatalog | None = None
+) -> list[dict[str, Any]]:
+    """Evaluate public plans of an inference problem (a plan without ``batch`` gets its best batch); ``catalog``
+    replaces the package's serving calibration."""
+    model = ServingModel(problem, catalog)
     records = []
     for plan in (as_serving_plan(p, problem) for p in plans):
         if plan.batch is None:
@@ -256,11 +261,6 @@ def cross_check(outcome: ServingOutcome, records: list[dict[str, Any]], objectiv
 # ------------------------------------------------------------------------------------------ explanations
 
 
-def _plan_text(plan: dict[str, Any]) -> str:
-    text = f"tp={plan['tp']} pp={plan['pp']} dp={plan['dp']}"
-    text += f" ep={plan['ep']}" if plan.get("ep", 1) > 1 else ""
-    text += f" batch={plan['batch']} {plan['precision']}"
-    return text + (f" prefill_replicas={plan['prefill_replicas']}" if plan.get("prefill_replicas") else "")
 
 
 def explain_infeasible(model: ServingModel, c: ServingCandidates) -> str:
@@ -281,7 +281,7 @@ def explain_infeasible(model: ServingModel, c: ServingCandidates) -> str:
             opt = p.hardware[int(c.plans.hw[best])]
             plan = plan_dict(model, c, best)
             return (
-                f"{p.model.name} does not fit: even {_plan_text(plan)} on {opt.name} needs "
+                f"{p.model.name} does not fit: even {plan_text(plan)} on {opt.name} needs "
                 f"{c.terms.memory['total'][best] / 1e9:.1f} GB per GPU, usable "
                 f"{c.terms.memory['capacity'][best] / 1e9:.1f} GB (binding constraint: memory capacity)"
             )
@@ -307,7 +307,7 @@ def explain_infeasible(model: ServingModel, c: ServingCandidates) -> str:
             best = int(sel[np.argmin(metric[sel])])
             opt = p.hardware[int(c.plans.hw[best])]
             per_type.append(
-                f"{metric[best] * 1e3:.3g} ms on {gpu} ({opt.name}: {_plan_text(plan_dict(model, c, best))})"
+                f"{metric[best] * 1e3:.3g} ms on {gpu} ({opt.name}: {plan_text(plan_dict(model, c, best))})"
             )
         reasons.append(
             f"{name} {target * 1e3:g} ms needs a faster plan than any in the space; the best reachable "
