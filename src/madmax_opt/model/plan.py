@@ -8,10 +8,11 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 from numpy.typing import NDArray
 
+from madmax_opt.model.plan_settings import degree_settings
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
 
 IntArr = NDArray[np.int64]
-KNOBS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "vpp", "mbs", "zero", "recompute", "sp", "ep")
+KNOBS: tuple[str, ...] = degree_settings()  # the Plan model's degrees, modes and flags, in declaration order
 
 
 @dataclass(frozen=True)

@@ -12,22 +12,12 @@ from rich.console import Console
 from rich.table import Table
 
 from madmax_opt.fleet.solve import FleetResult, JobResult, WhatIf
+from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.studies.sweep import CSV_COLUMNS
 
 FLEET_COLUMNS = ("fleet_system", "weight", "placed", "deadline_h", "meets_targets", "ttft_s", "tpot_s", "note")
-PLAN_KEYS = ("dp", "tp", "pp", "cp", "vpp", "mbs", "zero", "recompute", "sp", "batch", "precision")
 
 
-def plan_text(plan: dict[str, Any] | None) -> str:
-    if not plan:
-        return "-"
-    parts = []
-    for k in PLAN_KEYS:
-        v = plan.get(k)
-        if v is None or (k in ("cp", "vpp", "mbs") and v == 1) or (k == "zero" and v == 0) or v in (False, "none"):
-            continue
-        parts.append(f"{k}={v}" if isinstance(v, str) else (k if v is True else f"{k}{v}"))
-    return " ".join(parts)
 
 
 def _num(x: float | None, fmt: str = ",.0f") -> str:

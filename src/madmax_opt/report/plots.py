@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from madmax_opt.model.plan_settings import plan_text
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
@@ -74,13 +76,6 @@ def _time_unit(seconds: float) -> tuple[float, str]:
     return (1.0, "s") if seconds >= 10.0 else (1e3, "ms")
 
 
-def plan_label(rec: dict[str, Any]) -> str:
-    p = rec["plan"]
-    parts = [f"{k}{p[k]}" for k in ("dp", "tp", "pp", "cp", "vpp", "mbs") if p.get(k, 1) > 1 or k == "dp"]
-    if p.get("ep", 1) > 1:
-        parts.append(f"ep{p['ep']}")
-    parts += [f"z{p['zero']}", str(p["recompute"])] + (["sp"] if p.get("sp") else [])
-    return " ".join(parts)
 
 
 def _legend_right(ax: Axes) -> None:
@@ -109,7 +104,7 @@ def step_time_figure(records: Sequence[dict[str, Any]], path: Path, title: str =
     plt = _pyplot()
     rows: list[tuple[str, dict[str, float]]] = []
     for i, rec in enumerate(records):
-        rows.append((f"#{i + 1} {plan_label(rec)}", rec["time_breakdown_s"]))
+        rows.append((f"#{i + 1} {plan_text(rec['plan'])}", rec["time_breakdown_s"]))
         if simulated is not None and simulated[i] is not None:
             rows.append((f"#{i + 1} simulated (trace)", simulated[i] or {}))
     longest = max(sum(b.values()) for _, b in rows)
@@ -140,7 +135,7 @@ def _finish(plt: Any, fig: Any, ax: Any, title: str, path: Path) -> Path:
 def memory_figure(records: Sequence[dict[str, Any]], path: Path, title: str = "Memory per GPU") -> Path:
     """Stacked bars of memory per GPU against the usable capacity (dashed line) of each plan's GPU."""
     plt = _pyplot()
-    labels = [f"#{i + 1} {plan_label(r)}" for i, r in enumerate(records)]
+    labels = [f"#{i + 1} {plan_text(r['plan'])}" for i, r in enumerate(records)]
     fig, ax = plt.subplots(figsize=(11, 1.6 + 0.55 * len(records)))
     parts = {k: [r["memory_bytes_per_gpu"][k] / GB for r in records] for k in MEMORY_LABELS}
     _stacked(ax, labels, parts, MEMORY_LABELS, MEMORY_COLORS, horizontal=True)
@@ -185,7 +180,7 @@ def top_k_figure(records: Sequence[dict[str, Any]], path: Path, title: str = "To
         ax.set_xticks(range(len(records)), labels)
         ax.set_xlabel("plan rank")
         ax.grid(axis="y", alpha=0.3)
-    key = "\n".join(f"#{i + 1}: {plan_label(r)} on {r['hardware']['gpus']} x {r['hardware']['gpu']}"
+    key = "\n".join(f"#{i + 1}: {plan_text(r['plan'])} on {r['hardware']['gpus']} x {r['hardware']['gpu']}"
                     for i, r in enumerate(records))
     _legend_right(ax_t)
     _legend_right(ax_m)
@@ -239,7 +234,7 @@ def gantt_figure(sim: Simulation, path: Path) -> Path:
             ax.axhline(y - 0.5, color="#999999", linewidth=0.5)
     ax.set_xlim(0, sim.step_time_s * scale * 1.01)
     ax.set_xlabel(f"time in the training step ({unit})")
-    plan = plan_label(sim.setup.closed_form)
+    plan = plan_text(sim.setup.closed_form['plan'])
     hw = sim.setup.closed_form["hardware"]
     note = "" if len(shown) == p else f"; {len(shown)} of {p} stages shown"
     note += "" if detail == "ops" else "; one bar per layer pass (its collectives inside)"

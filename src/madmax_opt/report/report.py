@@ -7,20 +7,31 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from madmax_opt.model.plan_settings import plan_text
+
 GB = 1e9
 
 
-def _plan_text(plan: dict[str, Any]) -> str:
-    keys = ("dp", "tp", "pp", "cp", "vpp", "mbs", "zero")
-    return " ".join(f"{k}{plan[k]}" for k in keys) + f" rc={plan['recompute']}" + (" sp" if plan["sp"] else "")
 
 
 def _ms(x: float) -> str:
     return f"{x * 1e3:,.1f}"
 
 
+def calibration_text(rec: dict[str, Any]) -> str:
+    """How much to trust a record: its (GPU, framework) calibration and that calibration's held-out error."""
+    cal = rec.get("calibration")
+    if not cal:
+        return "-"
+    if cal["status"] != "calibrated":
+        return f"[yellow]uncalibrated[/yellow] ({cal['gpu']} / {cal['framework']}: prior efficiencies)"
+    loso = cal.get("loso_median_err")
+    held = f", held-out median error {loso:.1%}" if loso is not None else ""
+    return f"{cal['gpu']} / {cal['framework']}: {cal['runs']} runs{held}"
+
+
 def evaluation_table(rec: dict[str, Any], title: str = "plan") -> Table:
-    t = Table(title=f"{title}: {_plan_text(rec['plan'])} on {rec['hardware']['gpus']} x {rec['hardware']['gpu']}"
+    t = Table(title=f"{title}: {plan_text(rec['plan'])} on {rec['hardware']['gpus']} x {rec['hardware']['gpu']}"
               f" ({rec['hardware']['system']})", show_header=True, header_style="bold")
     t.add_column("metric")
     t.add_column("value", justify="right")
@@ -30,6 +41,7 @@ def evaluation_table(rec: dict[str, Any], title: str = "plan") -> Table:
     t.add_row("tokens/s", f"{rec['tokens_per_s']:,.0f}")
     t.add_row("samples/s", f"{rec['samples_per_s']:,.2f}")
     t.add_row("MFU", f"{rec['mfu']:.1%}")
+    t.add_row("calibration", calibration_text(rec))
     t.add_row("$ / hour", f"{rec['cost_per_hour_usd']:,.2f}")
     t.add_row("$ / M tokens", f"{rec['usd_per_million_tokens']:,.4f}")
     if "time_to_train" in rec:
@@ -58,8 +70,9 @@ def plans_table(records: list[dict[str, Any]], title: str) -> Table:
     for i, r in enumerate(records):
         t.add_row(
             str(i + 1),
-            f"{r['hardware']['system']} x{r['hardware']['gpus']}",
-            _plan_text(r["plan"]),
+            f"{r['hardware']['system']} x{r['hardware']['gpus']}"
+            + (" [yellow]uncalibrated[/yellow]" if r.get("calibration", {}).get("status") == "uncalibrated" else ""),
+            plan_text(r["plan"]),
             _ms(r["step_time_s"]),
             f"{r['tokens_per_s']:,.0f}",
             f"{r['mfu']:.1%}",

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import load_problem
+from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.studies.sensitivity import (
     HARDWARE_PARAMETERS,
     PARAMETERS,
@@ -17,7 +18,6 @@ from madmax_opt.studies.sensitivity import (
     _floats,
     _pct,
     base_summary,
-    plan_text,
     run_sensitivity,
     to_json,
     unit,

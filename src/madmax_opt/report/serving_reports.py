@@ -19,14 +19,20 @@ import typer
 import yaml
 from rich.console import Console
 
+from madmax_opt.model.plan_settings import plan_text
+
 if TYPE_CHECKING:
     from madmax_opt.io.problem import Problem
+    from madmax_opt.model.serving_calibration import ServingCatalog
     from madmax_opt.search.serving import ServingCandidates, ServingModel
 
 VALIDATION_FILE = "inference_measured.yaml"
 BAR_THROUGHPUT = 0.15  # median |error| on output tokens/s (issue 4)
 BAR_LATENCY = 0.20  # median |error| on TTFT / prefill / per-token latency (issue 4)
 THROUGHPUT_METRICS = ("out_tokens_per_s_per_gpu", "out_tokens_per_s_total")
+# Both measured stacks (TensorRT-LLM v0.6.1, FasterTransformer) are NVIDIA C++ runtimes: priced by the tensorrt-llm
+# serving calibration (data/serving_calibration.yaml, fitted on the modern runs only; A100 has no runs: pooled fit).
+MEASURED_FRAMEWORK = "tensorrt-llm"
 # TensorRT-LLM v0.6.1 docs/source/performance.md: the engines are built with --enable_fp8 --fp8_kv_cache on H100
 # (the KV cache is fp8 too) and run with TRTLLM_ENABLE_XQA=1 (the GQA-aware decode kernel).
 FP8_KV_SOURCES = ("TRTLLM-0.6.1",)
@@ -84,7 +90,7 @@ def case_problem(case: dict[str, Any], models: dict[str, Any], gqa_decode_kernel
             "model": _model_dict(case["model"], models[case["model"]]),
             "hardware": {"gpu": case["gpu"], "gpus": case["tp"]},
             "task": task,
-            "stack": {"gqa_decode_kernel": gqa_decode_kernel},
+            "stack": {"gqa_decode_kernel": gqa_decode_kernel, "framework": MEASURED_FRAMEWORK},
         },
         source=f"{VALIDATION_FILE}#{case['id']}",
     )
@@ -112,20 +118,42 @@ def _predicted(metric: str, rec: dict[str, Any]) -> float:
 MEASURED_STACK_GQA_DECODE_KERNEL = False
 
 
+def catalog_2023() -> ServingCatalog:
+    """The per-GPU calibration of data/gpus.yaml (the training fit, no serving overheads) as a serving catalog: what
+    this 2023 set was validated with before the modern serving fit (issue 11), kept as its reference."""
+    from madmax_opt.io import catalog
+    from madmax_opt.io.serving_catalog import serving_catalog
+    from madmax_opt.model.serving_calibration import FitRecord, ServingCalibrationEntry, ServingParams
+
+    entries = []
+    for name, gpu in catalog.gpus().items():
+        c = gpu.calibration
+        params = ServingParams(gemm_eff=c.gemm_eff, attn_eff=c.attn_eff, hbm_eff=c.hbm_eff,
+                               layer_overhead_s=c.layer_overhead_s, prefill_overhead_s=0.0,
+                               grouped_gemm_ratio=c.grouped_gemm_ratio, comm_eff=1.0)
+        fit = FitRecord(runs=0, sources=[], method="data/gpus.yaml calibration (training fit)")
+        entries.append(ServingCalibrationEntry(gpu=name, framework=MEASURED_FRAMEWORK, params=params, fit=fit))
+    return serving_catalog().model_copy(update={"entries": entries})
+
+
 def validation_rows(
-    shared: Path | None = None, gqa_decode_kernel: bool = MEASURED_STACK_GQA_DECODE_KERNEL
+    shared: Path | None = None,
+    gqa_decode_kernel: bool = MEASURED_STACK_GQA_DECODE_KERNEL,
+    calibration: ServingCatalog | None = None,
 ) -> list[ValidationRow]:
-    """Every (case, measured metric) of the shared file, predicted by the same evaluator as the CLI."""
+    """Every (case, measured metric) of the shared file, predicted by the same evaluator as the CLI, with the
+    2023 reference calibration (``catalog_2023``) unless ``calibration`` is given."""
     from madmax_opt.search.serving import ServingPlan, evaluate_serving
     from madmax_opt.studies.validation import shared_dir
 
     path = (shared or shared_dir()) / "validation" / VALIDATION_FILE
     data = yaml.safe_load(path.read_text())
+    cal = calibration or catalog_2023()
     rows = []
     for case in data["cases"]:
         problem = case_problem(case, data["models"], gqa_decode_kernel)
         plan = ServingPlan(dp=1, tp=case["tp"], pp=1, batch=case["batch"], precision=case["precision"])
-        rec = evaluate_serving(problem, [plan])[0]
+        rec = evaluate_serving(problem, [plan], cal)[0]
         for metric, value in case["measured"].items():
             rows.append(ValidationRow(case, metric, float(value), _predicted(metric, rec), rec))
     return rows
@@ -169,7 +197,8 @@ def render_validation(rows: list[ValidationRow], legacy: list[ValidationRow]) ->
         f"Data: every case of `shared/validation/{VALIDATION_FILE}` (TensorRT-LLM v0.6.1 performance tables, "
         "FasterTransformer GPT-13B), each evaluated as a plan (dp 1, the given tp, pp 1, batch, precision) of an "
         "inference problem on the GPU's standard node by the same evaluator as `madmax-opt evaluate`. "
-        "Calibration: the per-GPU values of `data/gpus.yaml`, nothing fitted to these cases. H100 fp8 cases use an "
+        "Calibration: the per-GPU values of `data/gpus.yaml` (the 2023 reference, `catalog_2023`; the modern "
+        "serving fit is compared at the end), nothing fitted to these cases. H100 fp8 cases use an "
         "fp8 KV cache (the benchmark's `--fp8_kv_cache`). Throughput = output tokens/s: the model's continuous-"
         "batching steady state, B o / (o T_decode + B P), equals the static-batch benchmark's B o / (t_prefill(B) "
         "+ o T_decode) when the batch prefills at full efficiency. TTFT at batch 1 = the prefill latency.",
@@ -231,36 +260,42 @@ def render_validation(rows: list[ValidationRow], legacy: list[ValidationRow]) ->
 
 
 def _calibration_table(rows: list[ValidationRow]) -> list[str]:
-    from madmax_opt.io import catalog
-
     out = [
-        "| GPU | gemm_eff | gemm_half_dim | attn_eff | hbm_eff | layer_overhead_s |",
-        "|---|---|---|---|---|---|",
+        "| GPU | gemm_eff | attn_eff | hbm_eff | layer_overhead_s |",
+        "|---|---|---|---|---|",
     ]
     for name in dict.fromkeys(r.case["gpu"] for r in rows):
-        c = catalog.gpus()[name].calibration
+        c, _, _ = catalog_2023().resolve(name, MEASURED_FRAMEWORK)
         out.append(
-            f"| {name} | {c.gemm_eff:g} | {c.gemm_half_dim:g} | {c.attn_eff:g} | {c.hbm_eff:g} | "
-            f"{c.layer_overhead_s:g} |"
+            f"| {name} | {c.gemm_eff:.3g} | {c.attn_eff:.3g} | {c.hbm_eff:.3g} | {c.layer_overhead_s:.3g} |"
         )
     return out
 
 
 def write_validation_report(out_dir: Path) -> Path:
+    from madmax_opt.io.serving_catalog import serving_catalog
+
     rows = validation_rows()
     legacy = validation_rows(gqa_decode_kernel=not MEASURED_STACK_GQA_DECODE_KERNEL)
+    modern = validation_rows(calibration=serving_catalog())
+    thr, lat = summary_errors(modern)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "inference.md"
-    path.write_text(render_validation(rows, legacy))
+    path.write_text(
+        render_validation(rows, legacy)
+        + "\n## With the modern serving calibration (data/serving_calibration.yaml, tensorrt-llm)\n\n"
+        + "The same cases priced by the (GPU, tensorrt-llm) fit on the 2024-25 runs of "
+        + "`data/validation/modern/inference.yaml` (TensorRT-LLM 0.9-1.0; A100 has no runs there: pooled fit). "
+        + f"Throughput median |error| {_median_abs(thr):.1%} (errors {', '.join(f'{e:+.0%}' for e in thr)}); "
+        + f"latency median |error| {_median_abs(lat):.1%}. The 2023 runtime (TensorRT-LLM 0.6.1) is not the one "
+        + "fitted: the modern fit's per-layer overhead and collective efficiency come from newer versions.\n"
+    )
     return path
 
 
 # ------------------------------------------------------------------------------------------- Pareto output
 
 
-def _plan_short(plan: dict[str, Any]) -> str:
-    text = f"tp{plan['tp']} pp{plan['pp']} dp{plan['dp']} b{plan['batch']} {plan['precision']}"
-    return text + (f" prefill{plan['prefill_replicas']}" if plan.get("prefill_replicas") else "")
 
 
 def pareto_markdown(rows: list[dict[str, Any]]) -> list[str]:
@@ -272,7 +307,7 @@ def pareto_markdown(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {r['tpot_s'] * 1e3:,.2f} | {r['ttft_s'] * 1e3:,.1f} | {r['output_tokens_per_s_per_gpu']:,.1f} | "
             f"{r['output_tokens_per_s']:,.0f} | {r['hardware']['system']} x{r['hardware']['gpus']} | "
-            f"{_plan_short(r['plan'])} | {'yes' if r.get('meets_targets') else 'no'} |"
+            f"{plan_text(r['plan'])} | {'yes' if r.get('meets_targets') else 'no'} |"
         )
     return lines
 
@@ -465,10 +500,10 @@ def write_inference_study(out_dir: Path) -> Path:
                     b, o = row["base"], row["best"]
                     setting = "SLO" if slo else "throughput"
                     base_cols = (
-                        f"{_plan_short(b['plan'])} | {b['output_tokens_per_s_per_gpu']:,.1f} | "
+                        f"{plan_text(b['plan'])} | {b['output_tokens_per_s_per_gpu']:,.1f} | "
                         f"{b['tpot_s'] * 1e3:,.1f} | {tp_comm_share(b):.0%}"
                         if b["feasible"]
-                        else f"{_plan_short(b['plan'])}: {b['infeasible_reason']} | - | - | -"
+                        else f"{plan_text(b['plan'])}: {b['infeasible_reason']} | - | - | -"
                     )
                     if o is None:
                         lines.append(
@@ -482,7 +517,7 @@ def write_inference_study(out_dir: Path) -> Path:
                         shares.append((tp_comm_share(b), tp_comm_share(o)))
                     lines.append(
                         f"| {model} | {system} | {wname} ({prompt}/{output}) | {setting} | {base_cols} | "
-                        f"{_plan_short(o['plan'])} | {o['output_tokens_per_s_per_gpu']:,.1f} | "
+                        f"{plan_text(o['plan'])} | {o['output_tokens_per_s_per_gpu']:,.1f} | "
                         f"{o['tpot_s'] * 1e3:,.1f} | {o['ttft_s'] * 1e3:,.0f} | {tp_comm_share(o):.0%} | "
                         f"{f'{speed:.2f}x' if speed else 'baseline infeasible'} |"
                     )

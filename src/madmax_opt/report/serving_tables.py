@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from madmax_opt.search.serving import _plan_text
+from madmax_opt.model.plan_settings import plan_text
 
 
 def _ms(x: float) -> str:
@@ -17,7 +17,7 @@ def _ms(x: float) -> str:
 def record_table(rec: dict[str, Any], title: str = "plan") -> Table:
     hw = rec["hardware"]
     t = Table(
-        title=f"{title}: {_plan_text(rec['plan'])} on {hw['gpus']} x {hw['gpu']} ({hw['system']})",
+        title=f"{title}: {plan_text(rec['plan'])} on {hw['gpus']} x {hw['gpu']} ({hw['system']})",
         header_style="bold",
     )
     t.add_column("metric")
@@ -65,7 +65,7 @@ def pareto_table(rows: list[dict[str, Any]], title: str = "throughput vs latency
             f"{r['output_tokens_per_s_per_gpu']:,.1f}",
             f"{r['output_tokens_per_s']:,.0f}",
             f"{r['hardware']['system']} x{r['hardware']['gpus']}",
-            _plan_text(r["plan"]),
+            plan_text(r["plan"]),
             "met" if r.get("meets_targets") else "-",
         )
     return t

@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.studies.sweep import (
     MANIFEST_FILE,
     RESULTS_FILE,
@@ -156,12 +157,6 @@ def unique_points(points: Sequence[Point]) -> list[Point]:
 # ------------------------------------------------------------------------------------------ markdown
 
 
-def _plan(p: dict[str, Any]) -> str:
-    text = f"dp{p['dp']} tp{p['tp']} pp{p['pp']}"
-    text += f" cp{p['cp']}" if p["cp"] > 1 else ""
-    text += f" vpp{p['vpp']}" if p["vpp"] > 1 else ""
-    text += f" mbs{p['mbs']} z{p['zero']} rc={p['recompute']}" + (" sp" if p["sp"] else "")
-    return text
 
 
 def _speedup(p: Point) -> str:
@@ -276,7 +271,7 @@ def markdown(
                     p.system,
                     p.gpu,
                     str(p.gpus),
-                    _plan(p.plan),
+                    plan_text(p.plan),
                     _hours(p.time_s),
                     f"{p.cost_usd:,.0f}",
                     f"{p.tokens_per_s:,.0f}",
@@ -317,7 +312,7 @@ def markdown(
                     criterion,
                     b.system,
                     str(b.gpus),
-                    _plan(b.plan),
+                    plan_text(b.plan),
                     f"{b.tokens_per_s:,.0f}",
                     f"{b.usd_per_million_tokens:.3f}",
                     _hours(b.time_s),
@@ -341,7 +336,7 @@ def markdown(
                     system,
                     b.gpu,
                     str(b.gpus),
-                    _plan(b.plan),
+                    plan_text(b.plan),
                     f"{b.tokens_per_s:,.0f}",
                     f"{b.tokens_per_s_per_gpu:,.0f}",
                     f"{b.mfu:.1%}",

@@ -12,10 +12,9 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-import typer
 from rich.console import Console
 from rich.table import Table
 
@@ -30,9 +29,10 @@ from madmax_opt.analysis.trace import (
 )
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import Problem, load_problem, problem_from_dict
+from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.model.spec import Plan
 from madmax_opt.model.training import STEP_TERMS
-from madmax_opt.report.plots import gantt_figure, plan_figures, plan_label
+from madmax_opt.report.plots import gantt_figure, plan_figures
 from madmax_opt.search.space import enumerate_plans
 
 console = Console()
@@ -64,13 +64,12 @@ def _one_plan(path: Path, problem: Problem, index: int) -> Plan:
 
 
 def timeline_cmd(
-    problem: Annotated[Path, typer.Argument(help="problem file (YAML)", show_default=False)],
-    plan: Annotated[Path, typer.Option("--plan", help="YAML/JSON file with the plan (or a list of plans)")],
-    index: Annotated[int, typer.Option("--index", help="which plan of a list")] = 0,
-    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("timelines"),
-    detail: Annotated[str, typer.Option("--detail", help="ops (every op) | layers (one event per layer pass)")]
-    = "ops",
-    json_out: Annotated[bool, typer.Option("--json", help="print the JSON summary instead of a table")] = False,
+    problem: Path,
+    plan: Path,
+    index: int = 0,
+    out: Path = Path('timelines'),
+    detail: str = 'ops',
+    json_out: bool = False,
 ) -> None:
     """Simulate one training step of a plan op by op; write a Chrome trace (Perfetto) and a Gantt PNG."""
     if detail not in ("ops", "layers"):
@@ -83,7 +82,7 @@ def timeline_cmd(
     if json_out:
         print(json.dumps(summary, indent=2))
         return
-    t = Table(title=f"simulated step: {plan_label(sim.setup.closed_form)}", header_style="bold")
+    t = Table(title=f"simulated step: {plan_text(sim.setup.closed_form['plan'])}", header_style="bold")
     for c in ("term", "simulated (ms)", "closed form (ms)"):
         t.add_column(c, justify="left" if c == "term" else "right")
     for k in STEP_TERMS:
@@ -167,7 +166,7 @@ def _row(label: str, problem: Problem, plan: Plan) -> dict[str, Any]:
     cf = sim.setup.closed_form["time_breakdown_s"]
     delta = {k: crit.get(k, 0.0) - cf.get(k, 0.0) for k in STEP_TERMS}
     main = max(delta, key=lambda k: abs(delta[k]))
-    return {"label": label, "plan": plan_label(sim.setup.closed_form), "class": plan_class(plan),
+    return {"label": label, "plan": plan_text(sim.setup.closed_form['plan']), "class": plan_class(plan),
             "schedule": "interleaved" if plan.vpp > 1 else "1F1B", "micro_batches": sim.setup.n_micro,
             "closed_form_s": sim.closed_form_step_s, "simulated_s": sim.step_time_s, "difference": sim.difference,
             "main_term": main, "main_delta_s": delta[main], "wall_s": time.perf_counter() - t0}
@@ -328,7 +327,7 @@ def write_trace_check(out_dir: Path, per_problem: int = RANDOM_PER_PROBLEM) -> P
 
 
 def trace_check_cmd(
-    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/validation"),
+    out: Path = Path('results/validation'),
 ) -> None:
     """Simulated vs closed-form step time on the validation cases and random plans (trace_vs_closed_form.md)."""
     console.print(f"wrote {write_trace_check(out)}")
@@ -387,7 +386,7 @@ def run_bench() -> list[dict[str, Any]]:
         sim_s, sim = _best_of(partial(simulate, model, plan, record=False))
         rec_s, rec_sim = _best_of(partial(simulate, model, plan))
         ev_s, events = _best_of(partial(rec_sim.events, "ops"), repeats=1)
-        rows.append({"case": name, "plan": plan_label(sim.setup.closed_form), "micro_batches": sim.setup.n_micro,
+        rows.append({"case": name, "plan": plan_text(sim.setup.closed_form['plan']), "micro_batches": sim.setup.n_micro,
                      "stages": plan.pp, "simulate_s": sim_s, "simulate_recorded_s": rec_s, "events": len(events),
                      "expand_s": ev_s, "step_s": sim.step_time_s, "difference": sim.difference,
                      "feasible": sim.setup.closed_form["feasible"], "barred": barred})
@@ -431,7 +430,7 @@ def write_trace_bench(out_dir: Path) -> Path:
 
 
 def bench_trace_cmd(
-    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/bench"),
+    out: Path = Path('results/bench'),
 ) -> None:
     """Benchmark the trace simulator on a 405B plan with 16 stages and 64 micro-batches (results/bench/trace.md)."""
     console.print(f"wrote {write_trace_bench(out)}")

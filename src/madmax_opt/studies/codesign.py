@@ -18,11 +18,11 @@ from typing import Any
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.io.derive import HARDWARE_PARAMETERS
 from madmax_opt.io.problem import Problem, problem_from_dict
+from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.studies.sensitivity import (
     bottleneck,
     fixed_plan_record,
     plan_change,
-    plan_text,
     run_sensitivity,
     solve_optimum,
     throughput,

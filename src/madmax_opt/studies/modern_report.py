@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.studies.validation_modern import (
     UNMODELLED_FRAMEWORKS,
     ModernCase,
@@ -33,11 +34,6 @@ def _verdict(ok: bool) -> str:
     return "pass" if ok else "**FAIL**"
 
 
-def _plan(c: ModernCase) -> str:
-    p = c.run.plan
-    parts = [f"tp{p.tp}", f"pp{p.pp}", f"dp{p.dp}"] + [f"{k}{v}" for k, v in (("cp", p.cp), ("vpp", p.vpp),
-                                                                                ("ep", p.ep)) if v > 1]
-    return " ".join([*parts, f"mbs{p.mbs}", f"z{p.zero}", p.recompute])
 
 
 def _stats_rows(s: ModernSummary, label: str, by: Callable[[ModernCase], str]) -> list[str]:
@@ -123,7 +119,7 @@ def render_modern(s: ModernSummary) -> str:
         note = c.note if c.fitted else f"not fitted: {c.framework_text} is no modelled framework; {c.note}"
         lines.append(
             f"| {c.run.name} | {c.run.source} | {c.run.gpu} | {c.run.framework if c.fitted else 'maxtext'} "
-            f"| {c.run.problem.training_task.precision} | {_plan(c)} | {c.run.measured_s:.3f} "
+            f"| {c.run.problem.training_task.precision} | {plan_text(c.run.plan)} | {c.run.measured_s:.3f} "
             f"| {s.in_sample_s[i]:.3f} | {_pct(float(s.in_sample_err[i]))} | {s.loso_s[i]:.3f} "
             f"| {_pct(float(s.loso_err[i]))} | {note.strip('; ')} |"
         )

@@ -32,15 +32,13 @@ from madmax_opt.io.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant
 from madmax_opt.io.problem import Problem
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.model.spec import GPU, InferenceTask, Plan, System
 from madmax_opt.model.training import MEMORY_REASON
 from madmax_opt.search.solver import solve_records
 from madmax_opt.search.space import enumerate_plans
 
 DEFAULT_FACTORS: tuple[float, ...] = (0.5, 2.0, 4.0)
-PLAN_KNOBS: tuple[str, ...] = (
-    "dp", "tp", "pp", "cp", "vpp", "ep", "mbs", "zero", "recompute", "sp", "batch", "precision", "prefill_replicas",
-)
 J_PER_KWH = 3.6e6
 
 
@@ -264,31 +262,13 @@ def _kwh_per_million_tokens(problem: Problem, rec: dict[str, Any]) -> float:
 # ------------------------------------------------------------------------------------------- reports
 
 
-def plan_text(plan: dict[str, Any]) -> str:
-    """'dp256 tp2 pp4 vpp4 mbs1 z2 sp' (knobs at 1 left out, except dp); serving: 'dp32 tp2 pp2 batch256 bf16'."""
-    keys = ("dp", "tp", "pp", "cp", "vpp", "ep", "mbs", "batch")
-    parts = [f"{k}{plan[k]}" for k in keys if (plan.get(k) or 1) > 1 or k == "dp"]
-    if "zero" in plan:
-        parts.append(f"z{plan['zero']}")
-    if plan.get("recompute", "none") != "none":
-        parts.append(f"rc-{plan['recompute']}")
-    if plan.get("sp"):
-        parts.append("sp")
-    if plan.get("precision"):
-        parts.append(str(plan["precision"]))
-    if plan.get("prefill_replicas"):
-        parts.append(f"prefill{plan['prefill_replicas']}")
-    if plan.get("stage_layers"):
-        parts.append("layers " + "/".join(map(str, plan["stage_layers"])))
-    return " ".join(parts)
-
-
 def plan_change(base: dict[str, Any] | None, rec: dict[str, Any] | None) -> str:
     """The knobs that differ: 'tp 2->4, pp 4->2'; 'same' when none does."""
     if base is None or rec is None:
         return "-"
     a, b = base["plan"], rec["plan"]
-    changes = [f"{k} {a.get(k)}->{b.get(k)}" for k in (*PLAN_KNOBS, "stage_layers") if a.get(k) != b.get(k)]
+    keys = [k for k in dict.fromkeys([*a, *b]) if k != "system"]  # every plan setting; hardware is below
+    changes = [f"{k} {a.get(k)}->{b.get(k)}" for k in keys if a.get(k) != b.get(k)]
     if base["hardware"]["gpus"] != rec["hardware"]["gpus"] or base["hardware"]["gpu"].split("+")[0] != rec[
         "hardware"
     ]["gpu"].split("+")[0]:

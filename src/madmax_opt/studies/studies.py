@@ -9,6 +9,7 @@ from typing import Any
 
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.search.solver import solve_records
 
 COMM_TERMS: tuple[str, ...] = ("tp_comm", "cp_comm", "pp_comm", "zero3_comm", "dp_comm")
@@ -32,10 +33,6 @@ def exposed_comm_share(rec: dict[str, Any]) -> float:
     return sum(rec["time_breakdown_s"][k] for k in COMM_TERMS) / rec["step_time_s"]
 
 
-def _plan_short(rec: dict[str, Any]) -> str:
-    p = rec["plan"]
-    parts = [f"{k}{p[k]}" for k in ("dp", "tp", "pp", "cp", "vpp", "mbs") if p[k] > 1 or k == "dp"]
-    return " ".join([*parts, f"z{p['zero']}", p["recompute"], *(["sp"] if p["sp"] else [])])
 
 
 def _where_time_goes(rec: dict[str, Any]) -> str:
@@ -104,10 +101,10 @@ def write_pretraining_study(out_dir: Path) -> Path:
             shares.append(share)
             s = o["tokens_per_s"] / b["tokens_per_s"]
             speedups.append(s)
-            base_cols = [_plan_short(b), f"{b['tokens_per_s']:,.0f}", f"{share:.1%}"]
+            base_cols = [plan_text(b['plan']), f"{b['tokens_per_s']:,.0f}", f"{share:.1%}"]
             speed = f"{s:.2f}x"
         lines.append(
-            f"| {r['model']} | {r['system']} | {r['seq']} | {' | '.join(base_cols)} | {_plan_short(o)} | "
+            f"| {r['model']} | {r['system']} | {r['seq']} | {' | '.join(base_cols)} | {plan_text(o['plan'])} | "
             f"{o['tokens_per_s']:,.0f} | {o['mfu']:.1%} | {exposed_comm_share(o):.1%} | {speed} | "
             f"{_where_time_goes(o)} |"
         )

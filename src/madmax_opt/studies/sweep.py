@@ -61,6 +61,7 @@ from madmax_opt.io.problem import (
     resolve_model,
     validate,
 )
+from madmax_opt.model.plan_settings import degree_settings
 from madmax_opt.model.spec import Objective, Space, Stack, Strict, System, Task, TransformerModel
 
 KEY_VERSION = 1  # bump when the meaning of a combination changes; old rows then no longer match
@@ -133,6 +134,9 @@ class SweepFile(Strict):
         True, description="evaluate the MAD-Max baseline (FSDP over all GPUs) of every problem"
     )
     solver: SolverSettings = SolverSettings()
+    calibration: str | None = Field(
+        None, description="overlay file written by `madmax-opt calibrate` (relative to this file), for every problem"
+    )
 
     @model_validator(mode="after")
     def _tasks_not_empty(self) -> SweepFile:
@@ -200,6 +204,8 @@ def load_sweep(path: str | Path) -> Sweep:
         keys = ", ".join(SweepFile.model_fields)
         raise ProblemError(f"expected a mapping with keys {{{keys}}}", file=file)
     spec: SweepFile = validate(SweepFile, data, file=file)
+    if spec.calibration is not None:  # every problem names the overlay by its absolute path
+        spec = spec.model_copy(update={"calibration": str((Path(file).parent / spec.calibration).resolve())})
     combinations = tuple(expand(spec, file))
     return Sweep(path=file, spec=spec, combinations=combinations, validate_s=time.perf_counter() - t0)
 
@@ -330,6 +336,8 @@ def _combination(
     }
     if spec.baseline:
         problem["baseline"] = madmax_baseline(system.name, n)
+    if spec.calibration is not None:
+        problem["calibration"] = spec.calibration
     label = {
         "model": model.name,
         "task": t,
@@ -482,15 +490,7 @@ CSV_COLUMNS = (
     "objective",
     "status",
     "error",
-    "dp",
-    "tp",
-    "pp",
-    "cp",
-    "vpp",
-    "mbs",
-    "zero",
-    "recompute",
-    "sp",
+    *degree_settings(),  # the plan settings, from the plan-settings registry
     "step_time_s",
     "tokens_per_s",
     "tokens_per_s_per_gpu",
@@ -516,7 +516,7 @@ def table_row(row: dict[str, Any]) -> dict[str, Any]:
     res = row.get("result")
     if res:
         best = res["best"]
-        out |= {k: best["plan"][k] for k in ("dp", "tp", "pp", "cp", "vpp", "mbs", "zero", "recompute", "sp")}
+        out |= {k: best["plan"].get(k) for k in degree_settings()}  # every training plan setting (ep included)
         out |= {
             k: best[k]
             for k in ("step_time_s", "tokens_per_s", "mfu", "cost_per_hour_usd", "usd_per_million_tokens")

@@ -33,6 +33,7 @@ from madmax_opt.io import catalog
 from madmax_opt.io.problem import Problem, problem_from_dict
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.model.spec import Plan
 
 Arr = NDArray[np.float64]
@@ -390,9 +391,6 @@ def _verdict(ok: bool) -> str:
     return "pass" if ok else "**FAIL**"
 
 
-def _plan_short(p: Plan) -> str:
-    parts = [f"tp{p.tp}", f"pp{p.pp}", f"dp{p.dp}"] + ([f"vpp{p.vpp}"] if p.vpp > 1 else []) + [f"mbs{p.mbs}"]
-    return " ".join([*parts, p.recompute, *(["sp"] if p.sp else [])])
 
 
 def heldout_lines(s: Summary) -> list[str]:
@@ -485,7 +483,7 @@ def render_report(s: Summary) -> str:
         "|---|---|---|---|---|---|",
     ]
     for c, pred, err in zip(s.korthikanti, s.korthikanti_pred_s, s.korthikanti_err, strict=True):
-        lines.append(f"| {c.name} | {c.plan.gpus} | {_plan_short(c.plan)} | {c.measured_s:.2f} | {pred:.2f} "
+        lines.append(f"| {c.name} | {c.plan.gpus} | {plan_text(c.plan)} | {c.measured_s:.2f} | {pred:.2f} "
                      f"| {_pct(float(err))} |")
     lines += [
         "",
@@ -512,8 +510,8 @@ def render_report(s: Summary) -> str:
     for g in s.groups:
         idx = index[g.group]
         pick, best = s.vtrain[idx[g.predicted_best]], s.vtrain[idx[g.measured_best]]
-        lines.append(f"| {g.group} | {g.n} | {_abs_pct(g.mape)} | {g.spearman:.3f} | {_plan_short(pick.plan)} "
-                     f"| {pick.measured_s:.2f} | {_plan_short(best.plan)} | {best.measured_s:.2f} "
+        lines.append(f"| {g.group} | {g.n} | {_abs_pct(g.mape)} | {g.spearman:.3f} | {plan_text(pick.plan)} "
+                     f"| {pick.measured_s:.2f} | {plan_text(best.plan)} | {best.measured_s:.2f} "
                      f"| {_pct(g.best_plan_gap)} |")
     lines += [
         "",
@@ -531,7 +529,7 @@ def render_report(s: Summary) -> str:
         lines += [f"### {g.group}", "", "| plan | measured s | predicted s | error |", "|---|---|---|---|"]
         for i in sorted(index[g.group], key=lambda i: s.vtrain[i].measured_s):
             c = s.vtrain[i]
-            lines.append(f"| {_plan_short(c.plan)} | {c.measured_s:.2f} | {s.vtrain_pred_s[i]:.2f} "
+            lines.append(f"| {plan_text(c.plan)} | {c.measured_s:.2f} | {s.vtrain_pred_s[i]:.2f} "
                          f"| {_pct(float(s.vtrain_err[i]))} |")
         lines.append("")
     return "\n".join(lines)

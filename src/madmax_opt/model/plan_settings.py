@@ -1,0 +1,108 @@
+"""The plan settings: one registry read off the plan models, so a new knob is one field on a plan model.
+
+Every consumer that lists plan settings (tables, plan labels, CSV columns, sensitivity diffs, the training plan
+columns) reads them from here instead of spelling ``dp, tp, pp, ...`` out by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel
+
+from madmax_opt.model.spec import Plan
+
+Kind = Literal["int", "bool", "choice", "name", "list"]
+# Settings a label always shows, even at their default (the three degrees every plan has).
+ALWAYS_SHOWN: frozenset[str] = frozenset({"dp", "tp", "pp"})
+# Short prefixes in plan labels ("z1", "rc=selective"); every other setting is labelled by its own name.
+LABEL_PREFIX: dict[str, str] = {"zero": "z", "recompute": "rc=", "prefill_replicas": "prefill", "max_num_seqs": "seqs"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One plan setting: its name, kind, default and description, as the plan model declares them."""
+
+    name: str
+    kind: Kind
+    default: Any
+    description: str
+    choices: tuple[str, ...] = ()
+
+    def label(self, value: Any) -> str | None:
+        """The setting in a compact plan label ('tp8', 'sp', 'rc=selective'); None where it adds nothing."""
+        if value is None or (value == self.default and self.name not in ALWAYS_SHOWN):
+            return None
+        prefix = LABEL_PREFIX.get(self.name, self.name)
+        if self.kind == "bool":
+            return self.name if value else None
+        if self.kind == "list":
+            return f"{self.name}=" + "/".join(str(v) for v in value)
+        if self.kind in ("choice", "name"):
+            return f"{prefix}{'' if prefix.endswith('=') else '='}{value}"
+        return f"{prefix}{value}"
+
+
+def _kind(annotation: Any) -> tuple[Kind, tuple[str, ...]]:
+    if get_origin(annotation) is Annotated:  # PositiveInt and the like: the base type decides
+        return _kind(get_args(annotation)[0])
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) is Literal:
+        return "choice", tuple(str(a) for a in get_args(annotation))
+    if annotation is bool:
+        return "bool", ()
+    if annotation is int:
+        return "int", ()
+    if get_origin(annotation) is list or any(get_origin(a) is list for a in args):
+        return "list", ()
+    if args and len(args) == 1:  # Optional[X]
+        return _kind(args[0])
+    return "name", ()
+
+
+@cache
+def settings(model: type[BaseModel] = Plan) -> tuple[Setting, ...]:
+    """The settings of a plan model in declaration order (training ``Plan`` by default)."""
+    out = []
+    for name, f in model.model_fields.items():
+        kind, choices = _kind(f.annotation)
+        out.append(Setting(name, kind, f.default, f.description or "", choices))
+    return tuple(out)
+
+
+@cache
+def column_settings(model: type[BaseModel] = Plan) -> tuple[str, ...]:
+    """Scalar settings (no per-stage lists): the columns of tables and CSV files."""
+    return tuple(s.name for s in settings(model) if s.kind != "list")
+
+
+@cache
+def degree_settings(model: type[BaseModel] = Plan) -> tuple[str, ...]:
+    """Settings that are integer array columns of a training plan (degrees, modes, flags; not names or lists)."""
+    return tuple(s.name for s in settings(model) if s.kind in ("int", "bool", "choice") and s.default is not None)
+
+
+def plan_text(plan: Mapping[str, Any] | BaseModel | None, model: type[BaseModel] = Plan) -> str:
+    """One label for a plan, e.g. 'dp64 tp8 pp8 vpp4 z1 rc=selective sp ep4' (settings at their default left out,
+    except dp, tp and pp); settings of the plan dict that ``model`` does not declare are labelled by name too."""
+    if plan is None:
+        return "-"
+    if isinstance(plan, BaseModel):
+        plan = plan.model_dump()
+    declared = {s.name: s for s in settings(model)}
+    parts = []
+    for s in settings(model):
+        if s.name in plan and s.name != "system" and s.kind != "list":
+            text = s.label(plan[s.name])
+            if text:
+                parts.append(text)
+    for name, value in plan.items():  # e.g. a serving plan's precision in a training-model label
+        if name not in declared and isinstance(value, (int, str)) and not isinstance(value, bool) and value:
+            parts.append(Setting(name, "name" if isinstance(value, str) else "int", None, "").label(value) or "")
+    # per-stage lists: the layer split says what is uneven
+    if plan.get("stage_layers"):
+        parts.append("stages=" + "/".join(str(n) for n in plan["stage_layers"]))
+    return " ".join(p for p in parts if p)
