@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from madmax_opt.cli.app import JsonOpt, ProblemArg, app, console
+from madmax_opt.cli.emit import FORMAT_HELP, check_emit, emit_best, script_of
 
 # CP-SAT options of solve and verify (checked by search.cpsat.CpSatOptions: one line, exit 2)
 TimeLimitOpt = Annotated[float, typer.Option("--time-limit", min=0.01, help="CP-SAT time limit, s")]
@@ -32,10 +33,14 @@ def solve(
     = None,
     rerank: Annotated[bool, typer.Option("--rerank", help="re-rank the top-k by simulated step time (trace)")]
     = False,
+    emit: Annotated[str | None, typer.Option("--emit", help=f"also emit the best plan as FORMAT: {FORMAT_HELP}")]
+    = None,
+    out: Annotated[Path | None, typer.Option("--out", help="with --emit: write its files and launch.sh here")] = None,
 ) -> None:
     """Search the plan space (and hardware options) for the optimal plan; cross-checked by the evaluator."""
     from madmax_opt.report.families import SolveOptions, family_of
 
+    check_emit(problem, emit)  # an unknown or wrong-kind format fails before the search
     family = family_of(problem)
     result = family.solve(problem, SolveOptions(top_k, time_limit, workers, solver_params, export_model))
     if rerank or plot is not None:  # step timelines (trace simulation, plots)
@@ -44,10 +49,14 @@ def solve(
 
         family.require("timeline", problem)
         result = rerank_and_plot(load_problem(problem), result, rerank, plot)
+    if emit is not None:  # runnable configuration of the best plan (launch formats)
+        result["emitted"] = emit_best(problem, result, emit, out)
     if json_out:
         print(json.dumps(result, indent=2))
     else:
         family.show(result, console())
+        if emit is not None:
+            print(script_of(result["emitted"]), end="")
 
 
 @app.command("evaluate")

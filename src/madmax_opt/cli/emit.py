@@ -1,0 +1,84 @@
+"""emit: a plan as a framework's runnable configuration; and the --emit option of solve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from madmax_opt.cli.app import JsonOpt, ProblemArg, app
+
+FORMAT_HELP = "megatron, nemo, torchtitan, deepspeed (training); vllm, sglang, trtllm (serving)"
+OutOpt = Annotated[Path | None, typer.Option("--out", help="write the files and launch.sh here (one folder per "
+                                             "plan when the plan file lists several)")]
+
+
+def _load(problem: Path) -> Any:
+    from madmax_opt.core.errors import ProblemError
+    from madmax_opt.io.dlrm_problem import is_dlrm_file
+    from madmax_opt.io.problem import load_problem
+
+    if is_dlrm_file(problem):
+        raise ProblemError("recommendation (DLRM) problems have no launch formats; allowed: transformer problems",
+                           file=str(problem), field="--emit")
+    return load_problem(problem)
+
+
+def check_emit(problem: Path, fmt: str | None) -> None:
+    """Before a long solve: the format exists and fits the problem's kind (one-line error otherwise)."""
+    if fmt is None:
+        return
+    from madmax_opt.launch.emit import formats_for, get_format
+
+    f, loaded = get_format(fmt), _load(problem)
+    if fmt not in formats_for(loaded):
+        from madmax_opt.core.errors import ProblemError
+
+        raise ProblemError(f"{fmt} is a {f.kind} format; allowed for this problem: {', '.join(formats_for(loaded))}",
+                           file=str(problem), field="--emit")
+
+
+def emit_best(problem: Path, result: dict[str, Any], fmt: str, out: Path | None) -> dict[str, Any]:
+    """``solve --emit FMT``: the best plan's configuration (written to ``out`` when given), as a JSON object."""
+    from madmax_opt.launch.emit import emit_plan, plan_of_record, write_emitted
+
+    loaded = _load(problem)
+    emitted = emit_plan(loaded, plan_of_record(loaded, result["best"]["plan"]), fmt)
+    if out is not None:
+        write_emitted(emitted, out)
+    return emitted.model_dump()
+
+
+def script_of(record: dict[str, Any]) -> str:
+    from madmax_opt.launch.common import Emitted
+
+    e = Emitted.model_validate(record)
+    files = "".join(f"\n# --- {name}\n{text}" for name, text in e.files.items())
+    return e.script() + files
+
+
+@app.command("emit")
+def emit_cmd(
+    problem: ProblemArg,
+    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help=FORMAT_HELP, show_default=False)],
+    plan: Annotated[Path, typer.Option("--plan", help="YAML/JSON file: one plan or a list of plans")],
+    out: OutOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Emit plan(s) as a framework's commands and config files; a setting it cannot express is an error (exit 2)."""
+    from madmax_opt.launch.emit import emit_plan, load_plan_file, write_emitted
+
+    loaded = _load(problem)
+    plans = load_plan_file(plan, loaded)
+    records = []
+    for i, p in enumerate(plans):
+        emitted = emit_plan(loaded, p, fmt)
+        if out is not None:
+            write_emitted(emitted, out if len(plans) == 1 else out / f"plan-{i}")
+        records.append(emitted.model_dump())
+    if json_out:
+        print(json.dumps(records[0] if len(records) == 1 else records, indent=2))
+    else:
+        print("\n".join(script_of(r) for r in records), end="")

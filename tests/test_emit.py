@@ -1,0 +1,277 @@
+"""Launch formats: every emitted flag is in the recorded flag set, every plan field maps to flags or is refused,
+random plans round-trip (emit, parse back with the format's rules, same plan), and refusals are one-line errors.
+
+Which plans a format can express is stated here independently (the frameworks' documented limits), so a format
+that refuses an expressible plan, or emits an inexpressible one, fails.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import tomllib
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io.problem import Problem, problem_from_dict
+from madmax_opt.launch.common import layout_layers, layout_string, parse_flags
+from madmax_opt.launch.emit import (
+    FORMATS,
+    allowed_names,
+    emit_plan,
+    emitted_names,
+    formats_for,
+    parse_emitted,
+)
+from madmax_opt.launch.flagsets import FORMAT_NAMES, flagset
+from madmax_opt.launch.titan import llama_ffn
+from madmax_opt.model.spec import Plan
+from madmax_opt.search.serving_space import ServingPlan
+
+LAYERS, GLOBAL_BATCH = 8, 64
+LLAMA = {"layers": LAYERS, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn": 2816, "ffn_kind": "swiglu",
+         "norm": "rmsnorm", "vocab": 32000}
+SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def training_problem(model: dict[str, Any] | None = None, hardware: Any = None, precision: str = "bf16") -> Problem:
+    return problem_from_dict({
+        "model": model or LLAMA,
+        "hardware": hardware or {"system": "dgx-h100", "gpus": SIZES},
+        "task": {"kind": "pretrain", "seq_len": 1024, "global_batch": GLOBAL_BATCH, "precision": precision},
+    })
+
+
+SERVING = problem_from_dict({
+    "model": LLAMA, "hardware": {"gpu": "h100-sxm", "gpus": {"start": 1, "stop": 128}},
+    "task": {"kind": "inference", "prompt_len": 512, "output_len": 128, "precision": ["bf16", "fp8"],
+             "disaggregated": True},
+})
+TRAINING = training_problem()
+TRAINING_FORMATS = ["megatron", "nemo", "torchtitan", "deepspeed"]
+SERVING_FORMATS = ["vllm", "sglang", "trtllm"]
+
+
+# ------------------------------------------------------------------------------- what each format can express
+
+
+def training_limits(fmt: str, p: Plan, problem: Problem) -> list[str]:
+    """Why ``fmt`` cannot express ``p`` (empty: it can), from the frameworks' documented limits."""
+    m, task = problem.model, problem.training_task
+    uneven = p.stage_layers is not None
+    out = []
+    if p.stage_systems is not None and len(set(p.stage_systems)) > 1:
+        out.append("mixed GPU types")
+    if p.gpus > 8 and p.gpus % 8:
+        out.append("partial nodes")
+    if fmt in ("megatron", "nemo", "torchtitan"):
+        if uneven and len(set(p.stage_recompute or [])) > 1:
+            out.append("per-stage recompute")
+        if not uneven and m.layers % (p.pp * p.vpp):
+            out.append("layers per chunk")
+    if fmt == "torchtitan":
+        out += [why for bad, why in [
+            (p.zero == 1, "zero 1"), (p.sp != (p.tp > 1), "sp"), (task.global_batch % (p.dp * p.mbs) != 0, "batch"),
+            (task.precision == "fp16", "fp16"), (m.ffn_kind != "swiglu" or m.norm != "rmsnorm" or m.moe, "model")]
+            if bad]
+    if fmt == "deepspeed":
+        out += [why for bad, why in [
+            (p.cp > 1, "cp"), (p.vpp > 1, "vpp"), (uneven, "uneven"), (p.zero >= 2 and p.pp > 1, "zero with pp"),
+            (m.layers % p.pp != 0, "layers"), (task.global_batch % (p.dp * p.mbs) != 0, "batch"),
+            (task.precision in ("fp8", "mxfp8"), "fp8"), (p.ep > 1 and m.moe is None, "ep")] if bad]
+    return out
+
+
+def serving_limits(fmt: str, p: ServingPlan, problem: Problem) -> list[str]:
+    precision = p.precision or "bf16"
+    kv = {"int8": "int8", "int4": "bf16"}.get(precision, precision)
+    out = []
+    if fmt in ("vllm", "sglang") and kv == "int8":
+        out.append("int8 KV cache")
+    if fmt == "trtllm" and p.prefill_replicas:
+        out.append("disaggregation")
+    return out
+
+
+def normalised(p: Plan) -> dict[str, Any]:
+    """What a launch carries: the plan less its system name (node counts carry the hardware); an uneven plan's
+    recompute is its stages' mode; stage_systems naming one system are that system."""
+    d = p.model_dump(exclude={"system", "stage_systems"})
+    if p.stage_recompute:
+        d["recompute"] = p.stage_recompute[0]
+    return d
+
+
+def check_emitted(fmt: str, problem: Problem, plan: Plan) -> None:
+    limits = (training_limits if FORMATS[fmt].kind == "training" else serving_limits)(fmt, plan, problem)
+    if limits:
+        with pytest.raises(ProblemError, match=f"{fmt} cannot express"):
+            emit_plan(problem, plan, fmt)
+        return
+    e = emit_plan(problem, plan, fmt)
+    assert emitted_names(e) <= allowed_names(fmt)
+    assert e.gpus == plan.gpus and e.nodes * e.gpus_per_node >= e.gpus
+    assert normalised(parse_emitted(e)) == normalised(plan)
+
+
+# ------------------------------------------------------------------------------------------------ strategies
+
+
+@st.composite
+def training_plans(draw: Any) -> Plan:
+    tp, pp, cp, dp = (draw(st.sampled_from(v)) for v in ([1, 2, 4], [1, 2, 4], [1, 2], [1, 2, 4, 8]))
+    uneven = pp > 1 and draw(st.booleans())
+    stage_layers = stage_recompute = None
+    recompute = draw(st.sampled_from(["none", "selective", "full"]))
+    if uneven:
+        cuts = sorted(draw(st.lists(st.integers(1, LAYERS - 1), min_size=pp - 1, max_size=pp - 1, unique=True)))
+        stage_layers = [b - a for a, b in zip([0, *cuts], [*cuts, LAYERS], strict=True)]
+        stage_recompute = draw(st.sampled_from([[recompute] * pp, [recompute] * (pp - 1) + ["full"]]))
+    return Plan(dp=dp, tp=tp, pp=pp, cp=cp, vpp=1 if uneven or pp == 1 else draw(st.sampled_from([1, 2, 4])),
+                mbs=draw(st.sampled_from([1, 2, 3])), zero=draw(st.integers(0, 3)), recompute=recompute,
+                sp=draw(st.booleans()), stage_layers=stage_layers, stage_recompute=stage_recompute,
+                system=draw(st.sampled_from([None, "dgx-h100"])))
+
+
+@st.composite
+def serving_plans(draw: Any) -> ServingPlan:
+    dp = draw(st.integers(1, 8))
+    return ServingPlan(dp=dp, tp=draw(st.sampled_from([1, 2, 4, 8])), pp=draw(st.sampled_from([1, 2])),
+                       batch=draw(st.integers(1, 512)),
+                       precision=draw(st.sampled_from(["bf16", "fp16", "fp8", "int8", "int4"])),
+                       prefill_replicas=draw(st.integers(0, dp - 1)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(training_plans())
+def test_random_training_plans_round_trip_or_are_refused(plan: Plan) -> None:
+    for fmt in TRAINING_FORMATS:
+        check_emitted(fmt, TRAINING, plan)
+
+
+@settings(max_examples=60, deadline=None)
+@given(serving_plans())
+def test_random_serving_plans_round_trip_or_are_refused(plan: ServingPlan) -> None:
+    for fmt in SERVING_FORMATS:
+        check_emitted(fmt, SERVING, plan)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp8", "mxfp8"])
+def test_training_precisions_and_moe_round_trip(precision: str) -> None:
+    moe = dict(LLAMA, moe={"num_experts": 8, "top_k": 2, "expert_ffn": LLAMA["ffn"]})
+    problem = training_problem(moe, precision=precision)
+    plan = Plan(dp=8, tp=2, pp=2, ep=4, mbs=1, zero=1, sp=True)
+    for fmt in TRAINING_FORMATS:
+        check_emitted(fmt, problem, plan)
+
+
+# --------------------------------------------------------------------- recorded flag sets and field coverage
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_flag_set_records_its_source(fmt: str) -> None:
+    fs = flagset(fmt)
+    assert fs.format == fmt and fs.version and fs.commit and fs.files
+    names = [*fs.flags, *fs.config_keys]
+    assert names and len(names) == len(set(names))
+    assert set(fs.choices) <= set(names) | set(fs.flags)
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_every_plan_field_maps_to_recorded_flags_or_is_refused(fmt: str) -> None:
+    f = FORMATS[fmt]
+    fields = set((Plan if f.kind == "training" else ServingPlan).model_fields)
+    assert set(f.maps) | set(f.refuses) == fields  # no plan field dropped, no stale names
+    for name, flags in f.maps.items():
+        assert flags and set(flags) <= allowed_names(fmt), name
+
+
+# a non-default value of every refused field, on a plan the format otherwise expresses
+REFUSED: dict[str, dict[str, Any]] = {
+    "batch": {"batch": 8}, "stage_recompute": {"pp": 2, "stage_layers": [4, 4], "stage_recompute": ["none", "full"]},
+    "stage_systems": {"pp": 2, "stage_layers": [4, 4], "stage_recompute": ["none", "none"],
+                      "stage_systems": ["dgx-h100", "dgx-a100"]},
+    "zero": {"zero": 1}, "sp": {"tp": 1, "sp": True}, "cp": {"cp": 2}, "vpp": {"pp": 2, "vpp": 2},
+    "stage_layers": {"pp": 2, "stage_layers": [3, 5], "stage_recompute": ["none", "none"]},
+    "mbs": {"mbs": 2}, "recompute": {"recompute": "full"},
+    "max_num_seqs": {"max_num_seqs": 4}, "ep": {"ep": 2}, "prefill_replicas": {"dp": 2, "prefill_replicas": 1},
+}
+
+
+@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+def test_every_refused_field_is_refused_in_one_line(fmt: str) -> None:
+    f = FORMATS[fmt]
+    assert set(f.refuses) <= set(REFUSED)
+    two_systems = training_problem(hardware=[{"system": "dgx-h100", "gpus": SIZES}, {"system": "dgx-a100",
+                                                                                      "gpus": SIZES}])
+    for name in f.refuses:
+        base = {"dp": 2, "tp": 2, "sp": True} if f.kind == "training" else {"dp": 2, "tp": 2, "batch": 8}
+        problem = (two_systems if name == "stage_systems" else TRAINING) if f.kind == "training" else SERVING
+        cls = ServingPlan if name not in Plan.model_fields else Plan  # training-only fields: not a ServingPlan
+        with pytest.raises(ProblemError) as err:
+            emit_plan(problem, cls.model_validate({**base, **REFUSED[name]}), fmt)
+        assert "\n" not in str(err.value), name
+
+
+def test_wrong_kind_and_unknown_format_are_one_line_errors() -> None:
+    with pytest.raises(ProblemError, match="allowed for this problem: vllm, sglang, trtllm"):
+        emit_plan(SERVING, ServingPlan(batch=1), "megatron")
+    with pytest.raises(ProblemError, match="unknown format 'slurm'"):
+        emit_plan(TRAINING, Plan(), "slurm")
+    assert formats_for(TRAINING) == TRAINING_FORMATS and formats_for(SERVING) == SERVING_FORMATS
+
+
+# ------------------------------------------------------------------------------------- hand-checked details
+
+
+def test_megatron_uneven_layout_is_megatrons_own_syntax() -> None:
+    # Megatron-Core's docstring example "Ettt|(tt|)*29,m|L": 3 layers, then 29 stages of 2, an MTP stage, the loss
+    assert layout_layers("Ettt|(tt|)*29,m|L") == [3] + [2] * 29 + [0, 0]
+    assert layout_string([3, 9, 1]) == "Et*3|t*9|t*1L"
+    assert layout_layers(layout_string([3, 9, 1])) == [3, 9, 1]
+
+
+def test_megatron_flags_of_a_3d_plan() -> None:
+    plan = Plan(dp=4, tp=2, pp=2, vpp=2, mbs=1, zero=1, recompute="full", sp=True)
+    f = parse_flags(emit_plan(TRAINING, plan, "megatron").commands[0].args)
+    assert f["--num-layers-per-virtual-pipeline-stage"] == "2"  # 8 layers / (pp 2 x vpp 2)
+    assert f["--recompute-granularity"] == "full" and f["--recompute-method"] == "uniform"
+    assert "--use-distributed-optimizer" in f and "--use-megatron-fsdp" not in f
+    assert f["--num-query-groups"] == "4" and f["--normalization"] == "RMSNorm"
+
+
+def test_deepspeed_config_and_torchtitan_toml() -> None:
+    plan = Plan(dp=4, tp=2, pp=1, mbs=2, zero=2, sp=True)
+    ds = emit_plan(TRAINING, plan, "deepspeed")
+    cfg = json.loads(ds.files["ds_config.json"])
+    assert cfg["gradient_accumulation_steps"] == GLOBAL_BATCH // (4 * 2) and cfg["zero_optimization"]["stage"] == 2
+    titan = tomllib.loads(emit_plan(TRAINING, plan, "torchtitan").files["job.toml"])
+    assert titan["parallelism"]["data_parallel_shard_degree"] == 4
+    assert titan["parallelism"]["fsdp_reshard_after_forward"] == "never"  # ZeRO-2: gradients sharded, not params
+
+
+def test_torchtitan_flavor_reproduces_the_ffn_width() -> None:
+    # torchtitan llama3 FeedForward: hidden = int(2 * 4 * dim / 3); int(multiplier * hidden); round up to multiple
+    assert llama_ffn(4096, 1024, 1.3) == 14336  # torchtitan's shipped 8B flavor: Llama-3 8B's 14336
+    text = emit_plan(TRAINING, Plan(dp=8, tp=1), "torchtitan").files["madmax_flavor.py"]
+    multiplier = float(text.split("ffn_dim_multiplier=")[1].split(",")[0])
+    assert llama_ffn(LLAMA["hidden"], 1, multiplier) == LLAMA["ffn"]
+
+
+def test_serving_precisions_and_disaggregation() -> None:
+    plan = ServingPlan(dp=4, tp=2, batch=64, precision="fp8", prefill_replicas=1)
+    vllm = emit_plan(SERVING, plan, "vllm")
+    roles = {c.role: parse_flags(c.args) for c in vllm.commands}
+    assert roles["prefill"]["--data-parallel-size"] == "1" and roles["decode"]["--data-parallel-size"] == "3"
+    assert roles["decode"]["--quantization"] == "fp8" and roles["decode"]["--kv-cache-dtype"] == "fp8"
+    assert json.loads(str(roles["prefill"]["--kv-transfer-config"]))["kv_role"] == "kv_producer"
+    sglang = {c.role: parse_flags(c.args) for c in emit_plan(SERVING, plan, "sglang").commands}
+    assert sglang["decode"]["--disaggregation-mode"] == "decode"
+    trt = emit_plan(SERVING, plan.model_copy(update={"prefill_replicas": 0}), "trtllm")
+    assert len(trt.commands) == 4
+    assert yaml.safe_load(trt.files["trtllm.yaml"])["quant_config"] == {"quant_algo": "FP8",
+                                                                       "kv_cache_quant_algo": "FP8"}
