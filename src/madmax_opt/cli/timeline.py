@@ -21,6 +21,8 @@ def timeline_command(
     json_out: Annotated[bool, typer.Option("--json", help="print the JSON summary instead of a table")] = False,
 ) -> None:
     """Simulate one training step of a plan op by op; write a Chrome trace (Perfetto) and a Gantt PNG."""
+    from madmax_opt.report.families import family_of
     from madmax_opt.report.timeline import timeline_cmd
 
+    family_of(problem).require("timeline", problem)
     timeline_cmd(problem=problem, plan=plan, index=index, out=out, detail=detail, json_out=json_out)
