@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_helpers import run_main
 
+from cli_helpers import run_main
 from madmax_opt.report.families import FAMILIES, family_of
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,9 +9,18 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from madmax_opt.cli import core, fleet, sensitivity, serving, studies, sweep, timeline  # noqa: F401  (registers commands)
-from madmax_opt.cli import emit  # noqa: F401  (registers emit)
-from madmax_opt.cli import serving_fit  # noqa: F401  (registers fit-serving)
+from madmax_opt.cli import (  # noqa: F401  (each module registers its commands on the app)
+    calibrate,
+    core,
+    emit,
+    fleet,
+    sensitivity,
+    serving,
+    serving_fit,
+    studies,
+    sweep,
+    timeline,
+)
 from madmax_opt.cli.app import app
 from madmax_opt.core.errors import MadmaxError
 
