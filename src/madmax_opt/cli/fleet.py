@@ -70,3 +70,14 @@ def fleet_cmd(
         print(json.dumps(result.model_dump(mode="json"), indent=2))
     elif out is None:
         fleet_report.print_fleet(result, console())
+
+
+@app.command("bench-fleet")
+def bench_fleet_cmd(
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/bench"),
+    seeds: Annotated[int, typer.Option("--seeds", min=1, max=20, help="random fleets per objective")] = 3,
+) -> None:
+    """Benchmark the fleet allocation: 50 jobs on 10 systems (synthetic option tables), results/bench/fleet.md."""
+    from madmax_opt.fleet.bench import write_fleet_bench
+
+    console().print(f"wrote {write_fleet_bench(out, seeds)}")

@@ -60,6 +60,7 @@ class Allocation:
     best_bound: float | None
     wall_s: float = 0.0
     booleans: int = 0
+    tie_break: str = "optimal"  # the fewest-GPUs phase: optimal, or feasible (its deterministic budget ran out)
 
     @property
     def gap(self) -> float | None:
@@ -68,7 +69,10 @@ class Allocation:
         return abs(self.objective - self.best_bound) / max(abs(self.objective), 1)
 
 
-TIE_BREAK_SHARE = 0.2  # share of the time limit the second (fewest-GPUs) phase may use
+TIE_BREAK_SHARE = 0.2  # share of the wall-clock limit kept for the second (fewest-GPUs) phase
+# The tie-break phase stops at a deterministic-time budget (CP-SAT's machine-independent work measure, roughly
+# seconds), so with one worker its answer does not depend on the machine's speed; unproven, it keeps its best.
+TIE_BREAK_DETERMINISTIC_TIME = 3.0
 
 
 def objective_of(inp: AllocationInput, choice: Sequence[int | None]) -> int:
@@ -149,18 +153,20 @@ def solve_allocation(inp: AllocationInput, opts: CpSatOptions | None = None) -> 
     status = "optimal" if st == cp_model.OPTIMAL else "feasible"
     choice = _read(solver, x, inp.options, inp.jobs)
 
-    # phase 2, ties: the same objective value (or better, if not proven) with the fewest GPUs
+    # phase 2, ties: an objective at least as good (the same, when proven optimal) with the fewest GPUs
     m.clear_hints()
     for k in range(len(x)):
         m.add_hint(x[k], k in choice)
-    m.add(primary == value if status == "optimal" else (primary >= value if inp.sense == "max" else primary <= value))
+    m.add(primary >= value if inp.sense == "max" else primary <= value)  # at the optimum: the same value
     m.minimize(sum(o.gpus * x[k] for k, o in enumerate(inp.options)))
     left_s = opts.time_limit_s - (time.perf_counter() - t0)
-    st2, solver = cpsat.run(m, opts.with_time_limit(left_s), "fleet allocation (ties: fewest GPUs)")
+    st2, solver = cpsat.run(m, opts.with_time_limit(left_s), "fleet allocation (ties: fewest GPUs)",
+                            max_deterministic_time=TIE_BREAK_DETERMINISTIC_TIME)
+    tie = "optimal" if st2 == cp_model.OPTIMAL else "feasible"
     if cpsat.has_solution(st2):
         choice = _read(solver, x, inp.options, inp.jobs)
         value = objective_of(inp, choice)
-    return Allocation(status, choice, value, bound, time.perf_counter() - t0, len(x))
+    return Allocation(status, choice, value, bound, time.perf_counter() - t0, len(x), tie)
 
 
 def _read(solver: cp_model.CpSolver, x: list[cp_model.IntVar], options: Sequence[Option], jobs: int

@@ -206,6 +206,7 @@ class SolverInfo(Record):
     wall_s: float
     booleans: int
     options: int
+    tie_break: str  # fewest GPUs among equal objectives: optimal, or feasible (deterministic budget ran out)
     option_search_wall_s: float
 
 
@@ -246,14 +247,15 @@ def value_of(fleet: Fleet, inst: Instance, alloc: Allocation) -> float | None:
     return sum(s.energy_kwh or 0.0 for s in chosen)
 
 
-def job_results(fleet: Fleet, inst: Instance, alloc: Allocation, tables: list[OptionTable]) -> list[JobResult]:
+def job_results(fleet: Fleet, inst: Instance, alloc: Allocation, tables: list[OptionTable], greedy: bool = False
+                ) -> list[JobResult]:
     out = []
     for j, job in enumerate(fleet.jobs):
         base: dict[str, Any] = {"job": job.name, "model": job.model_name, "task": job.task_kind,
                                 "weight": job.spec.weight, "deadline_h": job.spec.deadline_h}
         k = alloc.choice[j] if alloc.choice else None
         if k is None:
-            out.append(JobResult(**base, placed=False, note=_why_unplaced(fleet, inst, j, tables[j])))
+            out.append(JobResult(**base, placed=False, note=_why_unplaced(fleet, inst, j, tables[j], greedy)))
             continue
         s = inst.scored[k]
         o = s.option
@@ -268,7 +270,7 @@ def job_results(fleet: Fleet, inst: Instance, alloc: Allocation, tables: list[Op
     return out
 
 
-def _why_unplaced(fleet: Fleet, inst: Instance, j: int, table: OptionTable) -> str:
+def _why_unplaced(fleet: Fleet, inst: Instance, j: int, table: OptionTable, greedy: bool = False) -> str:
     if not table.options:
         first = next(iter(table.infeasible.values()), "no system and size offered")
         return f"no feasible plan on any fleet system ({first})"
@@ -276,6 +278,8 @@ def _why_unplaced(fleet: Fleet, inst: Instance, j: int, table: OptionTable) -> s
         missed = [s for s in scored_options_of(fleet, table, j) if s.misses]
         fastest = max(missed, key=lambda s: s.option.throughput)
         return f"no option meets its targets; the fastest misses {fastest.misses}"
+    if greedy:
+        return "no option fits what the jobs before it (in priority order) left"
     return "not chosen: its GPUs score more on other jobs (supply or budget binds)"
 
 
@@ -333,13 +337,14 @@ def solve_fleet(run: FleetRun, what_if: bool = True, binding: bool = True) -> Fl
         score_unit=SCORE_UNITS[kind],
         value=value,
         solver=SolverInfo(status=alloc.status, objective=alloc.objective, best_bound=alloc.best_bound, gap=alloc.gap,
-                          wall_s=alloc.wall_s, booleans=alloc.booleans, options=len(inst.inp.options),
+                          wall_s=alloc.wall_s, booleans=alloc.booleans, options=len(inst.inp.options), tie_break=alloc.tie_break,
                           option_search_wall_s=run.option_wall_s),
         jobs=job_results(fleet, inst, alloc, run.tables),
         pools=pool_use(fleet, inst, alloc),
         binding=binding_constraints(run, inst, value) if binding else [],
         what_if=what_ifs(run, inst, value) if what_if else [],
-        greedy=Plan(value=greedy_value, jobs=job_results(fleet, inst, base, run.tables), status=base.status),
+        greedy=Plan(value=greedy_value, jobs=job_results(fleet, inst, base, run.tables, greedy=True),
+                    status=base.status),
         gain_vs_greedy=gain,
         relative_gain_vs_greedy=rel,
         options=run.tables,

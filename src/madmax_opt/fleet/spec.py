@@ -180,12 +180,12 @@ def load_fleet(path: str | Path) -> Fleet:
             raise ProblemError(f"empty; allowed: a mapping of {what} names to {what}s, at least 1", file=file,
                                field=key)
     spec: FleetFile = validate(FleetFile, data, file=file)
-    pools = tuple(_pool(name, s, file) for name, s in spec.systems.items())
+    pools = tuple(resolve_pool(name, s, file) for name, s in spec.systems.items())
     jobs = tuple(_job(name, j, spec, pools, Path(file).parent, file) for name, j in spec.jobs.items())
     return Fleet(file, spec, pools, jobs)
 
 
-def _pool(name: str, s: FleetSystem, file: str) -> Pool:
+def resolve_pool(name: str, s: FleetSystem, file: str) -> Pool:
     field = f"systems.{name}"
     if isinstance(s.system, System):
         system = s.system

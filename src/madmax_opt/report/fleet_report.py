@@ -182,8 +182,8 @@ def gantt_png(result: FleetResult, path: Path, horizon_h: float | None) -> None:
                         "red: deadline)")
     axes[-1].set_xlim(0, span * 1.25)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[s]) for s in systems]
-    fig.legend(handles, systems, loc="upper right", fontsize=8)
-    fig.tight_layout()
+    fig.legend(handles, systems, loc="upper center", ncol=len(systems), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
