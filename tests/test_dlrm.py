@@ -19,33 +19,24 @@ from cli_helpers import run_main
 from conftest import toy_gpu, toy_system
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.dlrm_problem import dlrm_models, dlrm_problem_from_dict, is_dlrm_data
-from madmax_opt.model.dlrm import (
+from madmax_opt.model.dlrm import layout_of, lower
+from madmax_opt.model.dlrm_dense import DensePlans, DenseTerms, dense_terms, step_terms, step_time_s
+from madmax_opt.model.dlrm_embedding import (
     COLLECTIVE_LANES,
     NODE,
     REMOTE,
     SELF,
     TERM_INDEX,
     TERMS,
-    DensePlan,
-    DensePlans,
-    DenseTerms,
-    DLRMModel,
-    DLRMStack,
-    DLRMTask,
     EmbeddingTimes,
     ShardArrays,
-    TableGroup,
-    dense_terms,
     embedding_options,
     embedding_times,
-    layout_of,
-    lower,
     per_gpu_terms,
     shard_coefficients,
     shards_from_plan,
-    step_terms,
-    step_time_s,
 )
+from madmax_opt.model.dlrm_spec import DensePlan, DLRMModel, DLRMStack, DLRMTask, TableGroup
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.spec import Tier
 
@@ -265,7 +256,7 @@ def test_plan_placement_is_checked() -> None:
     model = toy_model([TableGroup(name="t", count=4, rows=1000, dim=16, pooling=4)])
     lay = layout_of(toy_option(4), DLRMStack())
     opts = embedding_options(model, DLRMTask(global_batch=64), lay)
-    from madmax_opt.model.dlrm import ShardEntry
+    from madmax_opt.model.dlrm_spec import ShardEntry
 
     ok = [ShardEntry(group="t", count=3, sharding="table_wise", gpus=[1]),
           ShardEntry(group="t", sharding="column_wise", gpus=[0, 3])]

@@ -16,19 +16,15 @@ import pytest
 
 from conftest import toy_gpu, toy_system
 from madmax_opt.io.dlrm_problem import dlrm_problem_from_dict
-from madmax_opt.model.dlrm import (
-    SHARDINGS,
+from madmax_opt.model.dlrm import layout_of
+from madmax_opt.model.dlrm_embedding import (
     TERM_INDEX,
-    DLRMModel,
-    DLRMStack,
-    DLRMTask,
-    TableGroup,
     embedding_options,
     embedding_times,
-    layout_of,
     phase_weights,
     placement_objective_s,
 )
+from madmax_opt.model.dlrm_spec import SHARDINGS, DLRMModel, DLRMStack, DLRMTask, TableGroup
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.spec import Tier
 from madmax_opt.search.placement import (

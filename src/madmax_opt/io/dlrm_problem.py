@@ -14,7 +14,7 @@ from pydantic import Discriminator, Field, Tag, ValidationError
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import HardwareEntry, hardware_options, read_yaml, resolve_system, validate
-from madmax_opt.model.dlrm import (
+from madmax_opt.model.dlrm_spec import (
     DLRMConstraints,
     DLRMModel,
     DLRMObjective,
@@ -22,9 +22,9 @@ from madmax_opt.model.dlrm import (
     DLRMSpace,
     DLRMStack,
     DLRMTask,
-    Strict,
 )
 from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.spec import Strict
 
 
 def _by_shape(v: Any) -> str:

@@ -17,7 +17,9 @@ from rich.table import Table
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.io import catalog
 from madmax_opt.io.dlrm_problem import DLRMProblem, dlrm_problem_from_dict, load_dlrm_plans, load_dlrm_problem
-from madmax_opt.model.dlrm import MLP, DLRMModel, TableGroup, embedding_options, layout_of, phase_weights
+from madmax_opt.model.dlrm import layout_of
+from madmax_opt.model.dlrm_embedding import embedding_options, phase_weights
+from madmax_opt.model.dlrm_spec import MLP, DLRMModel, TableGroup
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.placement import dlrm_status, evaluate_dlrm, int_tables, solve_dlrm, solve_placement
 

@@ -33,38 +33,37 @@ from ortools.sat.python import cp_model
 
 from madmax_opt.core.errors import InfeasibleError, InternalError
 from madmax_opt.io.dlrm_problem import DLRMProblem
-from madmax_opt.model.dlrm import (
+from madmax_opt.model.dlrm import Layout, layout_of, lower
+from madmax_opt.model.dlrm_dense import (
+    DENSE_INVALID,
+    DensePlans,
+    dense_peak_flops,
+    dense_terms,
+    enumerate_dense,
+    step_terms,
+    step_time_s,
+)
+from madmax_opt.model.dlrm_embedding import (
     COLLECTIVE_KIND,
     COLLECTIVE_LANES,
-    DENSE_INVALID,
     LOOKUPS,
     SELF,
     TERM_INDEX,
     TERMS,
-    DensePlan,
-    DensePlans,
-    DLRMPlan,
     EmbeddingOptions,
     EmbeddingTimes,
-    Layout,
     ShardArrays,
     collective_maxima,
     collectives_used,
     compact_placement,
-    dense_peak_flops,
-    dense_terms,
     embedding_options,
     embedding_times,
-    enumerate_dense,
-    layout_of,
-    lower,
     per_gpu_terms,
     phase_weights,
     placement_objective_s,
     shards_from_plan,
-    step_terms,
-    step_time_s,
 )
+from madmax_opt.model.dlrm_spec import DensePlan, DLRMPlan
 from madmax_opt.model.objectives import Rates, objective_values
 from madmax_opt.search.cpsat import CpSatOptions, time_limit_error
 from madmax_opt.search.cpsat import gap as relative_gap
