@@ -156,7 +156,7 @@ def test_precisions_a_gpu_cannot_run_are_one_line_errors() -> None:
         assert "\n" not in msg and msg.startswith("p.yaml: task.precision") and "b200" in msg and gpu in msg
     # a plan asking for fp4 on an H100 option of a problem that also offers B200
     data = serve(hardware=[{"gpu": "h100-sxm", "gpus": 8}, {"gpu": "b200", "gpus": 8}], precision=["bf16", "fp4"])
-    with pytest.raises(ProblemError, match="plan.precision"):
+    with pytest.raises(ProblemError, match=r"plan\.precision"):
         record(data, tp=8, batch=1, precision="fp4", system="dgx-h100")
 
 
@@ -460,7 +460,7 @@ def test_disaggregation_is_a_choice_and_wins_on_prompt_heavy_traffic() -> None:
 
 def test_expert_parallelism_on_a_dense_model_is_refused() -> None:
     data = serve() | {"space": {"ep": [1, 8]}}
-    with pytest.raises(ProblemError, match="space.ep"):
+    with pytest.raises(ProblemError, match=r"space\.ep"):
         ServingModel(problem_from_dict(data))
     rec = record(serve(), tp=8, batch=1, ep=8)
     assert not rec["feasible"] and "ep must be 1" in rec["infeasible_reason"]

@@ -369,9 +369,12 @@ def memory_bytes(
     tp, pp = dev.tp, dev.pp
     layers = wl.layers / pp
     gemm_params = float(sum(g.params for g in wl.gemms))
-    other_params = wl.params_per_layer - gemm_params  # norms and biases stay 16-bit
+    norm_params = 2.0 * wl.final_norm_params  # two norms per layer, the final norm's width: replicated on TP ranks
+    bias_params = wl.params_per_layer - gemm_params - norm_params  # norms and biases stay 16-bit
     experts = expert_weight_bytes_per_gpu(wl, tp, dev.ep, dev.weight_bytes) if wl.moe else 0.0
-    layer_bytes = layers * ((gemm_params * dev.weight_bytes + other_params * ACT_BYTES) / tp + experts)
+    layer_bytes = layers * (
+        (gemm_params * dev.weight_bytes + bias_params * ACT_BYTES) / tp + norm_params * ACT_BYTES + experts
+    )
     emb = wl.embedding_params * ACT_BYTES / tp
     head = (wl.head_params or (wl.embedding_params if m.tied_embeddings else 0)) * ACT_BYTES / tp
     ends = np.where(

@@ -66,14 +66,21 @@ def log_errors_many(cases: Sequence[PreparedCase], xs: list[np.ndarray]) -> np.n
     return np.stack([np.log(c.predict_many(params) / c.case.measured) for c in cases], axis=1)
 
 
-def fit(cases: Sequence[PreparedCase], prior: ServingParams) -> ServingParams:
+def map_cost(cases: Sequence[PreparedCase], prior: ServingParams, p: ServingParams, sigma: np.ndarray = SIGMA) -> float:
+    """The minimised objective: sum of squared ln errors plus the prior's squared z-scores."""
+    x = to_x(p)
+    r = np.concatenate([log_errors_many(cases, [x])[0], (x - to_x(prior)) / sigma])
+    return float(r @ r)
+
+
+def fit(cases: Sequence[PreparedCase], prior: ServingParams, sigma: np.ndarray = SIGMA) -> ServingParams:
     """The MAP parameters of ``cases`` around ``prior`` (the prior itself when there are no cases)."""
     if not cases:
         return prior
     x0 = to_x(prior)
 
     def residuals_many(xs: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate([log_errors_many(cases, xs), np.stack([(x - x0) / SIGMA for x in xs])], axis=1)
+        return np.concatenate([log_errors_many(cases, xs), np.stack([(x - x0) / sigma for x in xs])], axis=1)
 
     def residuals(x: np.ndarray) -> np.ndarray:
         return residuals_many([x])[0]

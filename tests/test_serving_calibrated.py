@@ -1,0 +1,134 @@
+"""Serving as deployed: offered concurrency capped by KV memory and max_num_seqs with a queue, NVFP4 on Blackwell,
+serving frameworks and the calibration that prices each record, and the serving calibration fit itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io import catalog
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.io.serving_catalog import serving_catalog
+from madmax_opt.model.spec import Stack, Task
+from madmax_opt.model.workload import lower
+from madmax_opt.search.serving import ServingModel, ServingPlan, evaluate_serving
+
+
+def serve(gpu: str = "h100-sxm", gpus: int = 2, framework: str | None = "vllm", **task: Any) -> dict[str, Any]:
+    t = {"kind": "inference", "prompt_len": 2000, "output_len": 500, "precision": "bf16", **task}
+    data: dict[str, Any] = {"model": "llama3-70b", "hardware": {"gpu": gpu, "gpus": gpus}, "task": t}
+    return data | ({"stack": {"framework": framework}} if framework else {})
+
+
+def record(data: dict[str, Any], **plan: Any) -> dict[str, Any]:
+    return evaluate_serving(problem_from_dict(data), [ServingPlan(**plan)])[0]
+
+
+def test_offered_concurrency_beyond_the_kv_cache_queues_instead_of_running() -> None:
+    # Llama-3 70B bf16 on 2 x H100 (tp 2): the KV cache holds far fewer than 250 sequences of 2000 + 250 tokens
+    data = serve()
+    fits = record(data, tp=2, batch=1)["max_batch"]
+    assert 1 < fits < 150
+    at_cap = record(data, tp=2, batch=fits)
+    for offered in (150, 250):
+        rec = record(data, tp=2, batch=offered)
+        assert rec["feasible"] and rec["running_batch"] == fits and rec["plan"]["batch"] == offered
+        # time per output token is that of the running batch: flat beyond the cap
+        assert rec["tpot_s"] == pytest.approx(at_cap["tpot_s"], rel=1e-12)
+        assert rec["output_tokens_per_s"] == pytest.approx(at_cap["output_tokens_per_s"], rel=1e-12)
+        # closed loop (Little's law): wait = (N / B - 1) x E[o] x TPOT, and TTFT includes it
+        wait = (offered / fits - 1) * 500 * at_cap["tpot_s"]
+        assert rec["queue_wait_s"] == pytest.approx(wait, rel=1e-12)
+        assert rec["ttft_s"] == pytest.approx(at_cap["ttft_s"] + wait, rel=1e-12)
+
+
+def test_max_num_seqs_caps_the_running_batch() -> None:
+    data = serve(gpus=8)
+    rec = record(data, tp=8, batch=300, max_num_seqs=64)
+    assert rec["running_batch"] == 64 and rec["plan"]["max_num_seqs"] == 64
+    assert rec["tpot_s"] == pytest.approx(record(data, tp=8, batch=64)["tpot_s"], rel=1e-12)
+    # the framework's default cap when none is given (vLLM: 1024; TensorRT-LLM: 2048; SGLang: none)
+    def short(framework: str) -> dict[str, Any]:
+        return serve(gpus=8, framework=framework, prompt_len=100, output_len=20)
+
+    assert record(short("vllm"), tp=8, batch=5000)["running_batch"] == 1024
+    assert record(short("tensorrt-llm"), tp=8, batch=5000)["running_batch"] == 2048
+    rec = record(short("sglang"), tp=8, batch=5000)
+    assert rec["running_batch"] == min(5000, rec["max_batch"]) > 2048
+
+
+def test_fp4_weights_on_blackwell_by_hand() -> None:
+    # NVFP4: 4-bit values + one 8-bit scale per 16 = 0.5625 B per GEMM weight; norms stay 16-bit; KV cache fp8
+    m = catalog.models()["llama3-70b"]
+    wl = lower(m, Task(seq_len=128, global_batch=1), Stack())
+    gemm = sum(g.params for g in wl.gemms) * m.layers
+    data = serve("b200", 1, precision=["fp8", "fp4"], prompt_len=128, output_len=128)
+    fp4 = record(data, batch=1, precision="fp4")
+    fp8 = record(data, batch=1, precision="fp8")
+    assert fp8["memory_bytes_per_gpu"]["weights"] - fp4["memory_bytes_per_gpu"]["weights"] == pytest.approx(
+        gemm * (1.0 - 0.5625), rel=1e-12
+    )
+    assert fp4["plan"]["kv_precision"] == "fp8" and fp4["kv_cache_bytes_per_gpu"] == fp8["kv_cache_bytes_per_gpu"]
+    # a long prefill is GEMM-bound: the 9 PFLOP/s fp4 peak (2 x fp8) makes it faster
+    long = serve("b200", 1, precision=["fp8", "fp4"], prompt_len=8192, output_len=16)
+    assert record(long, batch=1, precision="fp4")["prefill_s"] < 0.7 * record(long, batch=1, precision="fp8")["prefill_s"]
+
+
+def test_serving_framework_names_and_one_line_errors() -> None:
+    with pytest.raises(ProblemError) as exc:
+        ServingModel(problem_from_dict(serve(framework="megatron-core"), "p.yaml"))
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("p.yaml: stack.framework") and "vllm, tensorrt-llm, sglang" in msg
+    with pytest.raises(ProblemError, match=r"stack\.framework"):
+        problem_from_dict(serve(framework="triton"), "p.yaml")
+    assert ServingModel(problem_from_dict(serve(framework=None))).framework == "vllm"  # the serving default
+
+
+def test_records_name_the_calibration_that_priced_them() -> None:
+    rec = record(serve(framework="tensorrt-llm", gpus=8), tp=8, batch=8)
+    cal = rec["calibration"]
+    fitted = next(e for e in serving_catalog().entries if (e.gpu, e.framework) == ("h100-sxm", "tensorrt-llm"))
+    assert cal["status"] == "calibrated" and cal["runs"] == fitted.fit.runs > 0
+    assert cal["loso_median_err"] == fitted.fit.loso_median_err
+    # B200 has no serving runs: TensorRT-LLM's pooled fit, flagged uncalibrated; SGLang has none: the prior
+    rec = record(serve("b200", 8, framework="tensorrt-llm"), tp=8, batch=8)
+    assert rec["calibration"]["status"] == "uncalibrated" and rec["calibration"]["level"] == "framework-pooled"
+    rec = record(serve("b200", 8, framework="sglang"), tp=8, batch=8)
+    assert rec["calibration"]["status"] == "uncalibrated" and rec["calibration"]["level"] == "prior"
+
+
+def test_the_fit_recovers_parameters_that_generated_the_data() -> None:
+    """Synthetic check of the fitter: 'measurements' made by the model itself with known parameters on the H100
+    TensorRT-LLM runs. With the stored prior the fit reaches a MAP objective no worse than the truth's (the
+    optimiser converges); with a 100x weaker prior it reproduces every synthetic run within 1 %."""
+    from dataclasses import replace
+
+    from madmax_opt.model.serving_calibration import ServingParams
+    from madmax_opt.studies.serving_cases import prepared_cases
+    from madmax_opt.studies.serving_fit import SIGMA, fit, map_cost
+
+    truth = ServingParams(gemm_eff=0.5, attn_eff=0.45, hbm_eff=0.7, layer_overhead_s=40e-6,
+                          prefill_overhead_s=1e-3, grouped_gemm_ratio=0.4, comm_eff=0.8)
+    cases = [c for c in prepared_cases() if c.case.pair == ("h100-sxm", "tensorrt-llm")][::3]
+    synthetic = [replace(c, case=replace(c.case, measured=c.predict(truth))) for c in cases]
+    prior = serving_catalog().prior
+    got = fit(synthetic, prior)
+    assert map_cost(synthetic, prior, got) <= map_cost(synthetic, prior, truth)
+    weak = fit(synthetic, prior, SIGMA * 100.0)
+    assert np.max(np.abs([c.error(weak) for c in synthetic])) < 0.01
+
+
+def test_catalog_fit_records_match_the_data() -> None:
+    """Each stored pair's in-sample median |error| is what its stored parameters give on its runs today."""
+    from madmax_opt.studies.serving_cases import prepared_cases
+
+    for e in serving_catalog().entries:
+        if e.gpu == "*":
+            continue
+        runs = [c for c in prepared_cases() if c.case.pair == (e.gpu, e.framework)]
+        assert len(runs) == e.fit.runs
+        median = float(np.median([abs(c.error(e.params)) for c in runs]))
+        assert median == pytest.approx(e.fit.in_sample_median_err, abs=0.005)
