@@ -30,8 +30,8 @@ VALIDATION_FILE = "inference_measured.yaml"
 BAR_THROUGHPUT = 0.15  # median |error| on output tokens/s (issue 4)
 BAR_LATENCY = 0.20  # median |error| on TTFT / prefill / per-token latency (issue 4)
 THROUGHPUT_METRICS = ("out_tokens_per_s_per_gpu", "out_tokens_per_s_total")
-# Both measured stacks (TensorRT-LLM v0.6.1, FasterTransformer) are NVIDIA C++ runtimes: priced by the tensorrt-llm
-# serving calibration (data/serving_calibration.yaml, fitted on the modern runs only; A100 has no runs: pooled fit).
+# Both measured stacks (TensorRT-LLM v0.6.1, FasterTransformer) are NVIDIA C++ runtimes: framework tensorrt-llm
+# (whole-request KV reservation, max batch 2048); priced by ``catalog_2023`` unless a calibration is given.
 MEASURED_FRAMEWORK = "tensorrt-llm"
 # TensorRT-LLM v0.6.1 docs/source/performance.md: the engines are built with --enable_fp8 --fp8_kv_cache on H100
 # (the KV cache is fp8 too) and run with TRTLLM_ENABLE_XQA=1 (the GQA-aware decode kernel).
