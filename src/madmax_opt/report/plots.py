@@ -203,7 +203,7 @@ def plan_figures(records: Sequence[dict[str, Any]], out_dir: Path, top_k: bool =
 
 def gantt_figure(sim: Simulation, path: Path) -> Path:
     """Gantt chart of a simulated step: one row per stream of each pipeline stage (at most 16 stages shown)."""
-    from madmax_opt.analysis.trace import stream_label
+    from madmax_opt.analysis.trace_export import stream_label
 
     plt = _pyplot()
     p = len(sim.setup.stages)
