@@ -10,7 +10,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from madmax_opt.analysis.evaluator import Model, evaluate
-
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import Problem
 from madmax_opt.model.hardware import HardwareOption
