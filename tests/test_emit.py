@@ -89,11 +89,17 @@ def training_limits(fmt: str, p: Plan, problem: Problem) -> list[str]:
 def serving_limits(fmt: str, p: ServingPlan, problem: Problem) -> list[str]:
     precision = p.precision or "bf16"
     kv = {"int8": "int8", "int4": "bf16"}.get(precision, precision)
+    roles = [p.prefill_replicas, p.dp - p.prefill_replicas] if p.prefill_replicas else [p.dp]
+    group = p.ep // p.tp  # replicas per expert-parallel group (one server each)
     out = []
     if fmt in ("vllm", "sglang") and kv == "int8":
         out.append("int8 KV cache")
     if fmt == "trtllm" and p.prefill_replicas:
         out.append("disaggregation")
+    if p.ep > 1 and (p.ep % p.tp or any(n % group for n in roles)):
+        out.append("expert-parallel groups")
+    if fmt == "trtllm" and (p.ep > 1 or problem.model.moe is not None):
+        out.append("MoE serving is the PyTorch backend's")
     return out
 
 
@@ -139,8 +145,8 @@ def training_plans(draw: Any) -> Plan:
 
 @st.composite
 def serving_plans(draw: Any) -> ServingPlan:
-    dp = draw(st.integers(1, 8))
-    return ServingPlan(dp=dp, tp=draw(st.sampled_from([1, 2, 4, 8])), pp=draw(st.sampled_from([1, 2])),
+    dp, tp = draw(st.integers(1, 8)), draw(st.sampled_from([1, 2, 4, 8]))
+    return ServingPlan(dp=dp, tp=tp, pp=draw(st.sampled_from([1, 2])), ep=draw(st.sampled_from([1, tp, 2 * tp, 3])),
                        batch=draw(st.integers(1, 512)),
                        precision=draw(st.sampled_from(["bf16", "fp16", "fp8", "int8", "int4"])),
                        prefill_replicas=draw(st.integers(0, dp - 1)))
@@ -198,7 +204,7 @@ REFUSED: dict[str, dict[str, Any]] = {
     "zero": {"zero": 1}, "sp": {"tp": 1, "sp": True}, "cp": {"cp": 2}, "vpp": {"pp": 2, "vpp": 2},
     "stage_layers": {"pp": 2, "stage_layers": [3, 5], "stage_recompute": ["none", "none"]},
     "mbs": {"mbs": 2}, "recompute": {"recompute": "full"},
-    "max_num_seqs": {"max_num_seqs": 4}, "ep": {"ep": 2}, "prefill_replicas": {"dp": 2, "prefill_replicas": 1},
+    "max_num_seqs": {"max_num_seqs": 4}, "ep": {"ep": 3}, "prefill_replicas": {"dp": 2, "prefill_replicas": 1},
 }
 
 
@@ -275,3 +281,17 @@ def test_serving_precisions_and_disaggregation() -> None:
     assert len(trt.commands) == 4
     assert yaml.safe_load(trt.files["trtllm.yaml"])["quant_config"] == {"quant_algo": "FP8",
                                                                        "kv_cache_quant_algo": "FP8"}
+
+
+def test_expert_parallel_groups_become_servers() -> None:
+    # 8 replicas of tp 1 with ep 4: two expert-parallel groups of 4 replicas, one server each
+    plan = ServingPlan(dp=8, tp=1, ep=4, batch=32, precision="fp8")
+    vllm = [parse_flags(c.args) for c in emit_plan(SERVING, plan, "vllm").commands]
+    assert [(f["--data-parallel-size"], f["--port"]) for f in vllm] == [("4", "8000"), ("4", "8001")]
+    assert all("--enable-expert-parallel" in f for f in vllm)
+    sglang = [parse_flags(c.args) for c in emit_plan(SERVING, plan, "sglang").commands]
+    assert [(f["--tp-size"], f["--attn-dp-size"], f["--ep-size"]) for f in sglang] == [("4", "4", "4")] * 2
+    with pytest.raises(ProblemError, match="trtllm cannot express expert parallelism"):
+        emit_plan(SERVING, plan, "trtllm")
+    with pytest.raises(ProblemError, match="expert-parallel groups of 3"):
+        emit_plan(SERVING, plan.model_copy(update={"ep": 3}), "vllm")

@@ -49,10 +49,14 @@ def training_checks(ctx: Context, fmt: str) -> Task:
     return task
 
 
-def uniform_recompute(p: Plan, fmt: str) -> None:
-    if p.stage_recompute is not None and len(set(p.stage_recompute)) > 1:
+def uniform_recompute(p: Plan, fmt: str) -> str:
+    """The plan's recompute mode: an uneven plan's per-stage modes (what the model costs), which must agree."""
+    if p.stage_recompute is None:
+        return p.recompute
+    if len(set(p.stage_recompute)) > 1:
         raise refuse(fmt, f"per-stage recompute {p.stage_recompute}",
                      "recomputation is one setting for every stage; allowed: stage_recompute all equal")
+    return p.stage_recompute[0]
 
 
 def even_layers(layers: int, stages: int, fmt: str, what: str) -> int:
@@ -87,7 +91,7 @@ def emitted(ctx: Context, fmt: str, commands: list[Command], nodes: int, files: 
 def megatron_emit(ctx: Context) -> Emitted:
     fmt, p, m = "megatron", ctx.plan, ctx.model
     task = training_checks(ctx, fmt)
-    uniform_recompute(p, fmt)
+    recompute = uniform_recompute(p, fmt)
     layout = layout_string(p.stage_layers) if p.stage_layers is not None else None
     per_chunk = even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}") if layout is None else None
     moe = m.moe
@@ -100,9 +104,9 @@ def megatron_emit(ctx: Context) -> Emitted:
         ("--context-parallel-size", p.cp), ("--expert-model-parallel-size", p.ep),
         ("--sequence-parallel", p.sp),
         ("--micro-batch-size", p.mbs), ("--global-batch-size", task.global_batch),
-        ("--recompute-granularity", None if p.recompute == "none" else p.recompute),
-        ("--recompute-method", "uniform" if p.recompute == "full" else None),
-        ("--recompute-num-layers", 1 if p.recompute == "full" else None),
+        ("--recompute-granularity", None if recompute == "none" else recompute),
+        ("--recompute-method", "uniform" if recompute == "full" else None),
+        ("--recompute-num-layers", 1 if recompute == "full" else None),
         ("--use-distributed-optimizer", p.zero == 1),
         ("--use-megatron-fsdp", p.zero >= 2), ("--data-parallel-sharding-strategy", SHARDING.get(p.zero)),
         ("--overlap-grad-reduce", ctx.problem.stack.dp_overlap),
@@ -156,7 +160,7 @@ def megatron_parse(e: Emitted) -> Plan:
 def nemo_emit(ctx: Context) -> Emitted:
     fmt, p, m = "nemo", ctx.plan, ctx.model
     task = training_checks(ctx, fmt)
-    uniform_recompute(p, fmt)
+    recompute = uniform_recompute(p, fmt)
     if p.stage_layers is None:
         even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}")
     moe = m.moe
@@ -166,9 +170,9 @@ def nemo_emit(ctx: Context) -> Emitted:
         ("model.pipeline_model_parallel_layout", layout_string(p.stage_layers) if p.stage_layers else None),
         ("model.context_parallel_size", p.cp), ("model.expert_model_parallel_size", p.ep),
         ("model.sequence_parallel", p.sp),
-        ("model.recompute_granularity", None if p.recompute == "none" else p.recompute),
-        ("model.recompute_method", "uniform" if p.recompute == "full" else None),
-        ("model.recompute_num_layers", 1 if p.recompute == "full" else None),
+        ("model.recompute_granularity", None if recompute == "none" else recompute),
+        ("model.recompute_method", "uniform" if recompute == "full" else None),
+        ("model.recompute_num_layers", 1 if recompute == "full" else None),
         ("model.tp_comm_overlap", ctx.problem.stack.tp_comm_overlap and p.tp > 1 and p.sp),
         ("train.micro_batch_size", p.mbs), ("train.global_batch_size", task.global_batch),
         ("dataset.seq_length", task.seq_len), ("model.seq_length", task.seq_len),

@@ -91,17 +91,35 @@ def precision_from(weights: Mapping[str, tuple[str, str | None]], dtype: str, qu
     return next(k for k, (d, q) in weights.items() if q == quantization and (q is not None or d == dtype))
 
 
+def servers(fmt: str, s: Serving) -> list[tuple[str, int]]:
+    """(role, replicas) of every server: with expert parallelism (ep = k x tp) one server per EP group of k
+    replicas; without, one server per role holding all its replicas."""
+    p = s.plan
+    k = p.ep // p.tp if p.ep > 1 else 0
+    if p.ep > 1 and p.ep % p.tp:
+        raise refuse(fmt, f"ep={p.ep} with tp={p.tp}", "an expert-parallel group is whole replicas; allowed: ep a "
+                     "multiple of tp")
+    out = []
+    for role, dp in s.groups:
+        if k and dp % k:
+            raise refuse(fmt, f"ep={p.ep}", f"{dp} {role} replicas do not split into expert-parallel groups of {k}")
+        out += [(role, k)] * (dp // k) if k else [(role, dp)]
+    return out
+
+
+def ports(base: int, n: int, i: int) -> int | None:
+    return base + i if n > 1 else None
+
+
 # ------------------------------------------------------------------------------------------------------- vLLM
 
 
 def vllm_emit(ctx: Context) -> Emitted:
     s = Serving(ctx, "vllm", VLLM_WEIGHTS, VLLM_KV)
     p, gpn = s.plan, ctx.gpus_per_node
-    if p.ep > 1 and (p.prefill_replicas or p.ep != p.tp * p.dp):
-        raise refuse("vllm", f"ep={p.ep}", f"--enable-expert-parallel spans tp x dp = {p.tp * p.dp} ranks of one "
-                     "aggregated deployment; allowed: ep 1 or tp*dp")
     commands = []
-    for role, dp in s.groups:
+    plan_servers = servers("vllm", s)
+    for i, (role, dp) in enumerate(plan_servers):
         replica = p.tp * p.pp
         local = gpn // replica if dp * replica > gpn and replica <= gpn else None
         kv_transfer = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_producer" if role == "prefill"
@@ -112,26 +130,27 @@ def vllm_emit(ctx: Context) -> Emitted:
             ("--enable-expert-parallel", p.ep > 1), ("--max-num-seqs", p.batch), ("--max-model-len", s.max_len),
             ("--dtype", s.dtype), ("--quantization", s.quantization),
             ("--kv-cache-dtype", s.kv), ("--kv-transfer-config", kv_transfer),
+            ("--port", ports(8000, len(plan_servers), i)),
         ])
         commands.append(Command(program=["vllm", "serve", ctx.model.name], args=args, role=role))
     notes = ["prefill and decode servers exchange KV caches through NIXL; put a disaggregation proxy in front"] \
         if p.prefill_replicas else []
-    if len(commands) == 1 and "--data-parallel-size-local" in commands[0].args:
+    if any("--data-parallel-size-local" in c.args for c in commands):
         notes.append("data parallelism spans nodes: run the command on every node with --data-parallel-start-rank "
                      "and --data-parallel-address (vLLM multi-node data parallel)")
     return s.emitted("vllm", commands, notes=notes)
 
 
 def vllm_parse(e: Emitted) -> ServingPlan:
-    groups = {c.role: parse_flags(c.args) for c in e.commands}
-    f = groups.get("decode", groups.get("run", {}))
-    tp, dp = integer(f, "--tensor-parallel-size"), sum(integer(g, "--data-parallel-size") for g in groups.values())
+    flags = [(c.role, parse_flags(c.args)) for c in e.commands]
+    f = flags[-1][1]
+    tp, dp = integer(f, "--tensor-parallel-size"), integer(f, "--data-parallel-size")
     q = f.get("--quantization")
     return ServingPlan(
-        dp=dp, tp=tp, pp=integer(f, "--pipeline-parallel-size"), batch=integer(f, "--max-num-seqs"),
-        ep=tp * dp if "--enable-expert-parallel" in f else 1,
+        dp=sum(integer(g, "--data-parallel-size") for _, g in flags), tp=tp, pp=integer(f, "--pipeline-parallel-size"),
+        batch=integer(f, "--max-num-seqs"), ep=tp * dp if "--enable-expert-parallel" in f else 1,
         precision=precision_from(VLLM_WEIGHTS, str(f["--dtype"]), q if isinstance(q, str) else None),
-        prefill_replicas=integer(groups["prefill"], "--data-parallel-size") if "prefill" in groups else 0,
+        prefill_replicas=sum(integer(g, "--data-parallel-size") for r, g in flags if r == "prefill"),
     )
 
 
@@ -148,17 +167,21 @@ def vllm_keys(e: Emitted) -> set[str]:
 
 
 def sglang_emit(ctx: Context) -> Emitted:
+    """Expert parallelism: one server of ep GPUs per EP group, attention data parallel over its k replicas."""
     s = Serving(ctx, "sglang", SGLANG_WEIGHTS, SGLANG_KV)
     p, gpn = s.plan, ctx.gpus_per_node
     commands = []
-    for role, dp in s.groups:
+    plan_servers = servers("sglang", s)
+    for i, (role, dp) in enumerate(plan_servers):
         nodes = -(-(dp * p.tp * p.pp) // gpn)
         args = flag_args([
-            ("--model-path", ctx.model.name), ("--tp-size", p.tp), ("--pp-size", p.pp), ("--dp-size", dp),
+            ("--model-path", ctx.model.name), ("--tp-size", p.tp * dp if p.ep > 1 else p.tp), ("--pp-size", p.pp),
+            ("--dp-size", dp if p.ep == 1 else None), ("--attn-dp-size", dp if p.ep > 1 and dp > 1 else None),
             ("--ep-size", p.ep if p.ep > 1 else None), ("--nnodes", nodes if nodes > 1 else None),
             ("--node-rank", 0 if nodes > 1 else None), ("--max-running-requests", p.batch),
             ("--context-length", s.max_len), ("--dtype", s.dtype), ("--quantization", s.quantization),
             ("--kv-cache-dtype", s.kv), ("--disaggregation-mode", role if role != "run" else None),
+            ("--port", ports(30000, len(plan_servers), i)),
         ])
         commands.append(Command(program=["python", "-m", "sglang.launch_server"], args=args, role=role))
     notes = []
@@ -170,14 +193,18 @@ def sglang_emit(ctx: Context) -> Emitted:
 
 
 def sglang_parse(e: Emitted) -> ServingPlan:
-    groups = {c.role: parse_flags(c.args) for c in e.commands}
-    f = groups.get("decode", groups.get("run", {}))
+    flags = [(c.role, parse_flags(c.args)) for c in e.commands]
+
+    def replicas(g: dict[str, str | bool]) -> int:
+        return integer(g, "--attn-dp-size") if "--ep-size" in g else integer(g, "--dp-size")
+
+    f = flags[-1][1]
     q = f.get("--quantization")
     return ServingPlan(
-        dp=sum(integer(g, "--dp-size") for g in groups.values()), tp=integer(f, "--tp-size"),
+        dp=sum(replicas(g) for _, g in flags), tp=integer(f, "--tp-size") // integer(f, "--attn-dp-size"),
         pp=integer(f, "--pp-size"), ep=integer(f, "--ep-size"), batch=integer(f, "--max-running-requests"),
         precision=precision_from(SGLANG_WEIGHTS, str(f["--dtype"]), q if isinstance(q, str) else None),
-        prefill_replicas=integer(groups["prefill"], "--dp-size") if "prefill" in groups else 0,
+        prefill_replicas=sum(replicas(g) for r, g in flags if r == "prefill"),
     )
 
 
@@ -185,24 +212,31 @@ def sglang_parse(e: Emitted) -> ServingPlan:
 
 
 def trtllm_emit(ctx: Context) -> Emitted:
+    """One trtllm-serve per replica on the TensorRT engine backend (the trtllm-build path): the LLM API builds the
+    engine and quantizes it as quant_config says. Expert parallelism / attention data parallelism (MoE serving)
+    run on the PyTorch backend from pre-quantized checkpoints, which is not emitted."""
     s = Serving(ctx, "trtllm", TRTLLM_WEIGHTS, TRTLLM_KV)
     p = s.plan
     if p.prefill_replicas:
         raise refuse("trtllm", f"prefill_replicas={p.prefill_replicas}", "disaggregated serving needs a "
                      "trtllm-serve disaggregated cluster file, which is not emitted; allowed: prefill_replicas 0")
+    if p.ep > 1 or ctx.model.moe is not None:
+        raise refuse("trtllm", "expert parallelism (a mixture-of-experts model)", "emitted for the TensorRT engine "
+                     "backend, whose build quantizes dense models; MoE serving runs on the PyTorch backend from "
+                     "pre-quantized checkpoints; allowed: dense models, ep 1")
     quant = {"quant_algo": s.quantization, "kv_cache_quant_algo": s.kv}
     config = {"dtype": s.dtype, "quant_config": {k: v for k, v in quant.items() if v is not None} or None}
     text = yaml.safe_dump({k: v for k, v in config.items() if v is not None}, sort_keys=False)
     commands = [
         Command(program=["trtllm-serve", ctx.model.name], role=f"replica {i}", args=flag_args([
-            ("--backend", "tensorrt"), ("--tp_size", p.tp), ("--pp_size", p.pp), ("--ep_size", p.ep if p.ep > 1
-                                                                                   else None),
+            ("--backend", "tensorrt"), ("--tp_size", p.tp), ("--pp_size", p.pp),
             ("--gpus_per_node", ctx.gpus_per_node), ("--max_batch_size", p.batch), ("--max_seq_len", s.max_len),
             ("--port", 8000 + i), ("--extra_llm_api_options", TRTLLM_CONFIG),
         ]))
         for i in range(p.dp)
     ]
-    notes = ["one trtllm-serve per replica (ports 8000+i), each on its own tp x pp GPUs; balance requests over them"]
+    notes = ["one trtllm-serve per replica (ports 8000+i), each on its own tp x pp GPUs; balance requests over them",
+             "--backend tensorrt builds the engine at start-up (the trtllm-build path) and applies quant_config"]
     return s.emitted("trtllm", commands, files={TRTLLM_CONFIG: text}, notes=notes)
 
 
@@ -211,7 +245,7 @@ def trtllm_parse(e: Emitted) -> ServingPlan:
     config = yaml.safe_load(e.files[TRTLLM_CONFIG])
     quant = (config.get("quant_config") or {}).get("quant_algo")
     return ServingPlan(
-        dp=len(e.commands), tp=integer(f, "--tp_size"), pp=integer(f, "--pp_size"), ep=integer(f, "--ep_size"),
+        dp=len(e.commands), tp=integer(f, "--tp_size"), pp=integer(f, "--pp_size"),
         batch=integer(f, "--max_batch_size"), precision=precision_from(TRTLLM_WEIGHTS, config["dtype"], quant),
     )
 
@@ -233,20 +267,24 @@ def serving_format(name: str, emit: Callable[[Context], Emitted], parse: Callabl
 
 
 CAP = "max_num_seqs other than batch: one server cap carries both"
+EP_GROUPS = "ep not a multiple of tp, or replicas that do not split into expert-parallel groups"
 VLLM = serving_format("vllm", vllm_emit, vllm_parse, keys=vllm_keys, maps={
     "dp": ("--data-parallel-size",), "tp": ("--tensor-parallel-size",), "pp": ("--pipeline-parallel-size",),
-    "ep": ("--enable-expert-parallel",), "batch": ("--max-num-seqs",), "max_num_seqs": ("--max-num-seqs",),
+    "ep": ("--enable-expert-parallel", "--data-parallel-size"), "batch": ("--max-num-seqs",),
+    "max_num_seqs": ("--max-num-seqs",),
     "precision": ("--dtype", "--quantization"), "prefill_replicas": ("--kv-transfer-config", "kv_role"),
     "system": ("--data-parallel-size-local", "--distributed-executor-backend"),
-}, refuses={"max_num_seqs": CAP, "ep": "ep other than tp*dp (aggregated)"})
+}, refuses={"max_num_seqs": CAP, "ep": EP_GROUPS})
 SGLANG = serving_format("sglang", sglang_emit, sglang_parse, maps={
-    "dp": ("--dp-size",), "tp": ("--tp-size",), "pp": ("--pp-size",), "ep": ("--ep-size",),
+    "dp": ("--dp-size", "--attn-dp-size"), "tp": ("--tp-size",), "pp": ("--pp-size",),
+    "ep": ("--ep-size", "--attn-dp-size"),
     "batch": ("--max-running-requests",), "max_num_seqs": ("--max-running-requests",),
     "precision": ("--dtype", "--quantization"), "prefill_replicas": ("--disaggregation-mode", "--dp-size"),
     "system": ("--nnodes", "--node-rank"),
-}, refuses={"max_num_seqs": CAP})
+}, refuses={"max_num_seqs": CAP, "ep": EP_GROUPS})
 TRTLLM = serving_format("trtllm", trtllm_emit, trtllm_parse, keys=trtllm_keys, maps={
-    "dp": ("--port",), "tp": ("--tp_size",), "pp": ("--pp_size",), "ep": ("--ep_size",),
+    "dp": ("--port",), "tp": ("--tp_size",), "pp": ("--pp_size",),
     "batch": ("--max_batch_size",), "max_num_seqs": ("--max_batch_size",),
     "precision": ("dtype", "quant_config.quant_algo"), "system": ("--gpus_per_node",),
-}, refuses={"max_num_seqs": CAP, "prefill_replicas": "prefill_replicas > 0: no disaggregated cluster file"})
+}, refuses={"max_num_seqs": CAP, "prefill_replicas": "prefill_replicas > 0: no disaggregated cluster file",
+            "ep": "ep > 1: MoE serving runs on the PyTorch backend, not the emitted TensorRT engine"})

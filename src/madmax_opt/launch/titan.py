@@ -95,7 +95,7 @@ def stage_modules(stage_layers: list[int]) -> list[list[str]]:
 def titan_emit(ctx: Context) -> Emitted:
     p, m = ctx.plan, ctx.model
     task = training_checks(ctx, FMT)
-    uniform_recompute(p, FMT)
+    recompute = uniform_recompute(p, FMT)
     check_model(m)
     if p.zero == 1:
         raise refuse(FMT, "zero=1", "FSDP2 shards parameters too, there is no optimizer-only sharding; allowed: "
@@ -127,8 +127,8 @@ def titan_emit(ctx: Context) -> Emitted:
             "pipeline_parallel_layers_per_stage": per_stage if p.pp > 1 else None,
             "module_fqns_per_model_part": stage_modules(p.stage_layers) if p.stage_layers else None,
         },
-        "activation_checkpoint": {"mode": p.recompute,
-                                  "selective_ac_option": "op" if p.recompute == "selective" else None},
+        "activation_checkpoint": {"mode": recompute,
+                                  "selective_ac_option": "op" if recompute == "selective" else None},
         "quantize.linear.float8": {"recipe_name": "tensorwise"} if task.precision == "fp8" else {},
     }
     launcher, nodes = torchrun(ctx, FMT)
