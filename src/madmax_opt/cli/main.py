@@ -4,7 +4,6 @@ and imports the domain layers only when it runs, so ``madmax-opt --help`` starts
 from __future__ import annotations
 
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, NoReturn
 
 import typer
@@ -27,6 +26,8 @@ from madmax_opt.core.errors import MadmaxError
 
 def _version(value: bool) -> None:
     if value:
+        from importlib.metadata import PackageNotFoundError, version  # 0.1 s of imports: only when asked
+
         try:
             print(f"madmax-opt {version('madmax-opt')}")
         except PackageNotFoundError:  # running from a source tree that was never installed

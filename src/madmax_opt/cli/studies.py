@@ -64,3 +64,13 @@ def bench_trace_command(
     from madmax_opt.report.timeline import bench_trace_cmd
 
     bench_trace_cmd(out=out)
+
+
+@app.command("bench-startup")
+def bench_startup_command(
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/bench"),
+) -> None:
+    """Wall time of whole commands from a fresh process: --help, schema, catalog, solve (results/bench/startup.md)."""
+    from madmax_opt.studies.bench_startup import write_startup_bench
+
+    print(f"wrote {write_startup_bench(out)}")
