@@ -4,6 +4,7 @@ greedy baseline never beats it; ties go to the fewest GPUs."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Any
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from madmax_opt.fleet import allocate
 from madmax_opt.fleet.options import JobOption, OptionTable
 from madmax_opt.fleet.solve import FleetRun, instance, solve_fleet
-from madmax_opt.fleet.spec import Fleet, FleetFile, Job, _pool
+from madmax_opt.fleet.spec import Fleet, FleetFile, Job, resolve_pool
 from madmax_opt.search.cpsat import CpSatOptions
 
 CATALOG = ["dgx-h100", "dgx-a100", "mi300x-platform", "gb200-nvl72"]
@@ -49,8 +50,8 @@ def fleets(draw: Any, objective: str) -> tuple[Fleet, list[OptionTable]]:
     prices = [20, 60, 200] if not must else [200, 600]
     budget = {"usd_per_hour": float(draw(st.sampled_from(prices)))} if draw(st.booleans()) else {}
     spec = FleetFile.model_validate({"systems": systems, "jobs": jobs, "objective": objective,
-                                     "horizon_h": HORIZON_H, "budget": budget})
-    pools = tuple(_pool(n, s, "synthetic") for n, s in spec.systems.items())
+                                     "horizon_h": HORIZON_H, "budget": budget, "solver": {"what_if_gpus": [8, 16]}})
+    pools = tuple(resolve_pool(n, s, "synthetic") for n, s in spec.systems.items())
     resolved = tuple(
         Job(name, s, {}, "synthetic", kinds[j], s.train_tokens, None, s.min_throughput, "m", "inference"
             if kinds[j] else "pretrain")
@@ -157,6 +158,35 @@ def test_min_energy_equals_brute_force(case: tuple[Fleet, list[OptionTable]]) ->
 @given(fleets("deadlines"))
 def test_max_weight_on_time_equals_brute_force(case: tuple[Fleet, list[OptionTable]]) -> None:
     check(*case)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fleets("throughput"))
+def test_what_if_and_binding_supply_equal_brute_force_with_more_gpus(case: tuple[Fleet, list[OptionTable]]) -> None:
+    """Each what-if value is the brute-force optimum of the fleet with that system's extra GPUs (whole nodes); a
+    supply reported binding gains exactly what brute force gains with that system unlimited."""
+    fleet, tables = case
+    base = reference(fleet, tables)
+    if base is None:
+        return
+    result = solve_fleet(FleetRun(fleet, tables, CpSatOptions(time_limit_s=10)))
+
+    def grown(i: int, gpus: int) -> Fleet:
+        pools = list(fleet.pools)
+        pools[i] = dataclasses.replace(pools[i], gpus=gpus)
+        return dataclasses.replace(fleet, pools=tuple(pools))
+
+    assert len(result.what_if) == 2 * len(fleet.pools)
+    for w in result.what_if:
+        i = next(k for k, p in enumerate(fleet.pools) if p.name == w.system)
+        ref = reference(grown(i, fleet.pools[i].gpus + w.extra_gpus), tables)
+        assert ref is not None and w.value is not None
+        assert math.isclose(w.value, ref[0], rel_tol=1e-12) and w.gain is not None and w.gain >= -1e-9
+    for b in result.binding:
+        if b.constraint.startswith("systems."):
+            i = next(k for k, p in enumerate(fleet.pools) if b.constraint == f"systems.{p.name}.gpus")
+            ref = reference(grown(i, 10**6), tables)
+            assert ref is not None and math.isclose(b.gain, ref[0] - base[0], rel_tol=1e-9)
 
 
 def _opt(job: int, system: int, nodes: int, score: int, speed: float) -> allocate.Option:

@@ -160,3 +160,11 @@ def test_required_job_that_cannot_meet_its_deadline_exits_3(tmp_path: Path) -> N
     res = run_main("fleet", write_fleet(tmp_path, jobs=jobs), "--no-cache", "--no-what-if")
     assert res.returncode == 3, res.stderr
     assert "binding constraint" in res.stderr and "deadline_h" in res.stderr and "\n" not in res.stderr.strip()
+
+
+def test_parallel_plan_searches_give_the_same_tables(solved: tuple[Path, dict[str, Any], Path]) -> None:
+    _, result, path = solved
+    res = run_main("fleet", path, "--json", "--no-cache", "--no-what-if", "--search-workers", "2")
+    assert res.returncode == 0, res.stderr
+    parallel = json.loads(res.stdout)
+    assert parallel["options"] == result["options"] and parallel["jobs"] == result["jobs"]

@@ -28,6 +28,8 @@ def fleet_cmd(
                                                      "(default: the file's solver.time_limit_s)")] = None,
     workers: Annotated[int | None, typer.Option("--workers", min=1, max=64, help="CP-SAT workers (1 = "
                                                 "deterministic)")] = None,
+    search_workers: Annotated[int, typer.Option("--search-workers", min=1, max=256, help="processes for the "
+                                                "per-option plan searches")] = 1,
     cache: Annotated[Path | None, typer.Option("--cache", help="option cache directory (default: "
                                                "~/.cache/madmax-opt/fleet)")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="search every option again, store nothing")] = False,
@@ -55,7 +57,8 @@ def fleet_cmd(
     t0 = time.perf_counter()
     err = Console(stderr=True)
     with err.status("searching plans") as status:
-        tables = option_tables(loaded, cache_dir, progress=lambda what: status.update(f"searching plans: {what}"))
+        tables = option_tables(loaded, cache_dir, progress=lambda what: status.update(f"searching plans: {what}"),
+                               workers=search_workers)
     run = FleetRun(loaded, tables, opts, option_wall_s=time.perf_counter() - t0)
     result = solve_fleet(run, what_if=what_if)
     if out is not None:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -94,46 +95,63 @@ def option_key(job: Job, pool: Pool, gpus: int, time_limit_s: float) -> str:
 
 
 def option_tables(
-    fleet: Fleet, cache_dir: Path | None = None, progress: Progress | None = None
+    fleet: Fleet, cache_dir: Path | None = None, progress: Progress | None = None, workers: int = 1
 ) -> list[OptionTable]:
-    """One table per job (in file order); each (job, system, size) searched once, then read from the cache."""
+    """One table per job (in file order); each (job, system, size) searched once (``workers`` processes), then
+    read from the cache."""
     limit = fleet.spec.solver.option_time_limit_s
+    tasks = [(j, pool, n) for j, job in enumerate(fleet.jobs) for pool in fleet.pools
+             if job.spec.systems is None or pool.name in job.spec.systems
+             for n in pool.sizes if job.spec.max_gpus is None or n <= job.spec.max_gpus]
+    paths = [cache_dir / f"{option_key(fleet.jobs[j], pool, n, limit)}.json" if cache_dir else None
+             for j, pool, n in tasks]
+    entries: list[dict[str, Any] | None] = [_read_cache(p) for p in paths]
+    todo = [i for i, e in enumerate(entries) if e is None]
+    args = [(fleet.jobs[tasks[i][0]], tasks[i][1], tasks[i][2], limit) for i in todo]
+    if workers > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(max_workers=min(workers, len(todo))) as pool_exec:
+            futures = [pool_exec.submit(search_option, *a) for a in args]
+            for k, (i, fut) in enumerate(zip(todo, futures, strict=True)):
+                entries[i] = _store(paths[i], fut.result(), progress, args[k])
+    else:
+        for i, a in zip(todo, args, strict=True):
+            if progress is not None:
+                progress(f"{a[0].name} on {a[2]} x {a[1].system.name}")
+            entries[i] = _store(paths[i], search_option(*a), None, a)
     tables = []
-    for job in fleet.jobs:
+    for j, job in enumerate(fleet.jobs):
         options: list[JobOption] = []
         infeasible: dict[str, str] = {}
         input_errors: list[str] = []
-        for pool in fleet.pools:
-            if job.spec.systems is not None and pool.name not in job.spec.systems:
+        for (jj, pool, n), entry in zip(tasks, entries, strict=True):
+            if jj != j or entry is None:
                 continue
-            sizes = [n for n in pool.sizes if job.spec.max_gpus is None or n <= job.spec.max_gpus]
-            for n in sizes:
-                entry = _cached(job, pool, n, limit, cache_dir, progress)
-                if "option" in entry:
-                    options.append(JobOption.model_validate(entry["option"]))
-                else:
-                    infeasible[f"{pool.name} x{n}"] = str(entry["infeasible"])
-                    if entry.get("input_error"):
-                        input_errors.append(str(entry["infeasible"]))
+            if "option" in entry:
+                options.append(JobOption.model_validate(entry["option"]))
+            else:
+                infeasible[f"{pool.name} x{n}"] = str(entry["infeasible"])
+                if entry.get("input_error"):
+                    input_errors.append(str(entry["infeasible"]))
         if not options and input_errors and len(input_errors) == len(infeasible):
             raise ProblemError(input_errors[0])  # the job's problem is wrong on every system
         tables.append(OptionTable(job=job.name, options=options, infeasible=infeasible))
     return tables
 
 
-def _cached(job: Job, pool: Pool, gpus: int, limit: float, cache_dir: Path | None, progress: Progress | None
-            ) -> dict[str, Any]:
-    key = option_key(job, pool, gpus, limit)
-    path = cache_dir / f"{key}.json" if cache_dir is not None else None
-    if path is not None and path.is_file():
-        try:
-            entry: dict[str, Any] = json.loads(path.read_text())
-            return entry
-        except (OSError, json.JSONDecodeError):
-            pass  # a damaged entry is recomputed
+def _read_cache(path: Path | None) -> dict[str, Any] | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        entry: dict[str, Any] = json.loads(path.read_text())
+        return entry
+    except (OSError, json.JSONDecodeError):
+        return None  # a damaged entry is searched again
+
+
+def _store(path: Path | None, entry: dict[str, Any], progress: Progress | None, what: tuple[Job, Pool, int, float]
+           ) -> dict[str, Any]:
     if progress is not None:
-        progress(f"{job.name} on {gpus} x {pool.system.name}")
-    entry = search_option(job, pool, gpus, limit)
+        progress(f"{what[0].name} on {what[2]} x {what[1].system.name}")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
