@@ -2,7 +2,8 @@
 
 DeepSpeed's pipeline engine allows ZeRO stage 0 or 1 only (deepspeed/runtime/pipe/engine.py); Megatron-DeepSpeed's
 sequence parallelism over more ranks is Ulysses (all-to-all), not ring context parallelism, and its pipeline has no
-interleaving or explicit per-stage layer counts: those plans are refused.
+interleaving or explicit per-stage layer counts; native DeepSpeed MoE rejects ZeRO-3 (deepspeed/runtime/engine.py):
+those plans are refused.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ def ds_emit(ctx: Context) -> Emitted:
                                                                            "fp16"),
         (m.moe is not None and (m.moe.shared_experts > 0 or m.moe.expert_ffn != m.ffn), "this MoE layout",
          "DeepSpeed-MoE experts are ffn_hidden_size wide, without shared experts"),
+        (m.moe is not None and p.zero == 3, "zero=3 with a mixture-of-experts model", "native DeepSpeed MoE is not "
+                                                                                       "supported with ZeRO stage 3 "
+                                                                                       "(runtime/engine.py); allowed: "
+                                                                                       "zero 0 to 2"),
     ]
     for bad, setting, why in unsupported:
         if bad:
@@ -121,5 +126,6 @@ DEEPSPEED = Format(
         "sp": ("--sequence-parallel",), "ep": ("--moe-expert-parallel-size",), "system": ("--num_nodes", "--num_gpus"),
     },
     refuses={"cp": "cp > 1: Ulysses is not ring context parallelism", "vpp": "vpp > 1: no interleaved schedule",
-             "batch": BATCH, "stage_layers": UNEVEN, "stage_recompute": UNEVEN, "stage_systems": MIXED},
+             "batch": BATCH, "stage_layers": UNEVEN, "stage_recompute": UNEVEN, "stage_systems": MIXED,
+             "zero": "zero 2/3 with pp > 1; zero 3 with MoE"},
 )
