@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from madmax_opt.core.errors import InfeasibleError, ProblemError
+from madmax_opt.core.errors import InfeasibleError, ProblemError, TimeLimitError
 from madmax_opt.fleet.spec import Fleet, Job, Pool
 from madmax_opt.io.problem import Problem
 from madmax_opt.search import serving
@@ -152,7 +152,7 @@ def _store(path: Path | None, entry: dict[str, Any], progress: Progress | None, 
            ) -> dict[str, Any]:
     if progress is not None:
         progress(f"{what[0].name} on {what[2]} x {what[1].system.name}")
-    if path is not None:
+    if path is not None and not entry.get("transient"):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(entry, sort_keys=True))
@@ -167,6 +167,8 @@ def search_option(job: Job, pool: Pool, gpus: int, limit: float) -> dict[str, An
         rec, status = _serving_best(problem, limit) if job.serving else _training_best(problem, limit)
     except InfeasibleError as exc:
         return {"infeasible": " ".join(str(exc).split())}
+    except TimeLimitError as exc:  # not a proof: listed as missing, never cached
+        return {"infeasible": " ".join(str(exc).split()), "transient": True}
     except ProblemError as exc:  # e.g. a precision this GPU lacks: no option here (an error if none anywhere)
         return {"infeasible": " ".join(str(exc).split()), "input_error": True}
     power_w = pool.system.power_w_per_gpu * gpus

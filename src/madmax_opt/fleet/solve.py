@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from madmax_opt.analysis.evaluator import SECONDS_PER_HOUR
-from madmax_opt.core.errors import InfeasibleError
+from madmax_opt.core.errors import InfeasibleError, TimeLimitError
 from madmax_opt.fleet.allocate import (
     Allocation,
     AllocationInput,
@@ -323,6 +323,9 @@ def solve_fleet(run: FleetRun, what_if: bool = True, binding: bool = True) -> Fl
     fleet = run.fleet
     inst = instance(fleet, run.scored)
     alloc = solve_allocation(inst.inp, run.params)
+    if alloc.status == "unknown":
+        raise TimeLimitError(f"no allocation found within {run.params.time_limit_s:g} s; allowed: a longer "
+                             "--time-limit (or solver.time_limit_s)")
     if alloc.objective is None:
         raise InfeasibleError(explain_infeasible(run, inst, alloc))
     value = value_of(fleet, inst, alloc)
@@ -409,9 +412,6 @@ def binding_constraints(run: FleetRun, inst: Instance, value: float | None) -> l
 def explain_infeasible(run: FleetRun, inst: Instance, alloc: Allocation) -> str:
     """Name what binds when the required jobs cannot all be placed."""
     fleet = run.fleet
-    if alloc.status == "unknown":
-        return (f"no allocation found within the time limit ({run.params.time_limit_s:g} s); "
-                "allowed: raise solver.time_limit_s")
     for j, job in enumerate(fleet.jobs):
         if inst.inp.required[j] and not any(o.job == j for o in inst.inp.options):
             return f"job {job.name} cannot be placed: {_why_unplaced(fleet, inst, j, run.tables[j])} " \
