@@ -73,11 +73,12 @@ def binding_table(result: FleetResult) -> Table:
 
 
 def best_what_if(result: FleetResult) -> dict[int, WhatIf]:
-    """Per extra GPU count: the system whose extra GPUs raise the objective most (ties: file order)."""
+    """Per extra GPU count: the system whose extra GPUs improve the objective most (ties: file order; none if no
+    system's do)."""
     best: dict[int, WhatIf] = {}
     for w in result.what_if:
         cur = best.get(w.extra_gpus)
-        if w.gain is not None and (cur is None or cur.gain is None or w.gain > cur.gain):
+        if w.gain is not None and w.gain > 1e-9 and (cur is None or cur.gain is None or w.gain > cur.gain):
             best[w.extra_gpus] = w
     return best
 
@@ -93,7 +94,7 @@ def what_if_table(result: FleetResult) -> Table:
     for extra in dict.fromkeys(w.extra_gpus for w in result.what_if):
         gains = {w.system: w.gain for w in result.what_if if w.extra_gpus == extra}
         b = best.get(extra)
-        t.add_row(f"{extra:,}", *(_num(gains[s], ",.4g") for s in systems), b.system if b else "-")
+        t.add_row(f"{extra:,}", *(_num(gains[s], ",.4g") for s in systems), b.system if b else "none")
     return t
 
 
@@ -223,7 +224,7 @@ def markdown(result: FleetResult, fleet_path: str, command: str) -> str:
             gains = {w.system: w.gain for w in result.what_if if w.extra_gpus == extra}
             b = best.get(extra)
             lines.append(f"| {extra:,} | " + " | ".join(_num(gains[s], ",.4g") for s in systems)
-                         + f" | {b.system if b else '-'} |")
+                         + f" | {b.system if b else 'none'} |")
         lines += ["", "The what-if re-solves the allocation with the same option tables (each system's cluster "
                   "sizes as listed in the fleet file), so extra GPUs let more jobs run or larger listed sizes fit."]
     lines += ["", f"Objective integers CP-SAT sees: {result.score_unit}.", ""]
