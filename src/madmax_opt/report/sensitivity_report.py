@@ -46,8 +46,8 @@ def print_study(study: Study, console: Console) -> None:
 
 def sensitivity_cmd(
     problem: Path,
-    params: str = ','.join(HARDWARE_PARAMETERS),
-    factors: str = '0.5,2,4',
+    params: str | None = None,
+    factors: str = "0.5,2,4",
     out: Path = Path('results/sensitivity'),
     json_out: bool = False,
     time_limit: float = 60.0,

@@ -609,7 +609,7 @@ def sweep_cmd(
     sweep_file: Path,
     out: Path | None = None,
     workers: int | None = None,
-    backend: str = 'local',
+    backend: str = "local",
     address: str | None = None,
     restart: bool = False,
     retry_errors: bool = False,

@@ -63,7 +63,7 @@ def timeline_cmd(
     plan: Path,
     index: int = 0,
     out: Path = Path('timelines'),
-    detail: str = 'ops',
+    detail: str = "ops",
     json_out: bool = False,
 ) -> None:
     """Simulate one training step of a plan op by op; write a Chrome trace (Perfetto) and a Gantt PNG."""
