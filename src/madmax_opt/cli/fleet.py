@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from madmax_opt.cli.app import app, console
+from madmax_opt.cli.core import SolverParamsOpt
 from madmax_opt.core.errors import ProblemError
 
 
@@ -28,6 +29,7 @@ def fleet_cmd(
                                                      "(default: the file's solver.time_limit_s)")] = None,
     workers: Annotated[int | None, typer.Option("--workers", min=1, max=64, help="CP-SAT workers (1 = "
                                                 "deterministic)")] = None,
+    solver_params: SolverParamsOpt = None,
     search_workers: Annotated[int, typer.Option("--search-workers", min=1, max=256, help="processes for the "
                                                 "per-option plan searches")] = 1,
     cache: Annotated[Path | None, typer.Option("--cache", help="option cache directory (default: "
@@ -52,7 +54,8 @@ def fleet_cmd(
         raise ProblemError("missing; allowed: a fleet file (YAML), or --schema", field="FLEET")
     loaded = load_fleet(fleet)
     settings = loaded.spec.solver
-    opts = CpSatOptions(time_limit_s=time_limit or settings.time_limit_s, workers=workers or settings.workers)
+    opts = CpSatOptions(time_limit_s=time_limit or settings.time_limit_s, workers=workers or settings.workers,
+                        params=solver_params)
     cache_dir = None if no_cache else (cache or default_cache_dir())
     t0 = time.perf_counter()
     err = Console(stderr=True)
