@@ -269,7 +269,7 @@ def _main_exit(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
 def test_main_passes_on_a_commands_exit_code(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
     import madmax_opt.search.verify
 
-    monkeypatch.setattr(madmax_opt.search.verify, "verify_problem", lambda problem: {"agree": False})
+    monkeypatch.setattr(madmax_opt.search.verify, "verify_problem", lambda problem, **kw: {"agree": False})
     assert _main_exit(monkeypatch, "verify", str(SMALL)) == 1  # typer.Exit(1) must not become 0
     assert "agree: False" in capsys.readouterr().out
 
@@ -280,7 +280,7 @@ def test_main_exits_0_on_success(monkeypatch: pytest.MonkeyPatch, capsys: Any) -
 
 
 def test_main_internal_error_exit_4(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    def broken(*args: Any) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
         raise InternalError("solver/evaluator mismatch on a plan:\n  evaluator 1.0 s, solver 2.0 s")
 
     monkeypatch.setattr(report_module, "solve_result", broken)
@@ -290,7 +290,7 @@ def test_main_internal_error_exit_4(monkeypatch: pytest.MonkeyPatch, capsys: Any
 
 
 def test_main_os_error_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    def read_only(*args: Any) -> None:
+    def read_only(*args: Any, **kwargs: Any) -> None:
         raise PermissionError(13, "Permission denied", "/results/table.md")
 
     monkeypatch.setattr(report_module, "solve_result", read_only)
@@ -299,7 +299,7 @@ def test_main_os_error_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: Any)
 
 
 def test_main_abort_exit_130(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    def abort(*args: Any) -> None:
+    def abort(*args: Any, **kwargs: Any) -> None:
         raise typer.Abort()
 
     monkeypatch.setattr(report_module, "solve_result", abort)

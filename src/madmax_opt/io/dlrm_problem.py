@@ -13,7 +13,14 @@ import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.problem import HardwareEntry, hardware_options, read_yaml, resolve_system, validate
+from madmax_opt.io.problem import (
+    HardwareEntry,
+    check_space,
+    hardware_options,
+    read_yaml,
+    resolve_system,
+    validate,
+)
 from madmax_opt.model.dlrm_spec import (
     DLRMConstraints,
     DLRMModel,
@@ -109,6 +116,7 @@ def load_dlrm_problem(path: str | Path) -> DLRMProblem:
 
 def dlrm_problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> DLRMProblem:
     pf = validate(DLRMProblemFile, data, file=source)
+    check_space(pf.space, file=source)  # tp: 0 and the like, as for training and serving spaces
     if isinstance(pf.model, str):
         models = dlrm_models()
         if pf.model not in models:

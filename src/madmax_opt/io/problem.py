@@ -16,6 +16,7 @@ from pydantic.fields import FieldInfo
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import calibration, catalog
 from madmax_opt.io.derive import Derive, derive_hardware
+from madmax_opt.io.limits import MAX_CLUSTER_SIZES, MAX_DEPTH, MAX_FILE_BYTES, check_finite, check_input
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.objectives import OBJECTIVES
 from madmax_opt.model.spec import (
@@ -42,7 +43,15 @@ class GpuRange(Strict):
     def _not_empty(self) -> GpuRange:
         if self.stop < self.start:
             raise ValueError(f"stop ({self.stop}) is below start ({self.start}); allowed: stop >= start")
+        if self.count > MAX_CLUSTER_SIZES:
+            raise ValueError(f"{self.count:,} cluster sizes from {self.start} to {self.stop} in steps of {self.step}; "
+                             f"allowed: at most {MAX_CLUSTER_SIZES:,} (raise step)")
         return self
+
+    @property
+    def count(self) -> int:
+        """Cluster sizes in the range: floor((stop - start) / step) + 1."""
+        return (self.stop - self.start) // self.step + 1
 
     def values(self) -> list[int]:
         return list(range(self.start, self.stop + 1, self.step))
@@ -184,6 +193,9 @@ def read_yaml(path: str | Path, what: str = "file") -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise ProblemError(f"malformed YAML at {where}: {problem}", file=str(path)) from None
+    except (ValueError, TypeError, OverflowError, RecursionError, MemoryError) as exc:  # a constructor's error:
+        # a timestamp such as 2024-13-45, an unhashable key, an integer of more than 4,300 digits
+        raise ProblemError(f"malformed YAML: {type(exc).__name__}: {exc}", file=str(path)) from None
 
 
 def read_text(path: Path, *, what: str, file: str, field: str | None = None) -> str:
@@ -194,6 +206,9 @@ def read_text(path: Path, *, what: str, file: str, field: str | None = None) -> 
     if path.is_dir():
         raise ProblemError(f"{named} is a directory; allowed: a file", file=file, field=field)
     try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ProblemError(f"{named} has {path.stat().st_size:,} bytes; allowed: at most {MAX_FILE_BYTES:,}",
+                               file=file, field=field)
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ProblemError(f"{named} is not UTF-8 text (byte {exc.start})", file=file, field=field) from None
@@ -201,8 +216,27 @@ def read_text(path: Path, *, what: str, file: str, field: str | None = None) -> 
         raise ProblemError(f"cannot read {named}: {exc.strerror}", file=file, field=field) from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key written twice in one mapping (PyYAML would silently keep the last)."""
+_SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 10x faster, nesting capped at 1000
+
+
+class _UniqueKeyLoader(_SafeLoader):
+    """SafeLoader that rejects a key written twice in one mapping (PyYAML would silently keep the last) and
+    nesting deeper than MAX_DEPTH (PyYAML's composer recurses once per level: 20,000 brackets overflow it; with
+    libyaml, which stops at 1,000 levels, ``check_input`` applies MAX_DEPTH)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_DEPTH} levels; allowed: at most {MAX_DEPTH}", mark
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[tuple[str, str]] = set()
@@ -268,6 +302,7 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
             file=source,
             field="task.frozen_layers",
         )
+    check_space(pf.space, file=source)
     if pf.objective == "time_to_train" and isinstance(pf.task, Task) and pf.task.train_tokens is None:
         raise ProblemError("missing, objective time_to_train needs it; allowed: a token count > 0, e.g. 2.0e+12",
                            file=source, field="task.train_tokens")
@@ -282,6 +317,38 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
         baseline=pf.baseline,
         source=source,
     )
+
+
+EMPTY_KNOB = "empty list, nothing to search; allowed: one or more values (omit the key to search all)"
+
+
+def check_space(space: BaseModel, *, file: str | None, field: str = "space") -> None:
+    """Every integer knob of a (training, serving or DLRM) ``space`` names allowed values: >= 1 (ZeRO 0-3), a
+    non-empty list; knob combinations that cannot mean anything are refused by name."""
+    for name, given in space:
+        if isinstance(given, bool) or not isinstance(given, int | list) or name == "column_splits":
+            continue
+        values = [given] if isinstance(given, int) else given
+        if not values:
+            raise ProblemError(EMPTY_KNOB, file=file, field=f"{field}.{name}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            continue  # a list of names (recompute, shardings): the schema checked them
+        lowest, highest = (0, 3) if name == "zero" else (1, None)
+        if any(v < lowest or (highest is not None and v > highest) for v in values):
+            allowed = "ZeRO stages 0, 1, 2, 3" if name == "zero" else f"integers >= {lowest}"
+            raise ProblemError(f"got {values}; allowed: {allowed}", file=file, field=f"{field}.{name}")
+    if not isinstance(space, Space):
+        return
+    if space.mixed_stages and not space.uneven_stages:
+        raise ProblemError("mixed_stages needs uneven_stages: true (stages of other GPU types are searched by the "
+                           "uneven pipeline search); allowed: add uneven_stages: true, or drop mixed_stages",
+                           file=file, field=f"{field}.mixed_stages")
+    pp = [space.pp] if isinstance(space.pp, int) else space.pp
+    vpp = [space.vpp] if isinstance(space.vpp, int) else space.vpp
+    if pp and vpp and max(pp) == 1 and min(vpp) > 1:
+        raise ProblemError(f"vpp={space.vpp} needs a pipeline, but pp is {space.pp} (interleaving splits each "
+                           "pipeline stage into vpp chunks); allowed: vpp 1 at pp 1, or pp > 1",
+                           file=file, field=f"{field}.vpp")
 
 
 def resolve_model(spec: str | HFConfig | TransformerModel, *, file: str | None) -> TransformerModel:
@@ -325,6 +392,8 @@ def model_from_hf_config(path: Path, *, file: str | None) -> TransformerModel:
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno}, column {exc.colno}"
         raise ProblemError(f"malformed JSON {path}, {where}: {exc.msg}", file=file, field=field) from None
+    except (RecursionError, ValueError) as exc:  # nested too deep; an integer of more than 4,300 digits
+        raise ProblemError(f"malformed JSON {path}: {type(exc).__name__}: {exc}", file=file, field=field) from None
     if not isinstance(cfg, dict):
         raise ProblemError(f"{path} is not a JSON object; allowed: a Hugging Face config.json", file=file,
                            field="model.hf_config")
@@ -360,11 +429,14 @@ Loc = tuple[str | int, ...]
 
 def validate(cls: type[Any], data: Any, *, file: str | None, prefix: str = "") -> Any:
     """``cls.model_validate(data)``; failing, one ProblemError line: field, what is wrong, what is allowed."""
+    check_input(data, file=file, prefix=prefix)  # sizes bounded, counts not booleans, numbers finite
     try:
-        return cls.model_validate(data)
+        record = cls.model_validate(data)
     except ValidationError as exc:
         field, message = _one_line(cls, exc)
         raise ProblemError(message, file=file, field=_join_field(prefix, field) or None) from None
+    check_finite(record.model_dump(warnings=False), file=file, prefix=prefix)  # 'inf' given as a string
+    return record
 
 
 def _one_line(cls: type[BaseModel], exc: ValidationError) -> tuple[str, str]:

@@ -1,0 +1,176 @@
+"""Upper bounds on every size a problem, plan or sweep file may give, checked before anything is built from it.
+
+Each bound sits about 100x beyond the largest system or model of 2025-26 (the "today" column), so a user never
+meets one by accident, while a typo (``layers: 1000000000``) or a fuzzer's value gets a one-line error instead of
+an hour-long loop, a memory error or an integer overflow. The README's table is generated from :data:`BOUNDS`.
+Booleans are not counts (``gpus: true`` is a type error, not one GPU) and every float must be finite.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from madmax_opt.core.errors import ProblemError
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The largest value a field may take, and the largest value in use today that it is sized against."""
+
+    limit: float
+    today: str
+
+
+_GPUS = Bound(20_000_000, "~200,000 GPUs in one cluster (xAI Colossus, 2025)")
+_LAYERS = Bound(20_000, "126 layers (Llama-3.1-405B)")
+_HIDDEN = Bound(2_000_000, "18,432 (PaLM-540B)")
+_HEADS = Bound(20_000, "128 query heads (Llama-3.1-405B)")
+_FFN = Bound(10_000_000, "73,728 (PaLM-540B)")
+_EXPERTS = Bound(50_000, "384 experts (Kimi K2)")
+_TOKENS = Bound(100_000_000, "1-10 M tokens of context")
+_BATCH = Bound(100_000_000, "~16 k sequences (LLM) or 256 k samples (DLRM) per step")
+
+BOUNDS: dict[str, Bound] = {
+    # cluster sizes and parallel degrees (problem, plan and sweep files)
+    "gpus": _GPUS, "max_gpus": _GPUS, "supply": _GPUS, "start": _GPUS, "stop": _GPUS, "step": _GPUS,
+    "size": _GPUS, "gpus_per_node": _GPUS, "node": _GPUS,
+    "dp": _GPUS, "tp": _GPUS, "pp": _GPUS, "cp": _GPUS, "ep": _GPUS,
+    "vpp": _LAYERS,
+    # transformer shapes
+    "layers": _LAYERS, "frozen_layers": _LAYERS, "stage_layers": _LAYERS,
+    "hidden": _HIDDEN, "lora_rank": _HIDDEN, "mla_kv_dim": _HIDDEN, "width": _HIDDEN,
+    "heads": _HEADS, "kv_heads": _HEADS,
+    "ffn": _FFN, "expert_ffn": _FFN,
+    "vocab": Bound(50_000_000, "256,000 tokens (Gemma)"),
+    "num_experts": _EXPERTS, "experts": _EXPERTS, "top_k": _EXPERTS, "shared_experts": _EXPERTS,
+    "image_size": Bound(1_000_000, "~4,096 pixels"), "patch_size": Bound(1_000_000, "14-16 pixels"),
+    "channels": Bound(10_000, "3 (RGB)"),
+    # tasks
+    "seq_len": _TOKENS, "prompt_len": _TOKENS, "output_len": _TOKENS,
+    "global_batch": _BATCH, "mbs": _BATCH, "batch": _BATCH,
+    "train_tokens": Bound(1e17, "3.6e13 tokens (Qwen3 pre-training)"),
+    "train_samples": Bound(1e16, "~1e11 samples (production DLRM)"),
+    # recommenders
+    "count": Bound(500_000, "4,096 identical tables (DLRM-A)"),
+    "rows": Bound(100_000_000_000, "7.3e8 rows per table (DLRM-I)"),
+    "dim": Bound(100_000, "256 (DLRM-I)"),
+    "dense_features": Bound(1_000_000, "~1,000 dense features"),
+    "compressed_features": Bound(500_000, "a few hundred features"),
+    "column_splits": Bound(100_000, "2-8 column shards"),
+}
+
+COUNTS = {"zero", "index_bytes", "workers"}  # integers bounded by the schema itself: booleans still rejected
+MAX_INT = 10**18  # any other integer: int64-safe with room for products of two such values
+MAX_CLUSTER_SIZES = 1_024  # cluster sizes one `gpus` field may stand for (a list or a range)
+MAX_LIST = 100_000  # items of any other list (plans in a plan file, table groups, ...)
+MAX_DEPTH = 64  # nesting depth of mappings and lists in a YAML/JSON file
+MAX_FILE_BYTES = 16 * 2**20  # size of a problem, plan or sweep file
+
+
+def check_input(data: Any, *, file: str | None, prefix: str = "") -> None:
+    """Raise a one-line ProblemError for the first size beyond its bound, boolean count, non-finite number, too
+    long list or too deep nesting in a parsed file (before pydantic sees it, so no validator loops over it)."""
+    for path, key, value in _leaves(data, prefix, file=file):
+        field = path or None
+        bound = BOUNDS.get(key) if key is not None else None
+        if isinstance(value, bool):
+            if key is not None:
+                allowed = _allowed(key, bound) if bound is not None else "an integer"
+                raise ProblemError(f"wrong type (got {value}); allowed: {allowed}", file=file, field=field)
+            continue
+        number = _number(value) if bound is not None else value
+        if isinstance(number, float) and not math.isfinite(number):
+            raise ProblemError(f"not a finite number (got {value!r}); allowed: a finite number", file=file,
+                               field=field)
+        if isinstance(number, int | float) and not isinstance(number, bool):
+            limit = bound.limit if bound is not None else MAX_INT
+            if abs(number) > limit:
+                what = _allowed(key, bound) if bound is not None else f"integers of magnitude <= {MAX_INT:.0e}"
+                raise ProblemError(f"{_shown(number)} is beyond the supported range; allowed: {what}", file=file,
+                                   field=field)
+
+
+def check_finite(values: Any, *, file: str | None, prefix: str = "") -> None:
+    """Raise for the first non-finite float in a validated record's ``model_dump()`` (strings such as 'inf'
+    become floats only inside pydantic, so this runs after validation too)."""
+    for path, _, value in _leaves(values, prefix, file=file, check_lists=False):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProblemError(f"not a finite number (got {value}); allowed: a finite number", file=file,
+                               field=path or None)
+
+
+def _allowed(key: str | None, bound: Bound) -> str:
+    kind = "a number" if isinstance(bound.limit, float) else "an integer"
+    return f"{kind} up to {_shown(bound.limit)} (today's largest: {bound.today})"
+
+
+def _shown(x: float) -> str:
+    """1,024 / 1e+17 / 'an integer of 5,000 digits' (Python will not print more than 4,300 digits)."""
+    if isinstance(x, int) and x.bit_length() > 100:
+        return f"an integer of about {x.bit_length() * math.log10(2):,.0f} digits"
+    return f"{x:,}" if isinstance(x, int) or (abs(x) < 1e15 and float(x).is_integer()) else f"{x:.3g}"
+
+
+def _number(value: Any) -> Any:
+    """A numeric string as pydantic's lax mode would read it ('8' -> 8, '1e30' -> 1e30); anything else as is."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip().replace("_", "")
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except (ValueError, OverflowError):
+            continue
+    return value
+
+
+def _leaves(
+    data: Any, prefix: str, *, file: str | None, check_lists: bool = True
+) -> Iterator[tuple[str, str | None, Any]]:
+    """(field path, nearest bounded key, value) of every scalar, depth-first, without recursion."""
+    stack: list[tuple[Any, str, str | None, int]] = [(data, prefix, None, 0)]
+    seen: set[int] = set()  # YAML aliases share one object: visit it once (a "billion laughs" file stays linear)
+    while stack:
+        node, path, key, depth = stack.pop()
+        if isinstance(node, dict | list | tuple):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+        if depth > MAX_DEPTH:
+            raise ProblemError(f"nested deeper than {MAX_DEPTH} levels; allowed: at most {MAX_DEPTH}", file=file,
+                               field=path or None)
+        if isinstance(node, dict):
+            for k, v in reversed(list(node.items())):
+                name = str(k)
+                stack.append((v, f"{path}.{name}" if path else name, name if name in BOUNDS or name in COUNTS else None,
+                          depth + 1))
+        elif isinstance(node, list | tuple):
+            limit = MAX_CLUSTER_SIZES if key == "gpus" and depth > 0 else MAX_LIST
+            if check_lists and len(node) > limit:
+                what = "cluster sizes" if limit == MAX_CLUSTER_SIZES else "items"
+                raise ProblemError(f"a list of {len(node):,} items; allowed: at most {limit:,} {what}", file=file,
+                                   field=path or None)
+            for i in reversed(range(len(node))):
+                stack.append((node[i], f"{path}[{i}]", key, depth + 1))
+        else:
+            yield path, key, node
+
+
+def bounds_table() -> str:
+    """The README's Markdown table of the bounds (one row per bound, the fields that share it together)."""
+    rows: dict[tuple[float, str], list[str]] = {}
+    for name, b in BOUNDS.items():
+        rows.setdefault((b.limit, b.today), []).append(f"`{name}`")
+    lines = ["| fields | at most | today's largest |", "|---|---:|---|"]
+    lines += [f"| {', '.join(names)} | {_shown(limit)} | {today} |" for (limit, today), names in rows.items()]
+    lines += [
+        f"| any other integer | {MAX_INT:.0e} | |",
+        f"| cluster sizes in one `gpus` list or range | {MAX_CLUSTER_SIZES:,} | |",
+        f"| items in any other list | {MAX_LIST:,} | |",
+        f"| nesting depth of a YAML/JSON file | {MAX_DEPTH} | |",
+        f"| size of a problem, plan or sweep file | {MAX_FILE_BYTES // 2**20} MiB | |",
+    ]
+    return "\n".join(lines)
