@@ -147,7 +147,7 @@ def check_range(largest: float, limit: float, quantity: str, *, field: str | Non
         value = "" if largest >= INT_LIMIT else f" ({largest / scale:.3g} {unit})"  # saturated: value unknown
         raise ProblemError(
             f"{quantity}{value} is beyond the solver's integer range (at most {limit / scale:.3g} {unit}); "
-            "allowed: a problem whose values stay within it, e.g. a smaller batch", file=file, field=field)
+            f"allowed: a smaller {field or 'problem'}", file=file, field=field)
 
 
 __all__ = ["INT_LIMIT", "MAX_WORKERS", "CpSatOptions", "check_range", "export", "gap", "has_solution",

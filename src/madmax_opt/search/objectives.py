@@ -1,7 +1,7 @@
 """Integer columns of the registered objectives (model/objectives.py) for the CP-SAT searches.
 
 Each search rounds the registry's float value once to an integer unit fine enough to separate plans:
-training per optimizer step (us of step time, micro-$, mJ; time_to_train in ms of the run), serving per output
+training per optimizer step (us of step time, nano-$, mJ; time_to_train in ms of the run), serving per output
 token (GPU-ns, micro-$ per million tokens, uJ). The same integers are used by CP-SAT and by the brute-force
 reference, so both rank candidates identically.
 """
@@ -19,7 +19,8 @@ from madmax_opt.search.cpsat import to_int
 
 Arr = NDArray[np.float64]
 US = 1e6  # integer time unit of training: microseconds per step
-UUSD = 1e6  # integer money unit: micro-dollars
+UUSD = 1e6  # integer money unit of serving: micro-dollars (per million tokens)
+NUSD = 1e9  # integer money unit of training: nano-dollars per step (a 10 ms step on 8 GPUs costs ~$5e-5)
 NS = 1e9  # serving throughput: GPU-nanoseconds per output token
 
 
@@ -37,7 +38,7 @@ def training_units(name: str, tokens_per_step: float) -> Unit:
     """Training integers are per optimizer step (every candidate processes the same tokens per step)."""
     return {
         "throughput": Unit(tokens_per_step * US, "the step time of the best plan", "s", US),
-        "cost": Unit(tokens_per_step * UUSD, "the cost per step of the best plan", "$", UUSD),
+        "cost": Unit(tokens_per_step * NUSD, "the cost per step of the best plan", "$", NUSD),
         "energy": Unit(tokens_per_step * 1e3, "the energy per step of the best plan", "J", 1e3),
         "time_to_train": Unit(1e3, "the training time of the best plan", "s", 1e3),
     }[name]
@@ -68,5 +69,5 @@ def allowed() -> str:
     return ", ".join(OBJECTIVES)
 
 
-__all__ = ["NS", "US", "UUSD", "Unit", "allowed", "integer_objective", "rate_per_second", "serving_units",
+__all__ = ["NS", "NUSD", "US", "UUSD", "Unit", "allowed", "integer_objective", "rate_per_second", "serving_units",
            "training_units"]

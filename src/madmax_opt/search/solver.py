@@ -2,7 +2,7 @@
 
 Design (shared/reference/solver-notes.md, "enumerate, then assemble"): every cost term of the model depends on
 5-7 of the 9 knobs, so the terms are computed for all candidates at once by the vectorised model
-(``training.training_terms``), each additive term is rounded once to an integer (microseconds; micro-dollars),
+(``training.training_terms``), each additive term is rounded once to an integer (microseconds; the objectives in their units, search/objectives.py),
 and CP-SAT picks one candidate (one Boolean each, ``add_exactly_one``) under the linear side constraints
 (GPU count, GPU supply per type, $/hour budget, minimum throughput). Within one hardware option every constraint
 is monotone in the step time, so only the ``k`` best candidates of each option can be in the top-k; the rest are
@@ -35,7 +35,7 @@ from madmax_opt.search.assemble import (
     solver_summary,
     supplies,
 )
-from madmax_opt.search.cpsat import INT_LIMIT, CpSatOptions, to_int
+from madmax_opt.search.cpsat import INT_LIMIT, CpSatOptions, time_limit_error, to_int
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.objectives import US, UUSD, integer_objective, training_units  # noqa: F401 (UUSD: re-export)
 from madmax_opt.search.space import enumerate_plans
@@ -52,7 +52,7 @@ class Candidates:
     plans: PlanArrays
     met: Metrics
     step_us: IntArr = field(init=False)
-    cost_uusd_per_step: IntArr = field(init=False)
+    cost_nusd_per_step: IntArr = field(init=False)
     cost_cents_per_hour: IntArr = field(init=False)
 
     def __post_init__(self) -> None:
@@ -60,7 +60,7 @@ class Candidates:
         step = np.sum([to_int(terms[k] * US) for k in STEP_TERMS], axis=0)  # each term rounded once
         self.step_us = np.minimum(step, INT_LIMIT)  # saturated: a step beyond the range is refused when best
         hourly = self.met.cost_per_hour
-        self.cost_uusd_per_step = self.objective("cost")
+        self.cost_nusd_per_step = self.objective("cost")
         self.cost_cents_per_hour = to_int(hourly * 100)
 
     def rates(self) -> Rates:
@@ -70,7 +70,7 @@ class Candidates:
                      t.gpus * self.met.power_w_per_gpu, self.met.train_tokens)
 
     def int_objective(self, kind: str) -> IntObjective:
-        """Objective ``kind`` per step in integer units (us, micro-$, mJ; time_to_train: ms of the run)."""
+        """Objective ``kind`` per step in integer units (us, nano-$, mJ; time_to_train: ms of the run)."""
         field = "task.train_tokens" if kind == "time_to_train" else "task.global_batch"
         return integer_objective(kind, self.rates(), training_units(kind, float(self.met.terms.tokens_per_step)),
                                  field)
@@ -250,6 +250,8 @@ def solve_records(
                     outcome.status, outcome.objective, outcome.wall_s = uneven.status, uneven.objective, uneven.wall_s
                     outcome.model_size, outcome.search = uneven.booleans, winner
         if outcome is None:
+            if uneven.plan is None and uneven.status == "feasible":  # out of time before any split: no proof
+                raise time_limit_error(opts, "uneven-stage search")
             if uneven.plan is None:
                 raise InfeasibleError(explain_infeasible(model, candidates(model)))
             outcome = SolveOutcome(

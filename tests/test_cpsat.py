@@ -1,0 +1,165 @@
+"""The CP-SAT factory: deterministic defaults, user parameters, model export, honest statuses and exit codes,
+integer range; every `solve --json` has a status."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from google.protobuf import text_format
+from ortools.sat import cp_model_pb2
+from ortools.sat.python import cp_model
+
+from cli_helpers import run_main
+from madmax_opt.core.errors import InternalError, ProblemError, TimeLimitError
+from madmax_opt.search.assemble import IntObjective, Limit, pick_best
+from madmax_opt.search.cpsat import INT_LIMIT, MAX_WORKERS, CpSatOptions, new_solver, run, to_int
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA = {"model": "llama2-7b", "hardware": {"gpu": "h100-sxm", "gpus": [8, 16]},
+         "task": {"kind": "pretrain", "seq_len": 2048, "global_batch": 64}}
+
+
+def _write(tmp_path: Path, data: dict[str, Any], name: str = "p.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _one_line_error(out: Any, code: int, *fragments: str) -> None:
+    assert out.returncode == code, (out.returncode, out.stderr)
+    assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, out.stderr
+    for f in fragments:
+        assert f in out.stderr, out.stderr
+
+
+def test_defaults_are_deterministic_and_user_parameters_apply_last() -> None:
+    prm = new_solver(CpSatOptions()).parameters
+    assert (prm.num_workers, prm.random_seed, prm.max_time_in_seconds) == (1, 0, 60.0)
+    prm = new_solver(CpSatOptions(time_limit_s=5, params="random_seed: 7 num_workers: 2"), linearization_level=2)
+    assert (prm.parameters.random_seed, prm.parameters.num_workers, prm.parameters.linearization_level) == (7, 2, 2)
+
+
+@pytest.mark.parametrize("workers", [0, MAX_WORKERS + 1, 10001, True])
+def test_workers_are_bounded(workers: int) -> None:
+    with pytest.raises(ProblemError, match=f"--workers: .*allowed: 1 to {MAX_WORKERS}"):
+        CpSatOptions(workers=workers)
+
+
+def test_cli_option_errors_are_one_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, LLAMA)
+    _one_line_error(run_main("solve", path, "--workers", "10001"), 2, "--workers", "allowed: 1 to 64")
+    _one_line_error(run_main("solve", path, "--solver-params", "max_time_in_seconds: abc"), 2, "--solver-params",
+                    "text format")
+    _one_line_error(run_main("solve", path, "--solver-params", "no_such_parameter: 1"), 2, "--solver-params")
+    # accepted by the text parser, rejected by CP-SAT's own parameter check: still the user's input
+    _one_line_error(run_main("solve", path, "--solver-params", "num_workers: 10001"), 2, "--solver-params",
+                    "num_workers")
+
+
+def test_model_invalid_is_an_internal_error_with_the_validation_message() -> None:
+    m = cp_model.CpModel()
+    x = m.new_int_var(0, 2**62, "x")
+    y = m.new_int_var(0, 2**62, "y")
+    m.add(x + y <= 2**62)  # the sum of the variables' ranges overflows int64: CP-SAT refuses the model
+    problem = m.validate()
+    assert problem
+    with pytest.raises(InternalError) as err:
+        run(m, CpSatOptions(), "test")
+    assert err.value.exit_code == 4 and problem in str(err.value) and "\n" not in str(err.value)
+
+
+def test_time_out_without_a_plan_is_its_own_exit_code(tmp_path: Path) -> None:
+    # no deterministic time at all: CP-SAT stops before any solution (UNKNOWN), which proves nothing
+    n = 50
+    obj = IntObjective(np.arange(n, dtype=np.int64) + 1, "x", None)
+    with pytest.raises(TimeLimitError, match=r"no plan proven within 60 s .*raise --time-limit") as err:
+        pick_best(obj, np.ones(n, bool), np.arange(n), [Limit(np.arange(n), n // 2)],
+                  cpsat=CpSatOptions(params="max_deterministic_time: 0"))
+    assert err.value.exit_code == 5
+    out = run_main("solve", _write(tmp_path, LLAMA), "--solver-params", "max_deterministic_time: 0")
+    _one_line_error(out, 5, "no plan proven within 60 s", "raise --time-limit")
+
+
+def test_feasible_is_reported_with_its_gap() -> None:
+    """The mixed-pipeline example with a budget too short to finish the stage search: status feasible, and the
+    summary's gap is the returned objective's distance to the proven bound."""
+    out = run_main("solve", ROOT / "problems" / "gpt3-175b-mixed-pipeline.yaml", "--time-limit", "0.5", "--json")
+    assert out.returncode in (0, 5), out.stderr  # 5: the budget ended before the first stage split (slow machine)
+    if out.returncode == 5:
+        return
+    res = json.loads(out.stdout)
+    s = res["solver"]
+    if res["status"] == "feasible":
+        assert s["best_bound"] <= s["objective"]
+        assert s["gap"] == pytest.approx((s["objective"] - s["best_bound"]) / s["objective"])
+    else:
+        assert res["status"] == "optimal" and s["gap"] == 0.0
+
+
+def test_export_model_writes_named_variables(tmp_path: Path) -> None:
+    model_file = tmp_path / "model.pbtxt"
+    out = run_main("solve", _write(tmp_path, LLAMA), "--json", "--export-model", model_file)
+    assert out.returncode == 0, out.stderr
+    proto = text_format.Parse(model_file.read_text(), cp_model_pb2.CpModelProto())
+    names = [v.name for v in proto.variables]
+    res = json.loads(out.stdout)
+    assert len(names) == res["solver"]["booleans"]
+    best = res["best"]["plan"]
+    assert any(f"_dp{best['dp']}_tp{best['tp']}_pp{best['pp']}_" in n for n in names)  # the chosen plan, by name
+    assert all(n.startswith("plan") for n in names)
+
+
+def test_same_answer_twice() -> None:
+    path = ROOT / "problems" / "llama2-70b-h100.yaml"
+    a, b = (json.loads(run_main("solve", path, "--json", "--top-k", "3").stdout) for _ in range(2))
+    for r in (a, b):
+        r["solver"] = {k: v for k, v in r["solver"].items() if "wall" not in k}
+    assert a == b
+
+
+def test_integers_saturate_instead_of_wrapping() -> None:
+    x = to_int(np.array([1.4, 2.6, 1e25, np.inf, np.nan, -1e30]))
+    assert x.tolist() == [1, 3, INT_LIMIT, INT_LIMIT, INT_LIMIT, -INT_LIMIT]
+
+
+def test_step_time_beyond_the_integer_range_is_refused_naming_the_field(tmp_path: Path) -> None:
+    """Reproducer (issue 13): a step time beyond the integer range wrapped around and reported "the constraints
+    together exclude every feasible plan" on a problem with no constraints (then global_batch 1e15; within today's
+    input bounds: Llama-3 405B at 128 k tokens x 1e8 sequences per step, ~20 years per step)."""
+    data = {"model": "llama3-405b", "hardware": {"gpu": "h100-sxm", "gpus": 256},
+            "task": {"kind": "pretrain", "seq_len": 131072, "global_batch": 100000000}}
+    _one_line_error(run_main("solve", _write(tmp_path, data)), 2, "task.global_batch", "step time",
+                    "integer range", "allowed: a smaller task.global_batch")
+    data = {"model": "llama2-7b", "hardware": {"gpu": "h100-sxm", "gpus": 8}, "objective": "time_to_train",
+            "task": {"kind": "pretrain", "seq_len": 2048, "global_batch": 64, "train_tokens": 1e17}}
+    _one_line_error(run_main("solve", _write(tmp_path, data)), 2, "task.train_tokens", "training time",
+                    "integer range")
+
+
+@pytest.mark.parametrize("problem", [
+    "llama2-70b-h100.yaml", "mixtral-8x7b-h100.yaml", "serve-llama2-70b-dgx-h100.yaml", "dlrm/dlrm-i-zionex.yaml",
+])
+def test_every_solve_json_has_a_status(problem: str) -> None:
+    out = run_main("solve", ROOT / "problems" / problem, "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["status"] in ("optimal", "feasible")
+
+
+@pytest.mark.parametrize("command", ["verify", "sensitivity"])
+def test_verify_and_sensitivity_refuse_recommenders_in_one_line(command: str) -> None:
+    out = run_main(command, ROOT / "problems" / "dlrm" / "dlrm-a-cloud.yaml")
+    _one_line_error(out, 2, f"`{command}` does not apply to recommender problems")
+    assert "train_samples" not in out.stderr
+
+
+def test_verify_takes_the_solver_options_and_covers_serving(tmp_path: Path) -> None:
+    out = run_main("verify", ROOT / "problems" / "serve-llama2-70b-dgx-h100.yaml", "--json", "--time-limit", "30")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["agree"] and res["solver_objective"] == res["brute_force_objective"]
+    _one_line_error(run_main("verify", _write(tmp_path, LLAMA), "--workers", "65"), 2, "--workers")
