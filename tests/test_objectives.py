@@ -118,9 +118,11 @@ def test_uniform_optimum_is_the_brute_force_optimum_of_its_objective(data: dict[
         with pytest.raises(InfeasibleError):
             solve(problem, model=model, plans=c.plans)
         return
-    out = solve(problem, model=model, plans=c.plans)
+    out = solve(problem, model=model, plans=c.plans, top_k=3)
     obj = c.objective(problem.objective)
-    assert out.status == "optimal" and out.objective == int(obj[brute_force_order(model, c, problem.objective)[0]])
+    order = brute_force_order(model, c, problem.objective)
+    assert out.status == "optimal" and out.objective == int(obj[order[0]])
+    assert out.top == [int(i) for i in order[:3]]  # top-k by the same objective, ties by enumeration order
     met = c.met
     gpus = met.terms.gpus.astype(float)
     value = _value(problem.objective, met.step_time_s, met.terms.tokens_per_step, met.cost_per_hour,
@@ -329,3 +331,44 @@ def test_dlrm_optimum_is_the_best_option_by_its_objective(objective: str, hardwa
     records = [r.record for r in results if r.record is not None]
     assert len(records) >= 2 and value(best) == min(value(r) for r in records)
     assert dlrm_status(results) == "optimal"
+
+
+# ----------------------------------------------------------------------------------- sweeps and sensitivity
+
+
+def test_sweep_rows_are_solved_with_their_objective(tmp_path: Path) -> None:
+    """Every (problem, objective) row of a sweep is the brute-force optimum of that objective."""
+    from madmax_opt.studies.sweep import RESULTS_FILE, load_sweep, read_rows, run_sweep
+
+    sweep_file = tmp_path / "s.yaml"
+    sweep_file.write_text(yaml.safe_dump({
+        "models": ["llama2-7b"], "task": {"kind": "pretrain", "seq_len": 2048, "global_batch": 64,
+                                          "train_tokens": 1e9},
+        "hardware": [{"system": "dgx-h100", "gpus": [8, 16]}], "objectives": ALL}))
+    sweep = load_sweep(sweep_file)
+    run_sweep(sweep, tmp_path / "out", workers=1)
+    rows = read_rows(tmp_path / "out" / RESULTS_FILE)
+    assert sorted({c.label["objective"] for c in sweep.combinations}) == sorted(ALL)
+    for c in sweep.combinations:
+        row = rows[c.key]
+        assert row["status"] == "ok" and row["result"]["objective"] == c.label["objective"]
+        problem = problem_from_dict(c.problem)
+        model = Model(problem)
+        cands = candidates(model, enumerate_plans(problem))
+        ok = admissible(model, cands)
+        met = cands.met
+        value = _value(problem.objective, met.step_time_s, met.terms.tokens_per_step, met.cost_per_hour,
+                       met.terms.gpus * met.power_w_per_gpu, met.train_tokens)
+        best = row["result"]["best"]
+        got = _value(problem.objective, best["step_time_s"], met.terms.tokens_per_step, best["cost_per_hour_usd"],
+                     best["hardware"]["gpus"] * POWER["dgx-h100"], met.train_tokens)
+        assert float(value[ok].min()) <= got <= float(value[ok].min()) * (1 + 1e-6)
+
+
+def test_sensitivity_re_solves_power_under_the_energy_objective() -> None:
+    """Power enters no time term, so it cannot move a throughput optimum; under `objective: energy` it can."""
+    from madmax_opt.studies.sensitivity import optimum_unchanged
+
+    energy = problem_from_dict({**LLAMA, "objective": "energy"})
+    assert not optimum_unchanged(energy, "power")
+    assert optimum_unchanged(problem_from_dict(LLAMA), "power")

@@ -204,7 +204,8 @@ def optimum_unchanged(problem: Problem, param: str) -> bool:
     rule and no constraint (power, or price without a cost objective or budget), so every candidate keeps its
     integer objective and the solver its choice; only the record's cost / energy fields change."""
     unused_price = problem.objective != "cost" and problem.constraints.max_cost_per_hour is None
-    return param == "power" or (param == "price" and unused_price)
+    unused_power = problem.objective != "energy"  # the energy objective reads the power (model/objectives.py)
+    return (param == "power" and unused_power) or (param == "price" and unused_price)
 
 
 def throughput(rec: dict[str, Any]) -> float:
