@@ -28,9 +28,7 @@ def sensitivity_command(
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="variants solved in parallel processes")] = 1,
 ) -> None:
     """Re-optimise the plan for each hardware parameter x factor: throughput, cost, plan change, tornado chart."""
-    from madmax_opt.report.families import family_of
     from madmax_opt.report.sensitivity_report import sensitivity_cmd
 
-    family_of(problem).require("sensitivity", problem)
     sensitivity_cmd(problem=problem, params=params, factors=factors, out=out, json_out=json_out,
                     time_limit=time_limit, workers=workers, jobs=jobs)

@@ -45,14 +45,15 @@ def print_study(study: Study, console: Console) -> None:
 
 
 def sensitivity_cmd(
+    *,
     problem: Path,
-    params: str | None = None,
-    factors: str = "0.5,2,4",
-    out: Path = Path('results/sensitivity'),
-    json_out: bool = False,
-    time_limit: float = 60.0,
-    workers: int = 1,
-    jobs: int = 1,
+    params: str | None,
+    factors: str,
+    out: Path,
+    json_out: bool,
+    time_limit: float,
+    workers: int,
+    jobs: int,
 ) -> None:
     """Re-optimise the plan for each hardware parameter x factor: throughput, cost, plan change, tornado chart."""
     from madmax_opt.report.families import family_of

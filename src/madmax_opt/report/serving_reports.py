@@ -609,15 +609,17 @@ ProblemArg = Annotated[Path, typer.Argument(help="inference problem file (YAML)"
 
 
 def validate_inference_cmd(
-    out: Path = Path('results/validation'),
+    *,
+    out: Path,
 ) -> None:
     """Inference model vs the measured serving runs in shared/validation; writes results/validation/inference.md."""
     console.print(f"wrote {write_validation_report(out)}")
 
 
 def pareto_cmd(
-    problem: ProblemArg,
-    out: Path = Path('results/pareto/serving'),
+    *,
+    problem: Path,
+    out: Path,
 ) -> None:
     """Throughput-vs-latency Pareto front of an inference problem: a Markdown table and a PNG plot."""
     from madmax_opt.io.problem import load_problem

@@ -598,22 +598,24 @@ def write_report(outdir: Path, md_path: Path | None = None) -> Path:
 
 
 def report_cmd(
+    *,
     outdir: Path,
-    md: Path | None = None,
+    md: Path | None,
 ) -> None:
     """Pareto fronts, best plans per objective and per system, speedups, PNG plots of a sweep's results."""
     print(f"wrote {write_report(outdir, md)}")
 
 
 def sweep_cmd(
+    *,
     sweep_file: Path,
-    out: Path | None = None,
-    workers: int | None = None,
-    backend: str = "local",
-    address: str | None = None,
-    restart: bool = False,
-    retry_errors: bool = False,
-    report: Path | None = None,
+    out: Path | None,
+    workers: int | None,
+    backend: str,
+    address: str | None,
+    restart: bool,
+    retry_errors: bool,
+    report: Path | None,
 ) -> None:
     """Solve every model x task x system x size x objective of a sweep file; resumable, streamed to OUTDIR."""
     if backend not in ("local", "ray"):

@@ -59,12 +59,13 @@ def _one_plan(path: Path, problem: Problem, index: int) -> Plan:
 
 
 def timeline_cmd(
+    *,
     problem: Path,
     plan: Path,
-    index: int = 0,
-    out: Path = Path('timelines'),
-    detail: str = "ops",
-    json_out: bool = False,
+    index: int,
+    out: Path,
+    detail: str,
+    json_out: bool,
 ) -> None:
     """Simulate one training step of a plan op by op; write a Chrome trace (Perfetto) and a Gantt PNG."""
     if detail not in ("ops", "layers"):
@@ -322,7 +323,8 @@ def write_trace_check(out_dir: Path, per_problem: int = RANDOM_PER_PROBLEM) -> P
 
 
 def trace_check_cmd(
-    out: Path = Path('results/validation'),
+    *,
+    out: Path,
 ) -> None:
     """Simulated vs closed-form step time on the validation cases and random plans (trace_vs_closed_form.md)."""
     console.print(f"wrote {write_trace_check(out)}")
@@ -425,7 +427,8 @@ def write_trace_bench(out_dir: Path) -> Path:
 
 
 def bench_trace_cmd(
-    out: Path = Path('results/bench'),
+    *,
+    out: Path,
 ) -> None:
     """Benchmark the trace simulator on a 405B plan with 16 stages and 64 micro-batches (results/bench/trace.md)."""
     console.print(f"wrote {write_trace_bench(out)}")

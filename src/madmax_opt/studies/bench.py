@@ -210,13 +210,14 @@ def render(result: BenchResult, info: dict[str, str], date: str) -> str:
 
 
 def bench_evaluator_cmd(
-    problem: Path = DEFAULT_PROBLEM,
-    plans: int = 1000000,
-    repeats: int = 5,
-    calls: int = 2000,
-    workers: int = 2,
-    seed: int = 0,
-    out: Path = DEFAULT_OUT,
+    *,
+    problem: Path,
+    plans: int,
+    repeats: int,
+    calls: int,
+    workers: int,
+    seed: int,
+    out: Path,
 ) -> None:
     """Benchmark the evaluator: 10^6 plans vectorised and one scalar call; writes results/bench/evaluator.md."""
     result = run_bench(problem, plans, repeats, calls, workers, seed)

@@ -272,7 +272,8 @@ def _load() -> str:
 
 
 def bench_sensitivity_cmd(
-    out: Path = Path('results/bench'),
+    *,
+    out: Path,
 ) -> None:
     """Time a 10-parameter x 4-factor sensitivity study of a 70B pre-training problem (results/bench)."""
     print(f"wrote {bench_sensitivity(out)}")
