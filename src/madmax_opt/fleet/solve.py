@@ -72,7 +72,9 @@ def _score(j: int, job: Job, o: JobOption, horizon_h: float | None) -> Scored:
     if job.spec.deadline_h is not None and finish_h is not None and finish_h > job.spec.deadline_h:
         misses.append(f"deadline_h {job.spec.deadline_h:g} (finishes in {finish_h:,.1f} h)")
     if job.min_throughput is not None and o.throughput < job.min_throughput:
-        misses.append(f"min_throughput {job.min_throughput:,.0f} ({o.throughput:,.0f} tokens/s)")
+        rate = job.spec.arrival_rate_rps
+        need = f"arrival_rate_rps {rate:g} = " if rate is not None else "min_throughput "
+        misses.append(f"{need}{job.min_throughput:,.0f} tokens/s (reaches {o.throughput:,.0f})")
     return Scored(j, o, hours, finish_h, cost, energy, "; ".join(misses) or None)
 
 
@@ -399,13 +401,18 @@ def binding_constraints(run: FleetRun, inst: Instance, value: float | None) -> l
                                detail=f"{getattr(fleet.spec.budget, key):,.0f} US$" + ("/h" if key == "usd_per_hour" else "")))
     targeted = sorted({s.job for s in run.scored if s.misses})[:MAX_TARGET_CHECKS]
     for j in targeted:
-        v, _ = _resolve_value(run, instance(fleet, run.scored, frozenset({j})))
+        relaxed = instance(fleet, run.scored, frozenset({j}))
+        alloc = solve_allocation(relaxed.inp, _quick(run))
+        v = value_of(fleet, relaxed, alloc)
         gain = run.better(v, value)
-        if gain is not None and gain > 1e-9:
-            job = fleet.jobs[j]
-            what = [k for k in ("deadline_h", "min_throughput", "arrival_rate_rps") if getattr(job.spec, k)]
+        k = alloc.choice[j] if alloc.objective is not None else None
+        if gain is not None and gain > 1e-9 and k is not None:
+            job, s = fleet.jobs[j], relaxed.scored[k]
+            what = [key for key in ("deadline_h", "min_throughput", "arrival_rate_rps") if getattr(job.spec, key)]
+            detail = f"relaxed, it would take {s.option.gpus} x {s.option.system}" + (
+                f", missing {s.misses}" if s.misses else "")
             out.append(Binding(constraint=f"jobs.{job.name}.{'/'.join(what) or 'targets'}", gain=gain,
-                               detail="options that miss it would be chosen"))
+                               detail=detail))
     return sorted(out, key=lambda b: (-b.gain, b.constraint))
 
 
