@@ -23,7 +23,7 @@ LLAMA = ROOT / "problems" / "llama2-70b-h100.yaml"
 
 @cache
 def solved(path: Path) -> dict[str, Any]:
-    r = run_main("solve", path, "--json", "--time-limit", "3")
+    r = run_main("solve", path, "--json", "--time-limit", "3", "--top-k", "10")
     assert r.returncode == 0, r.stderr
     return dict(json.loads(r.stdout))
 
@@ -35,11 +35,12 @@ def test_examples_cover_both_kinds() -> None:
 
 @pytest.mark.parametrize("path", PROBLEMS, ids=lambda p: p.stem)
 def test_every_example_optimum_emits_every_format_of_its_kind(path: Path) -> None:
-    """Emits and round-trips, or (for the settings a framework lacks, stated in test_emit) a one-line refusal."""
+    """The optimum and the rest of the top 10, in every format of the problem's kind: emits and round-trips, or
+    (for the settings a framework lacks, stated in test_emit) is refused in one line."""
     problem = load_problem(path)
-    plan = plan_of_record(problem, solved(path)["best"]["plan"])
-    for fmt in formats_for(problem):
-        check_emitted(fmt, problem, plan)
+    for record in solved(path)["top"]:
+        for fmt in formats_for(problem):
+            check_emitted(fmt, problem, plan_of_record(problem, record["plan"]))
 
 
 def test_mixed_pipeline_is_refused_and_its_one_system_variant_emits_an_uneven_layout() -> None:
@@ -48,6 +49,9 @@ def test_mixed_pipeline_is_refused_and_its_one_system_variant_emits_an_uneven_la
     assert plan.stage_systems is not None and len(set(plan.stage_systems)) == 2
     r = run_main("solve", MIXED, "--emit", "megatron", "--time-limit", "3")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "mixed GPU types" in r.stderr
+    r = run_main("solve", MIXED, "--emit", "megatron", "--time-limit", "3", "--top-k", "10", "--json")
+    emitted = json.loads(r.stdout)["emitted"]
+    assert r.returncode == 0 and emitted["rank"] >= 1 and "mixed GPU types" in emitted["refused"][0]
     one = plan.model_copy(update={"stage_systems": None, "system": "dgx-h100"})
     e = emit_plan(problem, one, "megatron")
     assert "--pipeline-model-parallel-layout" in e.commands[0].args
@@ -55,12 +59,15 @@ def test_mixed_pipeline_is_refused_and_its_one_system_variant_emits_an_uneven_la
 
 
 def test_solve_json_carries_the_emitted_configuration(tmp_path: Path) -> None:
-    r = run_main("solve", LLAMA, "--json", "--emit", "torchtitan", "--out", tmp_path, "--time-limit", "3")
+    r = run_main("solve", LLAMA, "--json", "--emit", "torchtitan", "--out", tmp_path, "--time-limit", "3",
+                 "--top-k", "10")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
-    e = Emitted.model_validate(result["emitted"])
-    assert e.format == "torchtitan" and e.gpus == result["best"]["plan"]["dp"] * result["best"]["plan"]["tp"] * \
-        result["best"]["plan"]["pp"] * result["best"]["plan"]["cp"]
+    rank, refused = result["emitted"]["rank"], result["emitted"]["refused"]
+    assert len(refused) == rank  # every better plan was refused, with its reason
+    e = Emitted.model_validate({k: v for k, v in result["emitted"].items() if k not in ("rank", "refused")})
+    plan = result["top"][rank]["plan"]
+    assert e.format == "torchtitan" and e.gpus == plan["dp"] * plan["tp"] * plan["pp"] * plan["cp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.toml", "launch.sh", "madmax_flavor.py"]
     assert (tmp_path / "job.toml").read_text() == e.files["job.toml"]
 

@@ -41,22 +41,37 @@ def check_emit(problem: Path, fmt: str | None) -> None:
 
 
 def emit_best(problem: Path, result: dict[str, Any], fmt: str, out: Path | None) -> dict[str, Any]:
-    """``solve --emit FMT``: the best plan's configuration (written to ``out`` when given), as a JSON object."""
+    """``solve --emit FMT``: the configuration of the best returned plan FMT can express (the optimum unless FMT
+    refuses it; then the next of the --top-k plans), written to ``out`` when given. The JSON object adds ``rank``
+    (0 = the optimum) and ``refused`` (why FMT could not run the better plans)."""
+    from madmax_opt.core.errors import ProblemError
     from madmax_opt.launch.emit import emit_plan, plan_of_record, write_emitted
 
     loaded = _load(problem)
-    emitted = emit_plan(loaded, plan_of_record(loaded, result["best"]["plan"]), fmt)
-    if out is not None:
-        write_emitted(emitted, out)
-    return emitted.model_dump()
+    refused: list[str] = []
+    for rank, record in enumerate(result.get("top") or [result["best"]]):
+        try:
+            emitted = emit_plan(loaded, plan_of_record(loaded, record["plan"]), fmt)
+        except ProblemError as exc:
+            refused.append(str(exc))
+            continue
+        if out is not None:
+            write_emitted(emitted, out)
+        return {**emitted.model_dump(), "rank": rank, "refused": refused}
+    more = f" (none of the {len(refused)} returned plans; a larger --top-k may find one)" if len(refused) > 1 else \
+        " (try --top-k 20: the next plans may be expressible)"
+    raise ProblemError(refused[0].removeprefix("plan: ") + more, file=str(problem), field="--emit")
 
 
 def script_of(record: dict[str, Any]) -> str:
     from madmax_opt.launch.common import Emitted
 
-    e = Emitted.model_validate(record)
+    e = Emitted.model_validate({k: v for k, v in record.items() if k in Emitted.model_fields})
+    rank = record.get("rank", 0)
+    head = f"# the optimum cannot be emitted; this is the plan ranked {rank + 1} of those returned\n" if rank else ""
+    refused = "".join(f"# refused: {r}\n" for r in record.get("refused", []))
     files = "".join(f"\n# --- {name}\n{text}" for name, text in e.files.items())
-    return e.script() + files
+    return head + refused + e.script() + files
 
 
 @app.command("emit")
