@@ -48,7 +48,11 @@ def fleets(draw: Any, objective: str) -> tuple[Fleet, list[OptionTable]]:
             job["min_throughput"] = float(draw(st.sampled_from([2e4, 5e4])))
         jobs[f"j{j}"] = job
     prices = [20, 60, 200] if not must else [200, 600]
-    budget = {"usd_per_hour": float(draw(st.sampled_from(prices)))} if draw(st.booleans()) else {}
+    budget: dict[str, float] = {}
+    if draw(st.booleans()):
+        budget["usd_per_hour"] = float(draw(st.sampled_from(prices)))
+    if draw(st.booleans()):
+        budget["usd"] = float(draw(st.sampled_from([2_000, 10_000, 50_000])))
     spec = FleetFile.model_validate({"systems": systems, "jobs": jobs, "objective": objective,
                                      "horizon_h": HORIZON_H, "budget": budget, "solver": {"what_if_gpus": [8, 16]}})
     pools = tuple(resolve_pool(n, s, "synthetic") for n, s in spec.systems.items())
@@ -95,7 +99,11 @@ def reference(fleet: Fleet, tables: list[OptionTable]) -> tuple[float, int] | No
         chosen = [c for c in combo if c is not None]
         if any(sum(o.nodes for o, _ in chosen if o.system == s) > n for s, n in nodes.items()):
             continue
-        if spec.budget.usd_per_hour and sum(o.cost_per_hour_usd for o, _ in chosen) > spec.budget.usd_per_hour:
+        # budgets in whole cents per job, as the allocation counts them (a float sum could differ by a cent)
+        if spec.budget.usd_per_hour and sum(round(o.cost_per_hour_usd * 100) for o, _ in chosen) > \
+                spec.budget.usd_per_hour * 100:
+            continue
+        if spec.budget.usd and sum(round(o.cost_per_hour_usd * h * 100) for o, h in chosen) > spec.budget.usd * 100:
             continue
         weights = {j.name: j.spec.weight for j in fleet.jobs}
         value = {
