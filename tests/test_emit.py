@@ -299,3 +299,13 @@ def test_expert_parallel_groups_become_servers() -> None:
         emit_plan(SERVING, plan, "trtllm")
     with pytest.raises(ProblemError, match="expert-parallel groups of 3"):
         emit_plan(SERVING, plan.model_copy(update={"ep": 3}), "vllm")
+
+
+def test_an_unrecorded_flag_is_an_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard in emit_plan: a flag missing from data/flags (a typo, a renamed flag) never reaches the user."""
+    import madmax_opt.launch.emit as emit_module
+    from madmax_opt.core.errors import InternalError
+
+    monkeypatch.setattr(emit_module, "allowed_names", lambda fmt: set())
+    with pytest.raises(InternalError, match="--tensor-model-parallel-size"):
+        emit_plan(TRAINING, Plan(dp=8), "megatron")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from madmax_opt.core.errors import ProblemError
+from madmax_opt.core.errors import InternalError, ProblemError
 from madmax_opt.io.problem import Problem, read_yaml, validate
 from madmax_opt.launch.common import Context, Emitted, Format, flag_names
 from madmax_opt.launch.dspeed import DEEPSPEED
@@ -47,8 +47,8 @@ def emit_plan(problem: Problem, plan: Plan, fmt: str) -> Emitted:
     option = problem.hardware[problem.hw_index(plan)]
     emitted = f.emit(Context(problem=problem, plan=plan, option=option))
     unknown = emitted_names(emitted) - allowed_names(fmt)
-    if unknown:  # never hand out a flag the framework does not have
-        raise AssertionError(f"{fmt} emitted unrecorded names {sorted(unknown)}")
+    if unknown:  # never hand out a flag the framework does not have (a bug: exit 4)
+        raise InternalError(f"{fmt} emitted names missing from data/flags/{fmt}.yaml: {', '.join(sorted(unknown))}")
     return emitted
 
 
