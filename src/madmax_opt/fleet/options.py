@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from madmax_opt.analysis.records import Record
 from madmax_opt.core.errors import InfeasibleError, ProblemError, TimeLimitError
 from madmax_opt.fleet.spec import Fleet, Job, Pool
 from madmax_opt.io.problem import Problem
@@ -202,7 +203,7 @@ def search_option(job: Job, pool: Pool, gpus: int, limit: float) -> dict[str, An
     return {"option": JobOption(**common, **extra).model_dump(mode="json")}
 
 
-def _training_best(problem: Problem, limit: float) -> tuple[dict[str, Any], str]:
+def _training_best(problem: Problem, limit: float) -> tuple[Record, str]:
     outcome, records = solve_records(problem, top_k=1, time_limit_s=limit, workers=1)
     return records[0], outcome.status
 

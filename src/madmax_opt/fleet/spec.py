@@ -232,6 +232,10 @@ def _job(name: str, j: FleetJob, spec: FleetFile, pools: tuple[Pool, ...], base:
                            field=f"{field}.systems")
     resolved = _problem_on(problem, source, pools[0], [pools[0].sizes[0]])
     serving = isinstance(resolved.task, InferenceTask)
+    if serving and getattr(resolved.task, "arrival_rate", None) is not None:
+        raise ProblemError("online serving (task.arrival_rate with percentile targets) is not a fleet option yet; "
+                           "allowed: the job's arrival_rate_rps (a capacity floor) with the task's mean ttft_s/tpot_s",
+                           file=source, field="task.arrival_rate")
     _check_kind(j, serving, file, field)
     tokens = samples = None
     if isinstance(resolved.task, Task):
