@@ -29,8 +29,9 @@ from madmax_opt.core.errors import InternalError, ProblemError, TimeLimitError
 
 IntArr = NDArray[np.int64]
 MAX_WORKERS = 64  # CP-SAT accepts up to 10,000; beyond the cores of any machine a search runs on
+Status = cp_model.CpSolverStatus
 INT_LIMIT = 2**50  # every coefficient and objective CP-SAT sees stays below this (CP-SAT's own limit is 2^62)
-STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
+STATUS: dict[Status, str] = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
           cp_model.UNKNOWN: "unknown", cp_model.MODEL_INVALID: "model-invalid"}
 
 
@@ -103,7 +104,7 @@ def export(model: cp_model.CpModel, opts: CpSatOptions) -> None:
     opts.exported.append(path)
 
 
-def run(model: cp_model.CpModel, opts: CpSatOptions, what: str, **overrides: Any) -> tuple[int, cp_model.CpSolver]:
+def run(model: cp_model.CpModel, opts: CpSatOptions, what: str, **overrides: Any) -> tuple[Status, cp_model.CpSolver]:
     """Solve ``model`` (``what`` names it in messages); MODEL_INVALID raises, every other status is returned."""
     export(model, opts)
     solver = new_solver(opts, **overrides)
@@ -116,7 +117,7 @@ def run(model: cp_model.CpModel, opts: CpSatOptions, what: str, **overrides: Any
     return status, solver
 
 
-def has_solution(status: int) -> bool:
+def has_solution(status: Status) -> bool:
     return status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
 
 

@@ -185,17 +185,18 @@ class PlacementModel:
         self.xnode: dict[int, list[cp_model.IntVar]] = {}  # gpu-located option -> per-node sums
         for o, opt in enumerate(opts.options):
             c = opts.counts[opt.group]
-            self.tables[o] = m.new_int_var(0, c, f"n{o}")
+            tag = f"group{opt.group}_{opt.sharding}" + (f"{opt.split}" if opt.split > 1 else "")  # variable names
+            self.tables[o] = m.new_int_var(0, c, f"tables_{tag}")
             if opt.located == "gpu":
-                self.x[o] = [m.new_int_var(0, c * opt.split, f"x{o}_{g}") for g in range(N)]
+                self.x[o] = [m.new_int_var(0, c * opt.split, f"shards_{tag}_gpu{g}") for g in range(N)]
                 m.add(sum(self.x[o]) == opt.split * self.tables[o])
                 self.xnode[o] = []
                 for k in range(M):
-                    v = m.new_int_var(0, c * opt.split, f"xn{o}_{k}")
+                    v = m.new_int_var(0, c * opt.split, f"shards_{tag}_node{k}")
                     m.add(v == sum(self.x[o][k * G:(k + 1) * G]))
                     self.xnode[o].append(v)
             elif opt.located == "node":
-                self.x[o] = [m.new_int_var(0, c, f"z{o}_{k}") for k in range(M)]
+                self.x[o] = [m.new_int_var(0, c, f"tables_{tag}_node{k}") for k in range(M)]
                 m.add(sum(self.x[o]) == self.tables[o])
             else:
                 self.x[o] = [self.tables[o]]

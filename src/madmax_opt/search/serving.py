@@ -106,6 +106,9 @@ def solve_serving(
         lims,
         top_k=top_k,
         cpsat=opts,
+        label=lambda i: (f"plan{i}_hw{c.plans.hw[i]}_dp{c.plans.dp[i]}_tp{c.plans.tp[i]}_pp{c.plans.pp[i]}_"
+                         f"ep{c.plans.ep[i]}_batch{c.plans.batch[i]}_prec{c.plans.precision[i]}_"
+                         f"prefill{c.plans.prefill_dp[i]}_seqs{c.plans.max_seqs[i]}"),  # CP-SAT variable names
         file=problem.source,
     )
     if pick is None:
