@@ -45,7 +45,7 @@ def _root(
 
 
 def main() -> None:
-    """Entry point: one-line errors, exit codes 2 (input), 3 (infeasible), 4 (internal); no tracebacks."""
+    """Entry point: one-line errors, exit codes 2 (input), 3 (infeasible), 4 (internal), 5 (time limit, no plan found); no tracebacks."""
 
     def fail(message: str, code: int) -> NoReturn:
         print("error: " + " ".join(message.split()), file=sys.stderr)  # always one line
