@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from functools import cache
 from pathlib import Path
@@ -20,7 +20,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from madmax_opt.analysis.records import Record
 from madmax_opt.core.errors import InfeasibleError, ProblemError, TimeLimitError
 from madmax_opt.fleet.spec import Fleet, Job, Pool
 from madmax_opt.io.problem import Problem
@@ -203,12 +202,12 @@ def search_option(job: Job, pool: Pool, gpus: int, limit: float) -> dict[str, An
     return {"option": JobOption(**common, **extra).model_dump(mode="json")}
 
 
-def _training_best(problem: Problem, limit: float) -> tuple[Record, str]:
+def _training_best(problem: Problem, limit: float) -> tuple[Mapping[str, Any], str]:
     outcome, records = solve_records(problem, top_k=1, time_limit_s=limit, workers=1)
     return records[0], outcome.status
 
 
-def _serving_best(problem: Problem, limit: float) -> tuple[dict[str, Any], str]:
+def _serving_best(problem: Problem, limit: float) -> tuple[Mapping[str, Any], str]:
     model = serving.ServingModel(problem)
     outcome = serving.solve_serving(problem, top_k=1, time_limit_s=limit, workers=1, model=model)
     records = serving.to_records(model, outcome.candidates, outcome.top)
