@@ -23,7 +23,7 @@ from madmax_opt.launch.common import (
     refuse,
 )
 from madmax_opt.launch.flagsets import flagset
-from madmax_opt.launch.megatron import BATCH, MIXED, emitted, even_layers, training_checks
+from madmax_opt.launch.megatron import BATCH, MIXED, POSITIONS, emitted, even_layers, training_checks
 from madmax_opt.model.spec import Plan
 
 FMT = "deepspeed"
@@ -87,7 +87,7 @@ def ds_emit(ctx: Context) -> Emitted:
     cmd = Command(launcher=["deepspeed", "--num_nodes", str(nodes), "--num_gpus", str(per_node)],
                   program=[fs.program], args=args)
     notes = ["Megatron-DeepSpeed's pretrain_gpt.py; add data, tokenizer and schedule flags, and a hostfile for "
-             "more than one node"]
+             "more than one node", POSITIONS.format(flag="--use-rotary-position-embeddings")]
     return emitted(ctx, FMT, [cmd], nodes, files={CONFIG: json.dumps(config, indent=2) + "\n"}, notes=notes)
 
 

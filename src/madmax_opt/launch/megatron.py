@@ -24,6 +24,8 @@ from madmax_opt.launch.common import (
 from madmax_opt.launch.flagsets import flagset
 from madmax_opt.model.spec import Plan, Task
 
+POSITIONS = ("positional encoding is not part of madmax-opt's model: for rotary models (Llama, Mistral, Mixtral) add "
+             "{flag}")
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP data_parallel_sharding_strategy per ZeRO stage
 FP8_RECIPE = {"fp8": ("hybrid", "tensorwise"), "mxfp8": ("e4m3", "mxfp8")}  # task precision -> (format, recipe)
 NEMO_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_current_scaling_mixed",
@@ -127,8 +129,9 @@ def megatron_emit(ctx: Context) -> Emitted:
          else None),
     ])
     cmd = Command(launcher=launcher, program=[flagset(fmt).program], args=args)
-    return emitted(ctx, fmt, [cmd], nodes, notes=["add your data and tokenizer flags (--data-path, "
-                                                  "--tokenizer-type) and training schedule (--train-iters, --lr)"])
+    notes = ["add your data and tokenizer flags (--data-path, --tokenizer-type) and training schedule "
+             "(--train-iters, --lr)", POSITIONS.format(flag="--position-embedding-type rope")]
+    return emitted(ctx, fmt, [cmd], nodes, notes=notes)
 
 
 def megatron_parse(e: Emitted) -> Plan:
