@@ -28,7 +28,7 @@ from madmax_opt.launch.common import (
 from madmax_opt.launch.flagsets import flagset
 from madmax_opt.model.inference import DEFAULT_KV_PRECISION
 from madmax_opt.model.spec import InferenceTask
-from madmax_opt.search.serving_space import ServingPlan
+from madmax_opt.search.serving_space import TRAINING_KNOBS, ServingPlan
 
 # weight precision -> (dtype, quantization) per framework; int8 / int4 / fp4 need a pre-quantized checkpoint
 VLLM_WEIGHTS = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "fp8": ("bfloat16", "fp8"),
@@ -260,8 +260,7 @@ TRAINING_ONLY = "training-only (a serving plan rejects it)"
 def serving_format(name: str, emit: Callable[[Context], Emitted], parse: Callable[[Emitted], ServingPlan],
                    maps: dict[str, tuple[str, ...]], refuses: dict[str, str],
                    keys: Callable[[Emitted], set[str]] = lambda e: set()) -> Format:
-    training = {k: TRAINING_ONLY for k in ("cp", "vpp", "mbs", "zero", "recompute", "sp", "stage_layers",
-                                           "stage_recompute", "stage_systems")}
+    training = {k: TRAINING_ONLY for k in (*TRAINING_KNOBS, "stage_systems")}  # stage_systems needs stage_layers
     return Format(name=name, kind="serving", emit=emit, parse=parse, maps=maps, refuses={**training, **refuses},
                   config_keys=keys)
 
