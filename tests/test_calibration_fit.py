@@ -186,3 +186,19 @@ def test_calibrate_bad_runs_file_is_one_line(tmp_path: Path) -> None:
     plan.write_text(yaml.safe_dump({"dp": 8}))
     r = run_main("evaluate", missing, "--plan", plan)
     assert r.returncode == 2 and "calibration: overlay file not found" in r.stderr
+
+
+def test_sweep_files_pass_the_overlay_to_every_problem(tmp_path: Path) -> None:
+    from madmax_opt.studies.sweep import load_sweep
+
+    truth = {"gemm_eff": 0.55}
+    out = tmp_path / "cluster.yaml"
+    assert run_main("calibrate", _runs_file(tmp_path, truth), "--out", out, "--params", "gemm_eff").returncode == 0
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"models": [MODEL], "task": {"seq_len": 2048, "global_batch": 64},
+                                     "hardware": [{"gpu": "h100-sxm", "gpus": [8, 16]}], "calibration": "cluster.yaml",
+                                     "baseline": False}))
+    combos = load_sweep(sweep).combinations
+    assert len(combos) == 2 and all(c.problem["calibration"] == str(out.resolve()) for c in combos)
+    problem = problem_from_dict(combos[0].problem, source=str(sweep))
+    assert problem.hardware[0].gpu.calibration.gemm_eff == 0.55

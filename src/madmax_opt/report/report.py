@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.model.plan_settings import plan_text
 
 GB = 1e9
@@ -18,7 +19,7 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:,.1f}"
 
 
-def calibration_text(rec: dict[str, Any]) -> str:
+def calibration_text(rec: TrainingRecord) -> str:
     """How much to trust a record: its (GPU, framework) calibration and that calibration's held-out error."""
     cal = rec.get("calibration")
     if not cal:
@@ -30,7 +31,7 @@ def calibration_text(rec: dict[str, Any]) -> str:
     return f"{cal['gpu']} / {cal['framework']}: {cal['runs']} runs{held}"
 
 
-def evaluation_table(rec: dict[str, Any], title: str = "plan") -> Table:
+def evaluation_table(rec: TrainingRecord, title: str = "plan") -> Table:
     t = Table(title=f"{title}: {plan_text(rec['plan'])} on {rec['hardware']['gpus']} x {rec['hardware']['gpu']}"
               f" ({rec['hardware']['system']})", show_header=True, header_style="bold")
     t.add_column("metric")
@@ -63,7 +64,7 @@ def evaluation_table(rec: dict[str, Any], title: str = "plan") -> Table:
     return t
 
 
-def plans_table(records: list[dict[str, Any]], title: str) -> Table:
+def plans_table(records: list[TrainingRecord], title: str) -> Table:
     t = Table(title=title, header_style="bold")
     for col in ("#", "hardware", "plan", "step ms", "tokens/s", "MFU", "mem GB", "$/M tok", "feasible"):
         t.add_column(col, justify="right" if col not in ("plan", "hardware") else "left")
@@ -83,7 +84,7 @@ def plans_table(records: list[dict[str, Any]], title: str) -> Table:
     return t
 
 
-def print_evaluations(records: list[dict[str, Any]], console: Console) -> None:
+def print_evaluations(records: list[TrainingRecord], console: Console) -> None:
     if len(records) == 1:
         console.print(evaluation_table(records[0]))
         return

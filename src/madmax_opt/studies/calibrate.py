@@ -38,7 +38,7 @@ from madmax_opt.studies.fit import FIT_PARAMS, Run
 
 Key = tuple[str, str]
 METHOD = ("madmax-opt calibrate (madmax_opt.studies.fit.fit): coordinate descent over fit.FIT_GRID from the GPU prior, "
-          "objective mean |ln(predicted/measured)| + 0.02 x sum |ln(value/prior)|")
+          "objective mean |ln(predicted/measured)| + 0.05 x sum |ln(value/prior)| (fit.PRIOR_WEIGHT)")
 
 
 class Measured(Strict):
@@ -83,7 +83,7 @@ class PairResult:
             in_sample_median_err=round(ins, 4),
             loso_median_err=round(float(np.median(np.abs(loo))), 4) if len(loo) else None, method=METHOD,
         )
-        return OverlayEntry(gpu=self.key[0], framework=self.key[1], fit=record, **self.fit.params)  # type: ignore[arg-type]
+        return OverlayEntry(gpu=self.key[0], framework=self.key[1], fit=record, **self.fit.params)
 
 
 def _step_s(r: MinimalRun, gpus: int, tokens_per_step: float, file: str, field: str) -> float:

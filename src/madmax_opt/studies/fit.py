@@ -42,7 +42,9 @@ MIN_SINGULAR_RATIO = 0.05  # condition-number bound (20) of the normalised sensi
 MAX_SWEEPS = 4
 # Shrinkage toward the prior: each parameter pays PRIOR_WEIGHT x |ln(value / prior)| (layer_overhead_s: x |value -
 # prior| / 1 ms) in the objective, so a few runs cannot drag a weakly determined parameter far from its prior.
-PRIOR_WEIGHT = 0.02
+# 0.05 was chosen among {0, 0.02, 0.05, 0.1} by the leave-one-source-out error on the modern data (so that error
+# is slightly optimistic): 0 / 0.02 let a handful of fp8-only runs drag the bf16 efficiency away (LOSO 24 / 21 %).
+PRIOR_WEIGHT = 0.05
 OVERHEAD_SCALE_S = 1e-3
 
 

@@ -47,6 +47,16 @@ def _stats_rows(s: ModernSummary, label: str, by: Callable[[ModernCase], str]) -
     return rows
 
 
+def _split_rows(s: ModernSummary) -> list[str]:
+    rows = []
+    for label, mask in (("keeps runs of other sources (a calibrated pair, new runs)", s.fitted & s.pair_kept),
+                        ("has no other source (priced with the GPU prior: uncalibrated)", s.fitted & ~s.pair_kept)):
+        err = np.abs(s.loso_err[mask])
+        if len(err):
+            rows.append(f"| {label} | {len(err)} | {_abs(float(np.median(err)))} | {_abs(float(err.max()))} |")
+    return rows
+
+
 def serving_lines() -> list[str]:
     """The serving half's section (madmax_opt.studies.modern_serving), when that module is installed."""
     try:
@@ -84,6 +94,12 @@ def render_modern(s: ModernSummary) -> str:
         f"| {_verdict(float(np.median(ins)) <= BAR_IN_SAMPLE_MEDIAN)} |",
         "",
         f"In-sample max abs error {_abs(float(ins.max()))}; LOSO max abs error {_abs(float(loso.max()))}.",
+        "",
+        "LOSO split by what the left-out source leaves behind:",
+        "",
+        "| left-out case's (GPU, framework) | runs | LOSO median | LOSO max |",
+        "|---|---|---|---|",
+        *_split_rows(s),
         "",
         "## Errors per source, GPU and framework",
         "",

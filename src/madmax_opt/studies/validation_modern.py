@@ -232,6 +232,15 @@ class ModernSummary:
     def fitted(self) -> NDArray[np.bool_]:
         return np.array([c.fitted for c in self.cases])
 
+    @property
+    def pair_kept(self) -> NDArray[np.bool_]:
+        """Per case: its (GPU, framework) keeps runs of other sources when its own source is left out."""
+        sources: dict[Key, set[str]] = {}
+        for c in self.cases:
+            if c.fitted:
+                sources.setdefault(key_of(c.run), set()).add(c.run.source)
+        return np.array([c.fitted and len(sources[key_of(c.run)] - {c.run.source}) > 0 for c in self.cases])
+
     def loso_median(self, key: Key) -> float:
         idx = [i for i, c in enumerate(self.cases) if c.fitted and key_of(c.run) == key]
         return float(np.median(np.abs(self.loso_err[idx])))
@@ -258,7 +267,7 @@ def summarize_modern(cases: list[ModernCase] | None = None) -> ModernSummary:
 
 FIT_METHOD = (
     "madmax_opt.studies.fit.fit on data/validation/modern/training.yaml (`madmax-opt validate`): coordinate descent "
-    "over fit.FIT_GRID from the GPU prior, objective mean |ln(predicted/measured)| + 0.02 x sum |ln(value/prior)|; "
+    "over fit.FIT_GRID from the GPU prior, objective mean |ln(predicted/measured)| + 0.05 x sum |ln(value/prior)| (fit.PRIOR_WEIGHT); "
     "only the parameters the runs determine (fit.determined) are fitted"
 )
 
