@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import fields, is_dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -83,15 +84,27 @@ def default_cache_dir() -> Path:
 
 
 def option_key(job: Job, pool: Pool, gpus: int, time_limit_s: float) -> str:
+    """sha256 of the resolved problem on this hardware (catalog entries, calibration and files it names read in),
+    the search's time limit and the code digest."""
+    problem = job.on(pool, [gpus])
     payload = {
         "v": CACHE_VERSION,
         "code": code_digest(),
-        "problem": job.problem,
-        "system": pool.system.model_dump(mode="json"),
-        "gpus": gpus,
+        "problem": {f.name: _plain(getattr(problem, f.name)) for f in fields(problem) if f.name != "source"},
         "time_limit_s": time_limit_s,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _plain(v: Any) -> Any:
+    """pydantic models, dataclasses and tuples as JSON-able values (for the cache key)."""
+    if isinstance(v, BaseModel):
+        return v.model_dump(mode="json")
+    if is_dataclass(v) and not isinstance(v, type):
+        return {f.name: _plain(getattr(v, f.name)) for f in fields(v)}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return v
 
 
 def option_tables(
