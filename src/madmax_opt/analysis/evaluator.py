@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from madmax_opt.analysis.attribution import TermsAt, bottleneck_shares
+from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import calibration
 from madmax_opt.io.problem import Problem
@@ -162,7 +163,7 @@ def invalid_reason(code: int, memory_total: float, capacity: float) -> str | Non
 
 def to_records(
     model: Model, plans: PlanArrays, met: Metrics | None = None, terms_at: TermsAt | None = None
-) -> list[dict[str, Any]]:
+) -> list[TrainingRecord]:
     """The JSON objects of ``madmax-opt evaluate --json``, one per plan, in order. ``terms_at`` re-evaluates
     the same plans on other hardware (bottleneck attribution); default: uniform pipelines."""
     met = met or metrics(model, plans)
@@ -196,12 +197,13 @@ def to_records(
     hidden_cols = {k: np.asarray(v, dtype=np.float64).tolist() for k, v in t.hidden_comm.items()}
     seq_len = model.workload.seq_len
     flops = float(t.model_flops_per_step)
+    plan_dicts = _plan_dicts(plans, [p.hardware[h].system.name for h in cols["hw"]])
     out = []
     for i in range(len(plans)):
         opt = p.hardware[cols["hw"][i]]
         tokens_per_s = cols["tokens_per_s"][i]
-        rec: dict[str, Any] = {
-            "plan": plans.plan(i, system=opt.system.name).model_dump(),
+        rec: TrainingRecord = {
+            "plan": plan_dicts[i],
             "hardware": {"system": opt.system.name, "gpu": opt.gpu.name, "gpus": opt.gpus},
             "calibration": calibration.record_dict(opt.gpu, p.stack.framework),  # how much to trust it
             "feasible": bool(cols["feasible"][i]),
@@ -231,6 +233,22 @@ def to_records(
     return out
 
 
+def _plan_dicts(plans: PlanArrays, systems: list[str]) -> list[dict[str, Any]]:
+    """``plans.plan(i, system).model_dump()`` for every plan, built from whole columns (pydantic per plan costs
+    ~40 us; the columns hold validated values already): the Plan defaults, overwritten by the array columns."""
+    template = Plan().model_dump()
+    columns: dict[str, list[Any]] = {}
+    for name in template:
+        col = getattr(plans, name, None)
+        if name == "recompute":
+            columns[name] = [RECOMPUTE_MODES[r] for r in plans.recompute.tolist()]
+        elif isinstance(col, np.ndarray):
+            columns[name] = [bool(v) for v in col.tolist()] if isinstance(template[name], bool) else col.tolist()
+    columns["system"] = systems
+    names = list(columns)
+    return [{**template, **dict(zip(names, row, strict=True))} for row in zip(*columns.values(), strict=True)]
+
+
 def _staged_at(
     model: Model, base: PlanArrays, layers: list[int], rc: list[int], stage_hw: list[int] | None = None
 ) -> TermsAt:
@@ -248,7 +266,7 @@ def _staged_at(
     return at
 
 
-def staged_record(model: Model, plan: Plan) -> dict[str, Any]:
+def staged_record(model: Model, plan: Plan) -> TrainingRecord:
     """The evaluate record of an uneven pipeline plan (per-stage layers and recompute)."""
     assert plan.stage_layers is not None and plan.stage_recompute is not None
     rc = [RECOMPUTE_MODES.index(r) for r in plan.stage_recompute]
@@ -270,7 +288,7 @@ def staged_record(model: Model, plan: Plan) -> dict[str, Any]:
     return rec
 
 
-def _mixed_hardware(model: Model, plan: Plan, stage_hw: list[int], rec: dict[str, Any]) -> None:
+def _mixed_hardware(model: Model, plan: Plan, stage_hw: list[int], rec: TrainingRecord) -> None:
     """Hardware, price and supply of a pipeline whose stages run on different systems."""
     per_stage = plan.dp * plan.tp * plan.cp
     options = [model.problem.hardware[i] for i in stage_hw]
@@ -292,15 +310,15 @@ def _mixed_hardware(model: Model, plan: Plan, stage_hw: list[int], rec: dict[str
             rec["infeasible_reason"] = f"uses {use[o.gpu.name]} {o.gpu.name} GPUs; supply is {o.supply}"
 
 
-def evaluate(problem: Problem, plans: list[Plan]) -> list[dict[str, Any]]:
+def evaluate(problem: Problem, plans: list[Plan]) -> list[TrainingRecord]:
     """Evaluate public plans (uniform ones vectorised, uneven pipelines stage by stage), in order."""
     model = Model(problem)
     uniform = [i for i, p in enumerate(plans) if not p.uneven]
-    records: list[dict[str, Any]] = [{} for _ in plans]
+    records: dict[int, TrainingRecord] = {}
     if uniform:
         for i, rec in zip(uniform, to_records(model, model.arrays([plans[i] for i in uniform])), strict=True):
             records[i] = rec
     for i, p in enumerate(plans):
         if p.uneven:
             records[i] = staged_record(model, p)
-    return records
+    return [records[i] for i in range(len(plans))]

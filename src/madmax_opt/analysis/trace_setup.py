@@ -10,6 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from madmax_opt.analysis.evaluator import Model, evaluate
+from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import Problem
 from madmax_opt.model.hardware import HardwareOption
@@ -238,7 +239,7 @@ class Setup:
     vpp: int
     layer_ids: tuple[tuple[int, ...], ...]  # first global layer of (stage, chunk)
     chunk_layers: tuple[tuple[int, ...], ...]  # layers of (stage, chunk)
-    closed_form: dict[str, Any]  # the evaluator's record of the plan
+    closed_form: TrainingRecord  # the evaluator's record of the plan
     dp_overlap: bool = True  # stack.dp_overlap: gradient buckets under the backward, ZeRO-3 prefetch
 
 

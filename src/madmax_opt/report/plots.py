@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.model.plan_settings import plan_text
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def _stacked(ax: Axes, labels: Sequence[str], parts: dict[str, list[float]], nam
         base = [b + v for b, v in zip(base, values, strict=True)]
 
 
-def step_time_figure(records: Sequence[dict[str, Any]], path: Path, title: str = "Step time breakdown",
+def step_time_figure(records: Sequence[TrainingRecord], path: Path, title: str = "Step time breakdown",
                      simulated: Sequence[dict[str, float] | None] | None = None) -> Path:
     """Horizontal stacked bars: where each plan's step time goes (closed form; + simulation when given)."""
     plt = _pyplot()
@@ -132,7 +133,7 @@ def _finish(plt: Any, fig: Any, ax: Any, title: str, path: Path) -> Path:
     return path
 
 
-def memory_figure(records: Sequence[dict[str, Any]], path: Path, title: str = "Memory per GPU") -> Path:
+def memory_figure(records: Sequence[TrainingRecord], path: Path, title: str = "Memory per GPU") -> Path:
     """Stacked bars of memory per GPU against the usable capacity (dashed line) of each plan's GPU."""
     plt = _pyplot()
     labels = [f"#{i + 1} {plan_text(r['plan'])}" for i, r in enumerate(records)]
@@ -153,7 +154,7 @@ def memory_figure(records: Sequence[dict[str, Any]], path: Path, title: str = "M
     return _finish(plt, fig, ax, title, path)
 
 
-def top_k_figure(records: Sequence[dict[str, Any]], path: Path, title: str = "Top plans") -> Path:
+def top_k_figure(records: Sequence[TrainingRecord], path: Path, title: str = "Top plans") -> Path:
     """The top-k plans side by side: step-time breakdown (with tokens/s) and memory against capacity."""
     plt = _pyplot()
     labels = [f"#{i + 1}" for i in range(len(records))]
@@ -192,7 +193,7 @@ def top_k_figure(records: Sequence[dict[str, Any]], path: Path, title: str = "To
     return path
 
 
-def plan_figures(records: Sequence[dict[str, Any]], out_dir: Path, top_k: bool = False) -> list[Path]:
+def plan_figures(records: Sequence[TrainingRecord], out_dir: Path, top_k: bool = False) -> list[Path]:
     """The plots of ``solve --plot`` / ``evaluate --plot``: step-time and memory breakdowns (+ the top-k)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [step_time_figure(records, out_dir / "step_time.png"), memory_figure(records, out_dir / "memory.png")]

@@ -18,13 +18,22 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from madmax_opt.analysis.evaluator import Metrics, Model, invalid_reason, metrics, staged_record, to_records
+from madmax_opt.analysis.evaluator import (
+    Metrics,
+    Model,
+    concat_chunks,
+    invalid_reason,
+    metrics,
+    staged_record,
+    to_records,
+)
+from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import InfeasibleError, InternalError, ProblemError
 from madmax_opt.io.problem import Problem
 from madmax_opt.model.objectives import Rates
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import Plan
-from madmax_opt.model.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS
+from madmax_opt.model.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS, TrainingTerms
 from madmax_opt.search.assemble import (
     IntObjective,
     Limit,
@@ -38,7 +47,7 @@ from madmax_opt.search.assemble import (
 from madmax_opt.search.cpsat import INT_LIMIT, CpSatOptions, time_limit_error, to_int
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.objectives import US, UUSD, integer_objective, training_units  # noqa: F401 (UUSD: re-export)
-from madmax_opt.search.space import enumerate_plans
+from madmax_opt.search.space import enumerate_plans, memory_rounds
 from madmax_opt.search.stages import UnevenResult, solve_uneven
 
 IntArr = NDArray[np.int64]
@@ -79,9 +88,68 @@ class Candidates:
         return self.int_objective(kind).values
 
 
-def candidates(model: Model, plans: PlanArrays | None = None) -> Candidates:
-    plans = enumerate_plans(model.problem) if plans is None else plans
-    return Candidates(plans, metrics(model, plans))
+def candidates(model: Model, plans: PlanArrays | None = None, keep_best: int = 1) -> Candidates:
+    """``plans`` evaluated; by default the problem's space less the plans proven infeasible or proven outside every
+    hardware option's ``keep_best`` best (``space_candidates``)."""
+    if plans is not None:
+        return Candidates(plans, metrics(model, plans))
+    plans, met = space_candidates(model, keep_best)
+    return Candidates(plans, met)
+
+
+def space_candidates(model: Model, keep_best: int = 1) -> tuple[PlanArrays, Metrics]:
+    """The space, evaluated, less plans proven infeasible or proven slower than ``keep_best`` others on their
+    hardware option (within one option every objective and constraint is monotone in the step time, so such plans
+    are in no top-``keep_best``). Two exact facts (``space.memory_rounds``):
+
+    - memory per GPU is nondecreasing in vpp and in mbs: plans are evaluated in rounds, each only when its parent
+      (next smaller mbs; the vpp = 1 sibling) fits in memory;
+    - vpp only adds p2p per micro-batch (2 v sends per stage) and divides the bubble, so a vpp > 1 plan takes at
+      least its vpp = 1 sibling's step time less that sibling's bubble: it is skipped when that exceeds the
+      option's ``keep_best``-th best step (plus the rounding tolerance twice).
+
+    The plan of least memory of every group is kept (for ``explain_infeasible``); ``verify`` checks the result
+    against the whole space."""
+    plans = enumerate_plans(model.problem)
+    rounds, parent = memory_rounds(plans)
+    last = int(rounds.max(initial=0))
+    fits = np.zeros(len(plans), dtype=bool)  # evaluated and within capacity
+    floor_s = np.full(len(plans), np.inf)  # evaluated: step time less bubble (a lower bound for vpp > 1)
+    taken: list[NDArray[np.int64]] = []
+    terms = []
+    for r in range(last + 1):
+        idx = np.flatnonzero((rounds == r) & ((parent < 0) | fits[np.maximum(parent, 0)]))
+        if r == last and np.any(plans.vpp[idx] > 1):  # the vpp > 1 round: bound by the vpp = 1 plans' best
+            idx = idx[floor_s[np.maximum(parent[idx], 0)] <= _kth_best_s(plans, taken, terms, keep_best)[
+                plans.hw[idx]] + 2 * ROUNDING_TOLERANCE_S]
+        if len(idx) == 0:
+            continue
+        t = model.terms(plans.take(idx))
+        fits[idx] = t.memory.total <= t.capacity_bytes
+        floor_s[idx] = t.step_time_s - t.time["bubble"]
+        taken.append(idx)
+        terms.append(t)
+    if not taken:
+        return plans, metrics(model, plans)
+    kept = plans.take(np.concatenate(taken))
+    return kept, metrics(model, kept, concat_chunks(terms) if len(terms) > 1 else terms[0])
+
+
+def _kth_best_s(
+    plans: PlanArrays, taken: list[NDArray[np.int64]], terms: list[TrainingTerms], k: int
+) -> NDArray[np.float64]:
+    """Per hardware option, the k-th smallest step time of the valid plans evaluated so far (inf if fewer)."""
+    best = np.full(int(plans.hw.max(initial=0)) + 1, np.inf)
+    if not taken:
+        return best
+    idx = np.concatenate(taken)
+    step = np.concatenate([t.step_time_s for t in terms])
+    valid = np.concatenate([t.invalid == 0 for t in terms])
+    for h in np.unique(plans.hw[idx]):
+        s = np.sort(step[valid & (plans.hw[idx] == h)])
+        if len(s) >= k:
+            best[h] = s[k - 1]
+    return best
 
 
 def limits(model: Model, c: Candidates) -> list[Limit]:
@@ -157,7 +225,7 @@ def solve(
     t0 = time.perf_counter()
     opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
     model = model or Model(problem)
-    c = candidates(model, plans)
+    c = candidates(model, plans, keep_best=top_k)
     lims = limits(model, c)
 
     def label(i: int) -> str:
@@ -188,7 +256,7 @@ def solve(
     )
 
 
-def cross_check(outcome: SolveOutcome, records: list[dict[str, Any]]) -> None:
+def cross_check(outcome: SolveOutcome, records: list[TrainingRecord]) -> None:
     """Every returned plan, re-evaluated in floating point, must match its rounded integer step time."""
     for i, rec in zip(outcome.top, records, strict=True):
         rounded_s = outcome.candidates.step_us[i] / US
@@ -208,7 +276,7 @@ def solve_records(
     seed: int = 0,
     cpsat: CpSatOptions | None = None,
     plans: PlanArrays | None = None,
-) -> tuple[SolveOutcome, list[dict[str, Any]]]:
+) -> tuple[SolveOutcome, list[TrainingRecord]]:
     """Solve, re-evaluate every returned plan with the exact evaluator, and (if enabled) search uneven stages.
 
     With ``space.uneven_stages`` the best uneven pipeline that beats the best uniform plan on the problem's
@@ -274,7 +342,7 @@ def solve_records(
     return outcome, recs
 
 
-def _uniform_equivalent(model: Model, plan: Plan) -> dict[str, Any] | None:
+def _uniform_equivalent(model: Model, plan: Plan) -> TrainingRecord | None:
     """The uniform-plan record of an uneven plan whose stages are all alike (equal layers, one recompute mode,
     one system), when that uniform plan is valid; None otherwise."""
     assert plan.stage_layers is not None and plan.stage_recompute is not None

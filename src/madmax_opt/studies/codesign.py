@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from madmax_opt.analysis.records import Record
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.io.derive import HARDWARE_PARAMETERS
 from madmax_opt.io.problem import Problem, problem_from_dict
@@ -68,14 +69,14 @@ def workload_problem(data: dict[str, Any], system: str, gpus: int) -> Problem:
     return problem_from_dict(dict(data, hardware={"system": system, "gpus": gpus}), source=f"{system}x{gpus}")
 
 
-def _solve(problem: Problem) -> dict[str, Any] | None:
+def _solve(problem: Problem) -> Record | None:
     try:
         return solve_optimum(problem, None, {})
     except InfeasibleError:
         return None
 
 
-def investment_rows(problem: Problem) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+def investment_rows(problem: Problem) -> tuple[Record | None, list[dict[str, Any]]]:
     """The base optimum and, per investment, the re-optimised optimum with its gain and plan change."""
     base = _solve(problem)
     rows = []
@@ -124,7 +125,7 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:+.1%}"
 
 
-def _shares(rec: dict[str, Any]) -> str:
+def _shares(rec: Record) -> str:
     shares = rec.get("bottleneck_shares")
     if not shares:
         t = rec.get("tpot_breakdown_s", {})

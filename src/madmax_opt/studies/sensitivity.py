@@ -27,6 +27,7 @@ import numpy as np
 
 from madmax_opt.analysis.attribution import main_bottleneck
 from madmax_opt.analysis.evaluator import Model, metrics, staged_record, to_records
+from madmax_opt.analysis.records import Record
 from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.io.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant, parameter_value
 from madmax_opt.io.problem import Problem
@@ -83,8 +84,8 @@ class Variant:
     status: str  # ok | infeasible | not_applicable
     reason: str | None = None
     value: float | None = None  # the parameter's new value (SI) on the first hardware option
-    record: dict[str, Any] | None = None  # the re-optimised optimum
-    fixed_plan: dict[str, Any] | None = None  # the base optimum's plan on this hardware, not re-optimised
+    record: Record | None = None  # the re-optimised optimum
+    fixed_plan: Record | None = None  # the base optimum's plan on this hardware, not re-optimised
     kwh_per_million_tokens: float | None = None
     wall_s: float = 0.0
     solved: bool = True  # False: the base optimum carried over (the parameter cannot change the optimum)
@@ -170,7 +171,7 @@ def _solve_variant(
     factor: float,
     plans: PlanArrays | None,
     kwargs: dict[str, Any],
-    base_record: dict[str, Any] | None,
+    base_record: Record | None,
 ) -> Variant:
     t0 = time.perf_counter()
     v = Variant(param, factor, "ok")
@@ -208,7 +209,7 @@ def optimum_unchanged(problem: Problem, param: str) -> bool:
     return (param == "power" and unused_power) or (param == "price" and unused_price)
 
 
-def throughput(rec: dict[str, Any]) -> float:
+def throughput(rec: Record) -> float:
     """Training: tokens/s; serving: output tokens/s (every serving plan uses all GPUs of its option)."""
     return float(rec["tokens_per_s"] if "tokens_per_s" in rec else rec["output_tokens_per_s"])
 
@@ -217,7 +218,7 @@ def is_serving(problem: Problem) -> bool:
     return isinstance(problem.task, InferenceTask)
 
 
-def solve_optimum(problem: Problem, plans: PlanArrays | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+def solve_optimum(problem: Problem, plans: PlanArrays | None, kwargs: dict[str, Any]) -> Record:
     """The optimum's record: ``solver.solve_records`` for training, ``serving.solve_serving`` for inference."""
     if not is_serving(problem):
         return solve_records(problem, plans=plans, **kwargs)[1][0]
@@ -230,12 +231,12 @@ def solve_optimum(problem: Problem, plans: PlanArrays | None, kwargs: dict[str, 
     return records[0]
 
 
-def _option_index(problem: Problem, rec: dict[str, Any]) -> int:
+def _option_index(problem: Problem, rec: Record) -> int:
     hw = rec["hardware"]
     return next(i for i, o in enumerate(problem.hardware) if o.system.name == hw["system"] and o.gpus == hw["gpus"])
 
 
-def fixed_plan_record(problem: Problem, vp: Problem, base_record: dict[str, Any]) -> dict[str, Any]:
+def fixed_plan_record(problem: Problem, vp: Problem, base_record: Record) -> Record:
     """The base optimum's plan evaluated on the variant's hardware (same option, same knobs)."""
     i = _option_index(problem, base_record)
     names = {o.system.name: w.system.name for o, w in zip(problem.hardware, vp.hardware, strict=True)}
@@ -254,7 +255,7 @@ def fixed_plan_record(problem: Problem, vp: Problem, base_record: dict[str, Any]
     return to_records(model, PlanArrays.from_plans([plan], [i]))[0]
 
 
-def _kwh_per_million_tokens(problem: Problem, rec: dict[str, Any]) -> float:
+def _kwh_per_million_tokens(problem: Problem, rec: Record) -> float:
     """Energy per token: GPUs x wall power per GPU / throughput."""
     o = problem.hardware[_option_index(problem, rec)]
     return o.gpus * o.system.power_w_per_gpu / throughput(rec) * 1e6 / J_PER_KWH
@@ -263,7 +264,7 @@ def _kwh_per_million_tokens(problem: Problem, rec: dict[str, Any]) -> float:
 # ------------------------------------------------------------------------------------------- reports
 
 
-def plan_change(base: dict[str, Any] | None, rec: dict[str, Any] | None) -> str:
+def plan_change(base: Record | None, rec: Record | None) -> str:
     """The knobs that differ: 'tp 2->4, pp 4->2'; 'same' when none does."""
     if base is None or rec is None:
         return "-"
@@ -335,7 +336,7 @@ def to_json(study: Study) -> dict[str, Any]:
     }
 
 
-def bottleneck(rec: dict[str, Any] | None) -> str:
+def bottleneck(rec: Record | None) -> str:
     """The main bottleneck of a record ('-' where the record has no attribution, e.g. serving)."""
     shares = None if rec is None else rec.get("bottleneck_shares")
     return "-" if not shares else main_bottleneck(shares)

@@ -7,6 +7,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.model.plan_settings import plan_text
@@ -28,20 +29,20 @@ PRETRAIN_SYSTEMS: tuple[tuple[str, int], ...] = (("dc-a", 2048), ("dgx-h100", 20
 GLOBAL_BATCH = 2048  # one sequence per GPU per step for the FSDP baseline at 2048 GPUs
 
 
-def exposed_comm_share(rec: dict[str, Any]) -> float:
+def exposed_comm_share(rec: TrainingRecord) -> float:
     """Share of the step spent in communication that no computation hides."""
     return sum(rec["time_breakdown_s"][k] for k in COMM_TERMS) / rec["step_time_s"]
 
 
 
 
-def _where_time_goes(rec: dict[str, Any]) -> str:
+def _where_time_goes(rec: TrainingRecord) -> str:
     step = rec["step_time_s"]
     big = sorted(rec["time_breakdown_s"].items(), key=lambda kv: -kv[1])
     return ", ".join(f"{k} {v / step:.0%}" for k, v in big if v / step >= 0.02)
 
 
-def _solve(data: dict[str, Any]) -> dict[str, Any] | None:
+def _solve(data: dict[str, Any]) -> TrainingRecord | None:
     try:
         return solve_records(problem_from_dict(data))[1][0]
     except InfeasibleError:
