@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from madmax_opt.analysis.evaluator import evaluate
+from madmax_opt.analysis.records import TrainingSolveResult
 from madmax_opt.io.problem import Problem
 from madmax_opt.search.cpsat import CpSatOptions
 
@@ -25,7 +26,7 @@ def solve_result(
     if baseline and baseline["feasible"]:
         speedup = records[0]["tokens_per_s"] / baseline["tokens_per_s"]
     summary = outcome.summary()  # describes the search that produced the returned plan
-    return {
+    out: TrainingSolveResult = {  # typed: mypy checks the keys of the training solve JSON
         "status": outcome.status,
         "objective": problem.objective,
         "best": records[0],
@@ -34,3 +35,4 @@ def solve_result(
         "baseline": baseline,
         "speedup_vs_baseline": speedup,
     }
+    return dict(out)
