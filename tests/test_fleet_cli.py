@@ -170,3 +170,15 @@ def test_parallel_plan_searches_give_the_same_tables(solved: tuple[Path, dict[st
     assert res.returncode == 0, res.stderr
     parallel = json.loads(res.stdout)
     assert parallel["options"] == result["options"] and parallel["jobs"] == result["jobs"]
+
+
+def test_job_without_a_feasible_plan_is_left_out_with_the_reason(tmp_path: Path) -> None:
+    jobs = {"huge": {"problem": {"model": "llama3-405b", "task": {"kind": "pretrain", "seq_len": 8192,
+                                                                  "global_batch": 16}}}}
+    res = run_main("fleet", write_fleet(tmp_path, jobs=jobs), "--json", "--no-cache", "--no-what-if")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    (job,) = out["jobs"]
+    assert not job["placed"] and "no feasible plan on any fleet system" in job["note"]
+    assert "does not fit" in job["note"] or "no plan" in job["note"]
+    assert out["value"] == 0 and out["options"][0]["options"] == [] and len(out["options"][0]["infeasible"]) == 4
