@@ -309,3 +309,13 @@ def test_an_unrecorded_flag_is_an_internal_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(emit_module, "allowed_names", lambda fmt: set())
     with pytest.raises(InternalError, match="--tensor-model-parallel-size"):
         emit_plan(TRAINING, Plan(dp=8), "megatron")
+
+
+def test_values_outside_the_recorded_choices_are_found() -> None:
+    from madmax_opt.launch.emit import disallowed_values
+
+    e = emit_plan(TRAINING, Plan(dp=8), "megatron")
+    assert disallowed_values(e) == []
+    args = ["ScaleNorm" if a == "RMSNorm" else a for a in e.commands[0].args]
+    bad = e.model_copy(update={"commands": [e.commands[0].model_copy(update={"args": args})]})
+    assert disallowed_values(bad) == [("--normalization", "ScaleNorm")]

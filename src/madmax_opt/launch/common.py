@@ -94,7 +94,7 @@ class Format:
     parse: Callable[[Emitted], Plan]
     maps: Mapping[str, tuple[str, ...]]
     refuses: Mapping[str, str] = field(default_factory=dict)
-    config_keys: Callable[[Emitted], set[str]] = lambda e: set()
+    config: Callable[[Emitted], dict[str, Any]] = lambda e: {}  # dotted config key -> value, from its files
 
 
 def refuse(fmt: str, setting: str, why: str) -> ProblemError:
@@ -139,18 +139,13 @@ def parse_flags(args: Sequence[str]) -> dict[str, str | bool]:
     return out
 
 
-def flag_names(args: Sequence[str]) -> set[str]:
-    """The flags among argv tokens (their values are not flags)."""
-    return set(parse_flags(args))
-
-
-def dotted_keys(tree: Mapping[str, Any], prefix: str = "") -> set[str]:
-    """Leaf keys of a nested mapping, dotted (``a.b.c``)."""
-    keys: set[str] = set()
+def dotted_items(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Leaves of a nested mapping by dotted key (``a.b.c``)."""
+    items: dict[str, Any] = {}
     for k, v in tree.items():
         name = f"{prefix}{k}"
-        keys |= dotted_keys(v, name + ".") if isinstance(v, Mapping) else {name}
-    return keys
+        items |= dotted_items(v, name + ".") if isinstance(v, Mapping) else {name: v}
+    return items
 
 
 def integer(flags: Mapping[str, str | bool], name: str, default: int = 1) -> int:

@@ -9,13 +9,14 @@ those plans are refused.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from madmax_opt.launch.common import (
     Command,
     Context,
     Emitted,
     Format,
-    dotted_keys,
+    dotted_items,
     flag_args,
     integer,
     node_layout,
@@ -110,13 +111,13 @@ def ds_parse(e: Emitted) -> Plan:
     )
 
 
-def ds_keys(e: Emitted) -> set[str]:
-    return dotted_keys(json.loads(e.files[CONFIG]))
+def ds_config(e: Emitted) -> dict[str, Any]:
+    return dotted_items(json.loads(e.files[CONFIG]))
 
 
 UNEVEN = "an uneven pipeline: DeepSpeed partitions by method, not by per-stage counts"
 DEEPSPEED = Format(
-    name=FMT, kind="training", emit=ds_emit, parse=ds_parse, config_keys=ds_keys,
+    name=FMT, kind="training", emit=ds_emit, parse=ds_parse, config=ds_config,
     maps={
         "dp": ("--num_nodes", "--num_gpus", "gradient_accumulation_steps"), "tp": ("--tensor-model-parallel-size",),
         "pp": ("--pipeline-model-parallel-size", "--no-pipeline-parallel"),

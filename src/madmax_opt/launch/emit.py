@@ -11,7 +11,7 @@ from typing import Any
 
 from madmax_opt.core.errors import InternalError, ProblemError
 from madmax_opt.io.problem import Problem, read_yaml, validate
-from madmax_opt.launch.common import Context, Emitted, Format, flag_names
+from madmax_opt.launch.common import Context, Emitted, Format, parse_flags
 from madmax_opt.launch.dspeed import DEEPSPEED
 from madmax_opt.launch.flagsets import FORMAT_NAMES, flagset
 from madmax_opt.launch.megatron import MEGATRON, NEMO
@@ -49,6 +49,9 @@ def emit_plan(problem: Problem, plan: Plan, fmt: str) -> Emitted:
     unknown = emitted_names(emitted) - allowed_names(fmt)
     if unknown:  # never hand out a flag the framework does not have (a bug: exit 4)
         raise InternalError(f"{fmt} emitted names missing from data/flags/{fmt}.yaml: {', '.join(sorted(unknown))}")
+    bad = [f"{k}={v}" for k, v in disallowed_values(emitted)]
+    if bad:
+        raise InternalError(f"{fmt} emitted values outside the choices of data/flags/{fmt}.yaml: {', '.join(bad)}")
     return emitted
 
 
@@ -57,12 +60,26 @@ def parse_emitted(emitted: Emitted) -> Plan:
     return get_format(emitted.format).parse(emitted)
 
 
+def emitted_items(emitted: Emitted) -> list[tuple[str, Any]]:
+    """Every (flag or config key, value) an emitted configuration uses: launcher and program flags (a bare flag's
+    value is True), then the keys of its files and overrides."""
+    items: list[tuple[str, Any]] = []
+    for c in emitted.commands:
+        items += parse_flags(c.launcher[1:]).items()
+        items += parse_flags([a for a in c.args if a.startswith("-") or not _is_override(a)]).items()
+    return items + list(FORMATS[emitted.format].config(emitted).items())
+
+
 def emitted_names(emitted: Emitted) -> set[str]:
     """Every flag (launcher and program) and config key an emitted configuration uses."""
-    f = FORMATS[emitted.format]
-    names = {n for c in emitted.commands for n in flag_names(c.launcher[1:]) | flag_names(
-        [a for a in c.args if a.startswith("-") or not _is_override(a)])}
-    return names | f.config_keys(emitted)
+    return {name for name, _ in emitted_items(emitted)}
+
+
+def disallowed_values(emitted: Emitted) -> list[tuple[str, Any]]:
+    """(name, value) pairs whose value is not among the recorded choices of that flag or key."""
+    choices = {k: {str(c) for c in v} for k, v in flagset(emitted.format).choices.items()}
+    return [(name, value) for name, value in emitted_items(emitted) if name in choices
+            and any(str(x) not in choices[name] for x in (value if isinstance(value, list) else [value]))]
 
 
 def _is_override(token: str) -> bool:

@@ -7,6 +7,7 @@ ZeRO-2/3 Megatron-FSDP with sharding optim_grads / optim_grads_params; an uneven
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from madmax_opt.launch.common import (
     Command,
@@ -234,8 +235,8 @@ def nemo_parse(e: Emitted) -> Plan:
     )
 
 
-def nemo_keys(e: Emitted) -> set[str]:
-    return {k for c in e.commands for k in nemo_overrides(c.args)}
+def nemo_config(e: Emitted) -> dict[str, Any]:
+    return {k: v for c in e.commands for k, v in nemo_overrides(c.args).items()}
 
 
 MIXED = "stage_systems with more than one system: one launch runs on one GPU type"
@@ -258,7 +259,7 @@ MEGATRON = Format(
 )
 
 NEMO = Format(
-    name="nemo", kind="training", emit=nemo_emit, parse=nemo_parse, config_keys=nemo_keys,
+    name="nemo", kind="training", emit=nemo_emit, parse=nemo_parse, config=nemo_config,
     maps={
         "dp": ("--nnodes", "--nproc-per-node"), "tp": ("model.tensor_model_parallel_size",),
         "pp": ("model.pipeline_model_parallel_size",), "cp": ("model.context_parallel_size",),

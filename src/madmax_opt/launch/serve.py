@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import yaml
 
@@ -18,7 +19,7 @@ from madmax_opt.launch.common import (
     Context,
     Emitted,
     Format,
-    dotted_keys,
+    dotted_items,
     flag_args,
     integer,
     parse_flags,
@@ -154,13 +155,13 @@ def vllm_parse(e: Emitted) -> ServingPlan:
     )
 
 
-def vllm_keys(e: Emitted) -> set[str]:
-    keys: set[str] = set()
+def vllm_config(e: Emitted) -> dict[str, Any]:
+    items: dict[str, Any] = {}
     for c in e.commands:
         value = parse_flags(c.args).get("--kv-transfer-config")
         if isinstance(value, str):
-            keys |= dotted_keys(json.loads(value))
-    return keys
+            items |= dotted_items(json.loads(value))
+    return items
 
 
 # ----------------------------------------------------------------------------------------------------- SGLang
@@ -250,8 +251,8 @@ def trtllm_parse(e: Emitted) -> ServingPlan:
     )
 
 
-def trtllm_keys(e: Emitted) -> set[str]:
-    return dotted_keys(yaml.safe_load(e.files[TRTLLM_CONFIG]))
+def trtllm_config(e: Emitted) -> dict[str, Any]:
+    return dotted_items(yaml.safe_load(e.files[TRTLLM_CONFIG]))
 
 
 TRAINING_ONLY = "training-only (a serving plan rejects it)"
@@ -259,15 +260,15 @@ TRAINING_ONLY = "training-only (a serving plan rejects it)"
 
 def serving_format(name: str, emit: Callable[[Context], Emitted], parse: Callable[[Emitted], ServingPlan],
                    maps: dict[str, tuple[str, ...]], refuses: dict[str, str],
-                   keys: Callable[[Emitted], set[str]] = lambda e: set()) -> Format:
+                   config: Callable[[Emitted], dict[str, Any]] = lambda e: {}) -> Format:
     training = {k: TRAINING_ONLY for k in (*TRAINING_KNOBS, "stage_systems")}  # stage_systems needs stage_layers
     return Format(name=name, kind="serving", emit=emit, parse=parse, maps=maps, refuses={**training, **refuses},
-                  config_keys=keys)
+                  config=config)
 
 
 CAP = "max_num_seqs other than batch: one server cap carries both"
 EP_GROUPS = "ep not a multiple of tp, or replicas that do not split into expert-parallel groups"
-VLLM = serving_format("vllm", vllm_emit, vllm_parse, keys=vllm_keys, maps={
+VLLM = serving_format("vllm", vllm_emit, vllm_parse, config=vllm_config, maps={
     "dp": ("--data-parallel-size",), "tp": ("--tensor-parallel-size",), "pp": ("--pipeline-parallel-size",),
     "ep": ("--enable-expert-parallel", "--data-parallel-size"), "batch": ("--max-num-seqs",),
     "max_num_seqs": ("--max-num-seqs",),
@@ -281,7 +282,7 @@ SGLANG = serving_format("sglang", sglang_emit, sglang_parse, maps={
     "precision": ("--dtype", "--quantization"), "prefill_replicas": ("--disaggregation-mode", "--dp-size"),
     "system": ("--nnodes", "--node-rank"),
 }, refuses={"max_num_seqs": CAP, "ep": EP_GROUPS})
-TRTLLM = serving_format("trtllm", trtllm_emit, trtllm_parse, keys=trtllm_keys, maps={
+TRTLLM = serving_format("trtllm", trtllm_emit, trtllm_parse, config=trtllm_config, maps={
     "dp": ("--port",), "tp": ("--tp_size",), "pp": ("--pp_size",),
     "batch": ("--max_batch_size",), "max_num_seqs": ("--max_batch_size",),
     "precision": ("dtype", "quant_config.quant_algo"), "system": ("--gpus_per_node",),

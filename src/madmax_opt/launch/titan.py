@@ -12,7 +12,7 @@ from typing import Any
 
 import tomllib
 
-from madmax_opt.launch.common import Command, Context, Emitted, Format, dotted_keys, refuse
+from madmax_opt.launch.common import Command, Context, Emitted, Format, dotted_items, refuse
 from madmax_opt.launch.flagsets import flagset
 from madmax_opt.launch.megatron import (
     BATCH,
@@ -167,12 +167,12 @@ def tomllib_layers(flavor_py: str) -> int:
     return int(flavor_py.split("n_layers=", 1)[1].split(",", 1)[0])
 
 
-def titan_keys(e: Emitted) -> set[str]:
-    return dotted_keys(tomllib.loads(e.files[CONFIG]))
+def titan_config(e: Emitted) -> dict[str, Any]:
+    return dotted_items(tomllib.loads(e.files[CONFIG]))
 
 
 TORCHTITAN = Format(
-    name=FMT, kind="training", emit=titan_emit, parse=titan_parse, config_keys=titan_keys,
+    name=FMT, kind="training", emit=titan_emit, parse=titan_parse, config=titan_config,
     maps={
         "dp": ("parallelism.data_parallel_replicate_degree", "parallelism.data_parallel_shard_degree"),
         "tp": ("parallelism.tensor_parallel_degree",), "pp": ("parallelism.pipeline_parallel_degree",),
