@@ -4,6 +4,7 @@ an objective. Strict pydantic shapes (unknown keys are errors), bounded sizes, o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,7 +30,8 @@ MAX_SIZES = 16  # cluster sizes offered per system
 MAX_GPUS = 1_000_000
 WHAT_IF_GPUS = (256, 512, 1024)
 
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 FleetObjective = Literal["throughput", "cost", "energy", "deadlines"]
 
 
@@ -179,6 +181,10 @@ def load_fleet(path: str | Path) -> Fleet:
         if data.get(key) in ({}, []):
             raise ProblemError(f"empty; allowed: a mapping of {what} names to {what}s, at least 1", file=file,
                                field=key)
+        bad = [k for k in data.get(key) or {} if isinstance(data[key], dict) and not re.match(NAME_PATTERN, str(k))]
+        if bad:
+            raise ProblemError(f"{what} name {bad[0]!r}; allowed: letters, digits, '_', '.' and '-', starting with a "
+                               "letter or digit, at most 64 characters", file=file, field=f"{key}.{bad[0]}")
     spec: FleetFile = validate(FleetFile, data, file=file)
     pools = tuple(resolve_pool(name, s, file) for name, s in spec.systems.items())
     jobs = tuple(_job(name, j, spec, pools, Path(file).parent, file) for name, j in spec.jobs.items())
