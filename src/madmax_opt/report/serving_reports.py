@@ -540,7 +540,9 @@ def write_inference_study(out_dir: Path) -> Path:
     lines += [
         "- Differences from the paper: the paper's inference baseline and workloads are not fully specified in "
         "shared/reference/madmax-paper.md; here both plans get continuous batching, the same precision and their "
-        "own best batch, so the speedups come from the parallel layout alone.",
+        "own best batch, so the speedups come from the parallel layout alone. Prices: the default serving framework "
+        "(vLLM) with the serving calibration of `data/serving_calibration.yaml`; neither A100 nor H100 has measured "
+        "vLLM runs, so both are priced by vLLM's pooled fit (flagged uncalibrated in the records).",
         "",
         "![Llama-2 70B on DGX H100, chat workload, SLO](inference.png)",
         "",
