@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from madmax_opt.analysis.evaluator import SECONDS_PER_HOUR
 from madmax_opt.core.errors import InfeasibleError, TimeLimitError
+from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.fleet.allocate import (
     Allocation,
     AllocationInput,
@@ -212,7 +212,9 @@ class SolverInfo(Record):
     option_search_wall_s: float
 
 
-class Plan(Record):
+class GreedyBaseline(Record):
+    """The greedy baseline: each job in priority order takes its fastest option that still fits."""
+
     value: float | None
     jobs: list[JobResult]
     status: str
@@ -228,7 +230,7 @@ class FleetResult(Record):
     pools: list[PoolUse]
     binding: list[Binding]
     what_if: list[WhatIf]
-    greedy: Plan
+    greedy: GreedyBaseline
     gain_vs_greedy: float | None  # optimum minus greedy, positive = better (cost, energy: the saving)
     relative_gain_vs_greedy: float | None
     options: list[OptionTable]  # every job's best plan per (system, GPU count): what CP-SAT chose among
@@ -348,7 +350,7 @@ def solve_fleet(run: FleetRun, what_if: bool = True, binding: bool = True) -> Fl
         pools=pool_use(fleet, inst, alloc),
         binding=binding_constraints(run, inst, value) if binding else [],
         what_if=what_ifs(run, inst, value) if what_if else [],
-        greedy=Plan(value=greedy_value, jobs=job_results(fleet, inst, base, run.tables, greedy=True),
+        greedy=GreedyBaseline(value=greedy_value, jobs=job_results(fleet, inst, base, run.tables, greedy=True),
                     status=base.status),
         gain_vs_greedy=gain,
         relative_gain_vs_greedy=rel,
