@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from madmax_opt.analysis.attribution import TermsAt, bottleneck_shares
 from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.io import calibration
 from madmax_opt.io.problem import Problem
 from madmax_opt.model.hardware import HardwareTable
@@ -35,7 +36,6 @@ from madmax_opt.model.training import (
 from madmax_opt.model.workload import TransformerWorkload, lower
 
 Arr = NDArray[np.float64]
-SECONDS_PER_HOUR = 3600.0
 CHUNK_PLANS = 1 << 14  # plans per evaluation pass: a float64 column of 128 KiB stays in L2
 
 

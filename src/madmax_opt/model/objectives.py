@@ -15,9 +15,10 @@ from typing import Literal, get_args
 import numpy as np
 from numpy.typing import NDArray
 
+from madmax_opt.core.units import SECONDS_PER_HOUR
+
 Arr = NDArray[np.float64]
 ObjectiveName = Literal["throughput", "cost", "time_to_train", "energy"]
-SECONDS_PER_HOUR = 3600.0
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from madmax_opt.core.errors import InfeasibleError
+from madmax_opt.core.units import GB
 from madmax_opt.io import catalog
 from madmax_opt.io.dlrm_problem import DLRMProblem, dlrm_problem_from_dict, load_dlrm_plans, load_dlrm_problem
 from madmax_opt.model.dlrm import layout_of
@@ -24,7 +25,6 @@ from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.placement import dlrm_status, evaluate_dlrm, int_tables, solve_dlrm, solve_placement
 
 MS = 1e3
-GB = 1e9
 
 
 # ============================================================================================ solve / evaluate

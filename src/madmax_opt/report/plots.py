@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from madmax_opt.analysis.records import TrainingRecord
+from madmax_opt.core.units import GB
 from madmax_opt.model.plan_settings import plan_text
 
 if TYPE_CHECKING:
@@ -17,7 +18,6 @@ if TYPE_CHECKING:
 
     from madmax_opt.analysis.trace import Simulation
 
-GB = 1e9
 # step-time terms of the closed form (training.STEP_TERMS) and of the simulation, in stacking order
 TERM_LABELS: dict[str, str] = {
     "compute": "compute (fwd + bwd)",

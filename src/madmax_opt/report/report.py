@@ -8,11 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from madmax_opt.analysis.records import TrainingRecord
+from madmax_opt.core.units import GB
 from madmax_opt.model.plan_settings import plan_text
-
-GB = 1e9
-
-
 
 
 def _ms(x: float) -> str:

@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.studies.sweep import (
     MANIFEST_FILE,
@@ -83,7 +84,7 @@ def point(row: dict[str, Any]) -> Point:
     tps = float(best["tokens_per_s"])
     tt = best.get("time_to_train")
     if tt:
-        time_s, cost = tt["hours"] * 3600.0, tt["cost_usd"]
+        time_s, cost = tt["hours"] * SECONDS_PER_HOUR, tt["cost_usd"]
     else:  # t = N / tps; $ = N / 1e6 x $/M tokens
         time_s, cost = REFERENCE_TOKENS / tps, REFERENCE_TOKENS / 1e6 * best["usd_per_million_tokens"]
     base = res.get("baseline")
@@ -166,7 +167,7 @@ def _speedup(p: Point) -> str:
 
 
 def _hours(s: float) -> str:
-    h = s / 3600.0
+    h = s / SECONDS_PER_HOUR
     return f"{h:,.0f}" if h >= 100 else f"{h:,.1f}" if h >= 1 else f"{h:.3f}"
 
 
@@ -498,7 +499,7 @@ def write_plots(points: list[Point], plot_dir: Path, has_budget: bool) -> dict[s
         shown = [p for p in gp if p.time_s <= x_max and p.cost_usd <= y_max]
         for p in shown:
             ax.scatter(
-                p.time_s / 3600,
+                p.time_s / SECONDS_PER_HOUR,
                 p.cost_usd,
                 color=color[p.system],
                 marker=marker.get(p.gpu, "o"),
@@ -506,7 +507,7 @@ def write_plots(points: list[Point], plot_dir: Path, has_budget: bool) -> dict[s
                 alpha=0.8,
             )
         ax.plot(
-            [p.time_s / 3600 for p in front],
+            [p.time_s / SECONDS_PER_HOUR for p in front],
             [p.cost_usd for p in front],
             "k-",
             lw=1.2,
@@ -516,7 +517,7 @@ def write_plots(points: list[Point], plot_dir: Path, has_budget: bool) -> dict[s
         for k, p in enumerate(front, start=1):
             ax.annotate(
                 str(k),
-                (p.time_s / 3600, p.cost_usd),
+                (p.time_s / SECONDS_PER_HOUR, p.cost_usd),
                 fontsize=8,
                 fontweight="bold",
                 xytext=(-3, -11),

@@ -13,15 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from madmax_opt.core.units import NS, US
 from madmax_opt.model.objectives import OBJECTIVES, Rates, objective_values
 from madmax_opt.search.assemble import IntObjective
 from madmax_opt.search.cpsat import to_int
 
 Arr = NDArray[np.float64]
-US = 1e6  # integer time unit of training: microseconds per step
 UUSD = 1e6  # integer money unit of serving: micro-dollars (per million tokens)
 NUSD = 1e9  # integer money unit of training: nano-dollars per step (a 10 ms step on 8 GPUs costs ~$5e-5)
-NS = 1e9  # serving throughput: GPU-nanoseconds per output token
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 from ortools.sat.python import cp_model
 
 from madmax_opt.core.errors import InfeasibleError, InternalError
+from madmax_opt.core.units import MB, NS, SECONDS_PER_HOUR
 from madmax_opt.io.dlrm_problem import DLRMProblem
 from madmax_opt.model.dlrm import Layout, layout_of, lower
 from madmax_opt.model.dlrm_dense import (
@@ -71,8 +72,6 @@ from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.cpsat import run as cpsat_run
 
 IntArr = NDArray[np.int64]
-NS = 1e9  # integer time unit: nanoseconds
-MB = 1e6  # integer memory unit: megabytes, rounded up per shard
 MEMORY = TERM_INDEX["memory"]
 
 
@@ -539,7 +538,7 @@ def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, 
         "step_time_s": step,
         "samples_per_s": samples_s,
         "cost_per_hour_usd": price,
-        "usd_per_million_samples": price / 3600.0 / samples_s * 1e6,
+        "usd_per_million_samples": price / SECONDS_PER_HOUR / samples_s * 1e6,
         "exposed_a2a_share": float(exposed_a2a / step),
         "time_breakdown_s": {k: float(v[0]) for k, v in t.items()},
         "overlapped_comm_s": {k: float(v[0]) for k, v in hidden.items()},
@@ -563,7 +562,7 @@ def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, 
                            / (step * dense_peak_flops(opt.gpu, problem.model.dense_precision, problem.stack))),
     }
     if problem.task.train_samples:
-        hours = problem.task.train_samples / samples_s / 3600.0
+        hours = problem.task.train_samples / samples_s / SECONDS_PER_HOUR
         rec["time_to_train"] = {"hours": hours, "gpu_hours": hours * opt.gpus, "cost_usd": hours * price}
     return rec
 

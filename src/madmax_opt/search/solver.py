@@ -29,6 +29,7 @@ from madmax_opt.analysis.evaluator import (
 )
 from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import InfeasibleError, InternalError, ProblemError
+from madmax_opt.core.units import US
 from madmax_opt.io.problem import Problem
 from madmax_opt.model.objectives import Rates
 from madmax_opt.model.plan import PlanArrays
@@ -46,7 +47,7 @@ from madmax_opt.search.assemble import (
 )
 from madmax_opt.search.cpsat import INT_LIMIT, CpSatOptions, time_limit_error, to_int
 from madmax_opt.search.cpsat import options as cpsat_options
-from madmax_opt.search.objectives import US, UUSD, integer_objective, training_units  # noqa: F401 (UUSD: re-export)
+from madmax_opt.search.objectives import UUSD, integer_objective, training_units  # noqa: F401 (UUSD: re-export)
 from madmax_opt.search.space import enumerate_plans, memory_rounds
 from madmax_opt.search.stages import UnevenResult, solve_uneven
 

@@ -36,6 +36,7 @@ from ortools.sat.python import cp_model
 
 from madmax_opt.analysis.evaluator import Model
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.core.units import US
 from madmax_opt.model.objectives import Rates
 from madmax_opt.model.pipeline import stage_in_flight
 from madmax_opt.model.plan import PlanArrays
@@ -43,7 +44,7 @@ from madmax_opt.model.spec import RECOMPUTE_MODES, Plan, min_stage_layers
 from madmax_opt.model.training import invalid_codes, layer_costs, stage_costs
 from madmax_opt.search.cpsat import CpSatOptions, has_solution
 from madmax_opt.search.cpsat import run as cpsat_run
-from madmax_opt.search.objectives import US, rate_per_second, training_units
+from madmax_opt.search.objectives import rate_per_second, training_units
 from madmax_opt.search.space import enumerate_plans
 
 

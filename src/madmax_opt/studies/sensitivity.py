@@ -29,6 +29,7 @@ from madmax_opt.analysis.attribution import main_bottleneck
 from madmax_opt.analysis.evaluator import Model, metrics, staged_record, to_records
 from madmax_opt.analysis.records import Record
 from madmax_opt.core.errors import InfeasibleError, ProblemError
+from madmax_opt.core.units import J_PER_KWH
 from madmax_opt.io.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant, parameter_value
 from madmax_opt.io.problem import Problem
 from madmax_opt.model.hardware import HardwareOption
@@ -40,7 +41,6 @@ from madmax_opt.search.solver import solve_records
 from madmax_opt.search.space import enumerate_plans
 
 DEFAULT_FACTORS: tuple[float, ...] = (0.5, 2.0, 4.0)
-J_PER_KWH = 3.6e6
 
 
 # ------------------------------------------------------------------------------------------- variants

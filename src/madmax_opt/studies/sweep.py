@@ -18,6 +18,7 @@ import csv
 import fcntl
 import fnmatch
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -50,11 +51,13 @@ from rich.progress import (
 from rich.text import Text
 
 from madmax_opt.core.errors import InfeasibleError, ProblemError
+from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.io import catalog
 from madmax_opt.io.problem import (
     GpuRange,
     HFConfig,
     ModelRef,
+    check_space,
     cluster_sizes,
     problem_from_dict,
     read_yaml,
@@ -64,11 +67,11 @@ from madmax_opt.io.problem import (
 from madmax_opt.model.plan_settings import degree_settings
 from madmax_opt.model.spec import Objective, Space, Stack, Strict, System, Task, TransformerModel
 
+MAX_SWEEP_PROBLEMS = 100_000  # combinations one sweep file may expand to (the 500-problem benchmark: ~3 min)
 KEY_VERSION = 1  # bump when the meaning of a combination changes; old rows then no longer match
 RESULTS_FILE = "results.jsonl"
 TABLE_FILE = "results.csv"
 MANIFEST_FILE = "sweep.json"
-SECONDS_PER_HOUR = 3600.0
 
 
 # ------------------------------------------------------------------------------------------ sweep file
@@ -204,9 +207,14 @@ def load_sweep(path: str | Path) -> Sweep:
         keys = ", ".join(SweepFile.model_fields)
         raise ProblemError(f"expected a mapping with keys {{{keys}}}", file=file)
     spec: SweepFile = validate(SweepFile, data, file=file)
+    check_space(spec.space, file=file)
     if spec.calibration is not None:  # every problem names the overlay by its absolute path
         spec = spec.model_copy(update={"calibration": str((Path(file).parent / spec.calibration).resolve())})
-    combinations = tuple(expand(spec, file))
+    combinations = tuple(itertools.islice(expand(spec, file), MAX_SWEEP_PROBLEMS + 1))
+    if len(combinations) > MAX_SWEEP_PROBLEMS:
+        raise ProblemError(f"more than {MAX_SWEEP_PROBLEMS:,} problems (models x tasks x systems x sizes x "
+                           f"objectives); allowed: at most {MAX_SWEEP_PROBLEMS:,} per sweep file (split it)",
+                           file=file)
     return Sweep(path=file, spec=spec, combinations=combinations, validate_s=time.perf_counter() - t0)
 
 
@@ -424,7 +432,7 @@ def comparable(row: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in row.items() if k not in TIMING_FIELDS}
     if out.get("result"):
         out["result"] = dict(
-            out["result"], solver={k: v for k, v in out["result"]["solver"].items() if k != "wall_s"}
+            out["result"], solver={k: v for k, v in out["result"]["solver"].items() if "wall" not in k}
         )
     return out
 
@@ -581,9 +589,32 @@ def error_row(job: Job, kind: str, message: str) -> dict[str, Any]:
     }
 
 
-def _ignore_sigint() -> None:
-    """Pool workers leave Ctrl-C to the parent, which stops them and records what finished."""
+PARENT_POLL_S = 0.5  # how often a worker checks that the sweep process is still alive
+PR_SET_PDEATHSIG = 1  # linux/prctl.h: signal this process when its parent dies
+
+
+def _worker_init(parent_pid: int) -> None:
+    """Pool workers leave Ctrl-C to the parent, which stops them and records what finished; and they exit when
+    the sweep process dies however it dies (SIGKILL included): on Linux the kernel sends them SIGKILL
+    (PR_SET_PDEATHSIG), everywhere a daemon thread polls the parent pid. With the workers gone, the
+    multiprocessing resource tracker (whose pipe they held) sees end-of-file and exits too."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # no libc prctl: the polling thread below still applies
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True, name="parent-watch").start()
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)  # the sweep is gone: nobody will read this worker's result
 
 
 def run_local(
@@ -616,7 +647,8 @@ def _new_pool(workers: int) -> ProcessPoolExecutor:
     import multiprocessing
 
     return ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
+        initargs=(os.getpid(),),
     )
 
 

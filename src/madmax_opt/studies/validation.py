@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 
 from madmax_opt.analysis.evaluator import Model, metrics
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.core.units import GIB
 from madmax_opt.io import catalog
 from madmax_opt.io.problem import Problem, problem_from_dict
 from madmax_opt.model.hardware import HardwareOption
@@ -41,7 +42,6 @@ Arr = NDArray[np.float64]
 SHARED_ENV = "MADMAX_SHARED"
 KORTHIKANTI_FILE = "korthikanti2022_table5.yaml"
 VTRAIN_FILE = "vtrain_ground_truth_multi_a100.csv"
-GIB = 2.0**30
 VTRAIN_VOCAB = 51200  # not in the vTrain data; the GPT-2 BPE vocabulary padded for Megatron (assumption)
 
 # 2022 Megatron-LM on DGX A100 (Korthikanti 2022): unfused softmax attention with dropout; pipeline sends split
