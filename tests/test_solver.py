@@ -13,6 +13,7 @@ from madmax_opt.analysis.evaluator import Model, to_records
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.search.solver import ROUNDING_TOLERANCE_S, brute_force_order, candidates, solve, solve_records
+from madmax_opt.search.space import enumerate_plans
 from strategies import small_hardware, small_models
 
 
@@ -58,6 +59,12 @@ def test_solver_matches_brute_force(data: dict[str, Any], k: int) -> None:
         return
     out = solve(problem, model=model, plans=c.plans, top_k=k)
     obj = c.objective(problem.objective)
+    # the default candidates (plans proven infeasible or slower than each option's best dropped, unevaluated) lose
+    # nothing: the whole space, evaluated and brute-forced, has the same optimum and the same feasible optimum plan
+    full = candidates(model, enumerate_plans(problem))
+    full_order = brute_force_order(model, full, problem.objective)
+    assert int(full.objective(problem.objective)[full_order[0]]) == int(obj[order[0]])
+    assert solve(problem, model=model, top_k=k).objective == out.objective
     assert out.status == "optimal"
     # exact on the rounded integers: the optimum and the k best objective values equal brute force's
     assert out.objective == int(obj[order[0]])
@@ -150,7 +157,7 @@ def _gpt3(gpus: int, space: dict[str, Any] | None = None) -> dict[str, Any]:
 def test_default_space_is_every_valid_vpp_and_mbs() -> None:
     """Counted independently: per shape, vpp in the divisors of L/pp and mbs in the divisors of B/dp."""
     data = _gpt3(512, {"tp": 8, "cp": 1, "zero": 1, "recompute": "none", "sp": True})
-    plans = candidates(Model(problem_from_dict(data))).plans
+    plans = enumerate_plans(problem_from_dict(data))
     expected = set()
     for pp in (1, 2, 4, 8, 16, 32, 64):  # pp | 96 layers and pp | 512 / tp
         if 96 % pp or 64 % pp:

@@ -148,9 +148,13 @@ def enumerate_plans(problem: Problem, uneven: bool = False) -> PlanArrays:
             continue
         fixed = list(itertools.product(kv["zero"], kv["recompute"], kv["sp"], kv["ep"]))
         b, r = _shape_product(shapes, kv, fixed, problem.model.layers, problem.training_task.global_batch, uneven)
-        # drop duplicates that differ only in knobs without effect: sp without tp, zero without dp, vpp without pp
-        keep = ~((r[:, 4] == 1) & (b[:, 1] == 1))
-        keep &= ~((r[:, 2] > 0) & (b[:, 0] * b[:, 3] == 1))
+        # knobs without effect are no-ops, as in Megatron-Core (sp is turned off at tp 1; ZeRO over dp x cp = 1
+        # shards nothing): such a row becomes its sp-off / zero-0 twin, and the duplicates go; vpp without pp too
+        no_dp = b[:, 0] * b[:, 3] == 1
+        keep = ~((r[:, 4] == 1) & (b[:, 1] == 1)) if 0 in kv["sp"] else np.ones(len(b), dtype=bool)
+        keep &= ~((r[:, 2] != min(kv["zero"])) & no_dp)
+        r[:, 4] = np.where(b[:, 1] == 1, 0, r[:, 4])
+        r[:, 2] = np.where(no_dp, 0, r[:, 2])
         keep &= ~((r[:, 0] > 1) & (b[:, 2] == 1))
         if problem.stack.flash_attention and 0 in kv["recompute"]:  # flash recomputes scores: selective == none
             keep &= r[:, 3] != RECOMPUTE_MODES.index("selective")
@@ -167,3 +171,49 @@ def enumerate_plans(problem: Problem, uneven: bool = False) -> PlanArrays:
         empty = np.zeros(0, dtype=np.int64)
         return PlanArrays(*(empty for _ in range(10)))
     return PlanArrays.concat(parts)
+
+
+CODE_KNOBS: tuple[str, ...] = ("hw", "dp", "tp", "pp", "cp", "vpp", "mbs", "zero", "recompute", "sp", "ep")
+
+
+def knob_code(plans: PlanArrays, without: tuple[str, ...]) -> NDArray[np.int64] | None:
+    """One integer per plan that is equal exactly when all knobs but ``without`` are (a mixed-radix code); None
+    when the code would not fit in 62 bits."""
+    cols = [getattr(plans, k) for k in CODE_KNOBS if k not in without]
+    radices = [int(c.max()) + 1 if len(c) else 1 for c in cols]
+    if float(np.prod(np.array(radices, dtype=np.float64))) >= 2.0**62:
+        return None
+    key = np.zeros(len(plans), dtype=np.int64)
+    for c, radix in zip(cols, radices, strict=True):
+        key = key * radix + c
+    return key
+
+
+def memory_rounds(plans: PlanArrays) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """(round, parent) per plan for evaluating a space in rounds, so that plans proven over memory capacity are
+    never evaluated. Memory per GPU is nondecreasing in vpp and in mbs with every other knob fixed
+    (``pipeline.stage_in_flight``; activations and logits scale with the micro-batch): a vpp = 1 plan's parent is
+    the same plan at the next smaller micro-batch size, a vpp > 1 plan's parent its vpp = 1 sibling. Round r holds
+    the vpp = 1 plans with r smaller micro-batch sizes in their group, then the vpp > 1 plans last. A plan whose
+    parent is over capacity (or was itself dropped) is over capacity. parent = -1: evaluate unconditionally."""
+    n = len(plans)
+    rounds = np.zeros(n, dtype=np.int64)
+    parent = np.full(n, -1, dtype=np.int64)
+    no_mbs, no_vpp = knob_code(plans, ("vpp", "mbs")), knob_code(plans, ("vpp",))
+    if no_mbs is None or no_vpp is None or n == 0:
+        return rounds, parent
+    one = np.flatnonzero(plans.vpp == 1)
+    order = one[np.lexsort((plans.mbs[one], no_mbs[one]))]  # by group, then by micro-batch size
+    same_group = np.r_[False, no_mbs[order[1:]] == no_mbs[order[:-1]]]
+    parent[order[1:]] = np.where(same_group[1:], order[:-1], -1)
+    starts = np.flatnonzero(~same_group)
+    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    rounds[order] = rank
+    by_code = one[np.argsort(no_vpp[one], kind="stable")]
+    pos = np.minimum(np.searchsorted(no_vpp[by_code], no_vpp), max(len(by_code) - 1, 0))
+    rest = plans.vpp != 1
+    if len(by_code):
+        found = rest & (no_vpp[by_code[pos]] == no_vpp)
+        parent = np.where(found, by_code[pos], parent)
+    rounds[rest] = int(rank.max(initial=0)) + 1
+    return rounds, parent

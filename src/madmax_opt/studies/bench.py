@@ -19,12 +19,12 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from madmax_opt.analysis.evaluator import Model, metrics, to_records
+from madmax_opt.analysis.evaluator import Model, evaluate, metrics, to_records
 from madmax_opt.io.problem import Problem, load_problem
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.search.space import enumerate_plans
@@ -46,6 +46,25 @@ class VectorTiming:
         return min(self.wall_s)
 
 
+SCALING_SIZES = (10, 100, 1_000, 10_000, 100_000, 1_000_000)
+RECORDS_PER_CALL = 100_000  # 10^5 records hold ~1 GB; larger batches are timed as calls of this many
+
+
+@dataclass(frozen=True)
+class ScalingRow:
+    """``evaluate()`` (Plan objects in, JSON records out) on ``plans`` plans: the best of ``repeats`` runs."""
+
+    plans: int
+    calls: int  # evaluate() calls that made up one run (plans > RECORDS_PER_CALL: records dropped per call)
+    repeats: int
+    evaluate_s: float  # wall seconds of one run (all its calls)
+    metrics_s: float  # the vectorised metrics of the same plans (no records), wall seconds
+
+    @property
+    def us_per_plan(self) -> float:
+        return self.evaluate_s / self.plans * 1e6
+
+
 @dataclass(frozen=True)
 class BenchResult:
     problem: str
@@ -55,6 +74,7 @@ class BenchResult:
     vector: list[VectorTiming]  # one per thread count
     scalar_s: list[float]  # one per call
     record_s: list[float]
+    scaling: list[ScalingRow] = field(default_factory=list)  # evaluate() from 10 to 10^6 plans
 
     @property
     def fastest(self) -> VectorTiming:
@@ -129,7 +149,39 @@ def time_scalar(model: Model, plans: PlanArrays, calls: int, record: bool) -> li
     return out
 
 
-def run_bench(problem_path: Path, n_plans: int, repeats: int, calls: int, workers: int, seed: int) -> BenchResult:
+def time_scaling(problem: Problem, sizes: tuple[int, ...], seed: int) -> list[ScalingRow]:
+    """Per size: the public ``evaluate(problem, plans)`` on that many plans sampled from the space (best of a few
+    runs; Plan objects are built outside the timing), and the vectorised ``metrics`` of the same plans."""
+    space = enumerate_plans(problem)
+    rng = np.random.default_rng(seed)
+    names = [o.system.name for o in problem.hardware]
+    model = Model(problem)
+    rows = []
+    for n in sizes:
+        arr = space.take(rng.integers(0, len(space), n))
+        repeats = 5 if n <= 1_000 else (3 if n <= 10_000 else 1)
+        chunks = [(i, min(i + RECORDS_PER_CALL, n)) for i in range(0, n, RECORDS_PER_CALL)]
+        best_eval, best_met = float("inf"), float("inf")
+        for _ in range(repeats):
+            total = 0.0
+            for a, b in chunks:
+                part = arr.slice(a, b)
+                public = [part.plan(i, system=names[int(part.hw[i])]) for i in range(len(part))]
+                t0 = time.perf_counter()
+                evaluate(problem, public)
+                total += time.perf_counter() - t0
+                del public
+            best_eval = min(best_eval, total)
+            t0 = time.perf_counter()
+            met = metrics(model, arr)
+            _ = (met.step_time_s, met.tokens_per_s, met.mfu, met.terms.memory.total, met.feasible)
+            best_met = min(best_met, time.perf_counter() - t0)
+        rows.append(ScalingRow(n, len(chunks), repeats, best_eval, best_met))
+    return rows
+
+
+def run_bench(problem_path: Path, n_plans: int, repeats: int, calls: int, workers: int, seed: int,
+              scaling: tuple[int, ...] = SCALING_SIZES) -> BenchResult:
     """Time the batch on 1 and on ``workers`` threads, then the scalar calls."""
     problem = load_problem(problem_path)
     plans, space = sample_plans(problem, n_plans, seed)
@@ -147,6 +199,7 @@ def run_bench(problem_path: Path, n_plans: int, repeats: int, calls: int, worker
         vector=vector,
         scalar_s=time_scalar(model, few, calls, record=False),
         record_s=time_scalar(model, few, max(1, calls // 10), record=True),
+        scaling=time_scaling(problem, scaling, seed),
     )
 
 
@@ -200,6 +253,7 @@ def render(result: BenchResult, info: dict[str, str], date: str) -> str:
         f"< {SCALAR_BAR_S * 1e6:,.0f} us |",
         f"| scalar call, full JSON record with bottleneck attribution (median of {len(result.record_s)}) | "
         f"{result.record_median_s * 1e6:,.0f} us | |",
+        *_scaling_lines(result.scaling),
         "",
         "## Machine",
         "",
@@ -207,6 +261,33 @@ def render(result: BenchResult, info: dict[str, str], date: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _scaling_lines(rows: list[ScalingRow]) -> list[str]:
+    if not rows:
+        return []
+    base = next((r for r in rows if r.plans == 1_000), rows[0])
+    out = [
+        "",
+        "## evaluate() from 10 to 10^6 plans (linear time)",
+        "",
+        "The public `evaluate(problem, plans)`: Plan objects in, one JSON record per plan out (with the bottleneck "
+        "attribution), best of the runs; each call also prepares the model once (a fixed cost that dominates at "
+        f"10 plans). Above {RECORDS_PER_CALL:,} plans a run is calls of {RECORDS_PER_CALL:,} plans whose records are "
+        "dropped after each call (10^6 records would hold ~10 GB). Bar: per-plan time at 10^5 within 2x of 10^3.",
+        "",
+        "| plans | calls | runs | evaluate() (s) | per plan (us) | vs 10^3 | vectorised metrics (s) | per plan (ns) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(f"| {r.plans:,} | {r.calls} | {r.repeats} | {r.evaluate_s:.4f} | {r.us_per_plan:,.1f} | "
+                   f"{r.us_per_plan / base.us_per_plan:.2f}x | {r.metrics_s:.4f} | {r.metrics_s / r.plans * 1e9:,.0f} |")
+    big = next((r for r in rows if r.plans == 100_000), None)
+    if big is not None:
+        ratio = big.us_per_plan / base.us_per_plan
+        out += ["", f"Per-plan time at 10^5 plans is {ratio:.2f}x that at 10^3: "
+                f"{'meets' if ratio <= 2.0 else 'MISSES'} the 2x bar."]
+    return out
 
 
 def bench_evaluator_cmd(
