@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from madmax_opt.core.units import NS, US
-from madmax_opt.model.objectives import OBJECTIVES, Rates, objective_values
+from madmax_opt.model.objectives import Rates, objective_values
 from madmax_opt.search.assemble import IntObjective
 from madmax_opt.search.cpsat import to_int
 
@@ -64,9 +64,5 @@ def rate_per_second(name: str, rates_at_one_second: Rates, unit: Unit) -> Arr:
     return objective_values(name, rates_at_one_second) * unit.per_value
 
 
-def allowed() -> str:
-    return ", ".join(OBJECTIVES)
-
-
-__all__ = ["NS", "NUSD", "US", "UUSD", "Unit", "allowed", "integer_objective", "rate_per_second", "serving_units",
+__all__ = ["NS", "NUSD", "US", "UUSD", "Unit", "integer_objective", "rate_per_second", "serving_units",
            "training_units"]
