@@ -50,23 +50,29 @@ def test_cast_bytes_per_element() -> None:
     assert cast_time_s(np.array([1e9]), "bf16", np.array([2e12]))[0] == 0.0
 
 
-@pytest.mark.parametrize("precision", ["fp8", "mxfp8"])
-def test_fp8_gemms_at_the_fp8_peak_attention_stays_bf16(precision: str) -> None:
-    plan = Plan(dp=8, mbs=1)
+COLUMN_PARALLEL = (True, False, True, False)  # QKV and MLP up shard n over TP; projection and MLP down shard k
+
+
+@pytest.mark.parametrize(("precision", "tp"), [("fp8", 1), ("mxfp8", 1), ("fp8", 2)])
+def test_fp8_gemms_at_the_fp8_peak_attention_stays_bf16(precision: str, tp: int) -> None:
+    plan = Plan(dp=8 // tp, tp=tp, sp=tp > 1, mbs=1)
     low, table = _layer(_problem(precision), plan)
     bf, _ = _layer(_problem("bf16"), plan)
     cal = table.options[0].gpu.calibration
     peaks = table.options[0].gpu.peak_flops
     fp8_eff = (cal.fp8_gemm_eff or cal.gemm_eff) * (cal.mxfp8_gemm_ratio if precision == "mxfp8" else 1.0)
     tokens = float(SEQ)
-    gemm_fp8 = sum(_gemm_s(tokens * 2 * k * n, min(tokens, k, n), peaks["fp8"], fp8_eff, cal.gemm_half_dim)
-                   for k, n in GEMMS)
-    gemm_bf16 = sum(_gemm_s(tokens * 2 * k * n, min(tokens, k, n), peaks["bf16"], cal.gemm_eff, cal.gemm_half_dim)
-                    for k, n in GEMMS)
+    # per-GPU GEMM: FLOPs / tp; smallest dimension of tokens, the TP-sharded one and the other
+    dims = [min(tokens, n / tp, k) if col else min(tokens, k / tp, n) for (k, n), col in zip(GEMMS, COLUMN_PARALLEL, strict=True)]
+    gemm_fp8 = sum(_gemm_s(tokens * 2 * k * n / tp, d, peaks["fp8"], fp8_eff, cal.gemm_half_dim)
+                   for (k, n), d in zip(GEMMS, dims, strict=True))
+    gemm_bf16 = sum(_gemm_s(tokens * 2 * k * n / tp, d, peaks["bf16"], cal.gemm_eff, cal.gemm_half_dim)
+                    for (k, n), d in zip(GEMMS, dims, strict=True))
     assert low.wgrad_s[0] == pytest.approx(gemm_fp8, rel=1e-12)
     assert bf.wgrad_s[0] == pytest.approx(gemm_bf16, rel=1e-12)
-    # casts: x (tokens x k) forward, dy (tokens x n) backward, memory-bound at hbm_bw x hbm_eff
-    cast = sum(tokens * (k + n) for k, n in GEMMS) * CAST_BYTES_PER_ELEMENT[precision] / table.hbm_bw[0]
+    # casts: x (tokens x k) forward, dy (tokens x n) backward, memory-bound at hbm_bw x hbm_eff; the TP-sharded
+    # operand is 1/tp, and with SP the other one is cast on its sequence shard (1/tp) before the FP8 all-gather
+    cast = sum(tokens * (k + n) / tp for k, n in GEMMS) * CAST_BYTES_PER_ELEMENT[precision] / table.hbm_bw[0]
     # compute = fwd + bwd: the GEMMs twice (fwd + activation-grad) plus casts; attention and elementwise unchanged
     delta = low.time["compute"][0] - bf.time["compute"][0]
     assert delta == pytest.approx(2.0 * (gemm_fp8 - gemm_bf16) + cast, rel=1e-9)

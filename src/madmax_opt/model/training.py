@@ -140,8 +140,9 @@ def layer_costs(
         gemm_fwd = gemm_fwd + t_gemm
         if g.tp_dim == "n":
             column_parallel.append(t_gemm)
-        if low:  # quantise the input x (tokens x k) in forward and the output gradient dy (tokens x n) in backward
-            k_local, n_local = (g.k, sharded) if g.tp_dim == "n" else (sharded, g.n)
+        if low:  # quantise the input x (tokens x k) in forward and the output gradient dy (tokens x n) in backward;
+            # with SP the unsharded operand is cast on its sequence shard before the FP8 all-gather (TE)
+            k_local, n_local = (g.k / sp_div, sharded) if g.tp_dim == "n" else (sharded, g.n / sp_div)
             cast_fwd = cast_fwd + cast_time_s(tokens * k_local, task.precision, hbm_bw)
             cast_bwd = cast_bwd + cast_time_s(tokens * n_local, task.precision, hbm_bw)
     ep = _f(plans.ep)

@@ -133,7 +133,8 @@ def sensitivities(runs: Sequence[Run], base: dict[str, float] | None = None) -> 
     sets: list[dict[str, float]] = []
     for name in FIT_PARAMS:
         value = base.get(name, prior_value(cal, name))
-        value = value if value > 0 else 1e-4  # layer_overhead_s prior 0: probe at 0.1 ms
+        if name == "layer_overhead_s":  # probe at >= 1 ms: the elasticity of an overhead near 0 is near 0 whatever
+            value = max(value, OVERHEAD_SCALE_S)  # the runs say; at 1 ms it is the share of the step it would take
         for f in (1.05, 1.0 / 1.05):
             v = value * f
             if name != "layer_overhead_s":  # fractions
