@@ -401,6 +401,60 @@ def test_interrupted_sweep_resumes_without_lost_or_duplicated_rows(
     assert (out / "results.csv").read_text().count("\n") == 121
 
 
+def _children(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (read from /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigkill_of_a_sweep_leaves_no_process_behind(tmp_path: Path) -> None:
+    """The workers and the resource tracker exit when the sweep process is killed with SIGKILL (no handler)."""
+    sweep_file = write_sweep(tmp_path / "medium.yaml", MEDIUM)
+    out = tmp_path / "out"
+    cmd = [*CLI, "sweep", str(sweep_file), "--out", str(out), "--workers", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        kids: set[int] = set()
+        while time.monotonic() < deadline and proc.poll() is None:
+            kids = _children(proc.pid)
+            if len(kids) >= 3 and (out / RESULTS_FILE).exists():  # two workers and the resource tracker, working
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None and len(kids) >= 3, kids
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_alive(k) for k in kids):
+            time.sleep(0.05)
+        assert not [k for k in kids if _alive(k)], "processes left behind after SIGKILL of the sweep"
+    finally:  # whatever failed, leave nothing behind
+        for k in (kids | _children(proc.pid)) if kids else set():
+            if _alive(k):
+                os.kill(k, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_torn_last_line_is_dropped_and_its_problem_solved_again(
     tmp_path: Path, small_run: tuple[Path, Path]
 ) -> None:

@@ -19,9 +19,8 @@ def sensitivity_command(
                      "name lists them all]"),
     ] = None,
     factors: Annotated[str, typer.Option("--factors", help="comma-separated factors")] = "0.5,2,4",
-    out: Annotated[Path, typer.Option("--out", help="output directory for STEM.md/.json/.png")] = Path(
-        "results/sensitivity"
-    ),
+    out: Annotated[Path, typer.Option("--out", help="output directory for STEM.md/.json/.png (default: "
+                                      "./sensitivity in the current directory)")] = Path("sensitivity"),
     json_out: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.01, help="CP-SAT time limit per solve, s")] = 60.0,
     workers: Annotated[int, typer.Option("--workers", min=1, help="CP-SAT workers (1 = deterministic)")] = 1,

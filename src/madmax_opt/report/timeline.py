@@ -8,6 +8,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import typer
 from rich.console import Console
 from rich.table import Table
 
@@ -72,11 +74,19 @@ def timeline_cmd(
         raise ProblemError(f"unknown detail {detail!r}; allowed: ops, layers", field="--detail")
     loaded = load_problem(problem)
     chosen = _one_plan(plan, loaded, index)
-    sim = simulate(Model(loaded), chosen)
+    check_drawable(loaded, chosen.dp, chosen.mbs, file=str(plan), field="mbs")
+    try:
+        sim = simulate(Model(loaded), chosen)
+    except ProblemError as exc:  # an invalid plan is the plan file's fault, not the problem file's
+        if exc.field != "plan":
+            raise
+        reason = str(exc).removeprefix(f"{exc.file}: {exc.field}: ")
+        raise ProblemError(reason, file=str(plan), field=f"[{index}]" if index else None) from None
     files = write_timeline(sim, out, plan.stem if index == 0 else f"{plan.stem}-{index}", detail)
     summary = {**sim.summary(), "files": {k: str(v) for k, v in files.items()}}
     if json_out:
         print(json.dumps(summary, indent=2))
+        warn_beyond_tolerance(sim)
         return
     t = Table(title=f"simulated step: {plan_text(sim.setup.closed_form['plan'])}", header_style="bold")
     for c in ("term", "simulated (ms)", "closed form (ms)"):
@@ -89,6 +99,33 @@ def timeline_cmd(
     console.print(t)
     console.print(f"difference {sim.difference:+.2%} (tolerance {TRACE_TOLERANCE:.0%}); breakdown of stage "
                   f"{summary['critical_stage']}; wrote {files['trace']} and {files['gantt']}")
+    warn_beyond_tolerance(sim)
+
+
+CROSS_CHECK_FAILED = 1  # exit code when a cross-check fails: timeline beyond tolerance (verify uses it too)
+MAX_LAYER_PASSES = 200_000  # micro-batches x layers a timeline draws: ~2 trace events each, MAX_TRACE_EVENTS
+
+
+def check_drawable(problem: Problem, dp: int, mbs: int, *, file: str, field: str) -> None:
+    """Refuse (one line, exit 2) a step too long to draw: the simulation visits every micro-batch of every layer
+    and the trace holds ~2 events per pass, so m x L above MAX_LAYER_PASSES would take minutes and gigabytes."""
+    task = problem.training_task
+    micro = -(-task.global_batch // (dp * mbs))  # ceil(global_batch / (dp * mbs))
+    passes = micro * problem.model.layers
+    if passes > MAX_LAYER_PASSES:
+        raise ProblemError(
+            f"a timeline draws every layer of every micro-batch: {micro:,} micro-batches x {problem.model.layers:,} "
+            f"layers = {passes:,} layer passes; allowed: at most {MAX_LAYER_PASSES:,} (raise mbs or dp; `evaluate` "
+            "prices any plan)", file=file, field=field)
+
+
+def warn_beyond_tolerance(sim: Simulation) -> None:
+    """A simulated step further than TRACE_TOLERANCE from the closed form: a warning on stderr, exit 1."""
+    if abs(sim.difference) <= TRACE_TOLERANCE:
+        return
+    print(f"warning: simulated step differs from the closed form by {sim.difference:+.2%}, beyond the "
+          f"{TRACE_TOLERANCE:.0%} tolerance (the outputs were written; exit {CROSS_CHECK_FAILED})", file=sys.stderr)
+    raise typer.Exit(CROSS_CHECK_FAILED)
 
 
 def rerank_and_plot(problem: Problem, result: dict[str, Any], rerank_top: bool, plot: Path | None
@@ -99,6 +136,9 @@ def rerank_and_plot(problem: Problem, result: dict[str, Any], rerank_top: bool, 
         raise ProblemError("needs a training problem (task kind pretrain or finetune)", file=problem.source,
                            field=flag)
     if rerank_top:
+        for record in result["top"]:
+            check_drawable(problem, record["plan"]["dp"], record["plan"]["mbs"], file=problem.source,
+                           field="--rerank")
         top, info = rerank(problem, result["top"])
         result = {**result, "best": top[0], "top": top, "rerank": info}
         kept = "kept" if info["kept_closed_form_best"] else "replaced"

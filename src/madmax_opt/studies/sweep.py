@@ -18,7 +18,6 @@ import csv
 import fcntl
 import fnmatch
 import hashlib
-import itertools
 import json
 import math
 import os
@@ -210,11 +209,7 @@ def load_sweep(path: str | Path) -> Sweep:
     check_space(spec.space, file=file)
     if spec.calibration is not None:  # every problem names the overlay by its absolute path
         spec = spec.model_copy(update={"calibration": str((Path(file).parent / spec.calibration).resolve())})
-    combinations = tuple(itertools.islice(expand(spec, file), MAX_SWEEP_PROBLEMS + 1))
-    if len(combinations) > MAX_SWEEP_PROBLEMS:
-        raise ProblemError(f"more than {MAX_SWEEP_PROBLEMS:,} problems (models x tasks x systems x sizes x "
-                           f"objectives); allowed: at most {MAX_SWEEP_PROBLEMS:,} per sweep file (split it)",
-                           file=file)
+    combinations = tuple(expand(spec, file))
     return Sweep(path=file, spec=spec, combinations=combinations, validate_s=time.perf_counter() - t0)
 
 
@@ -271,6 +266,7 @@ def expand(spec: SweepFile, file: str) -> Iterator[Combination]:
                     f"needs {where} (the token budget)", file=file, field=f"constraints.{cons}"
                 )
     points = _hardware_points(spec, file)
+    _check_count(len(models) * len(tasks) * len(points) * len(spec.objectives), file)
     for mi, (mref, model) in enumerate(zip(spec.models, models, strict=True)):
         for t, task in enumerate(tasks):
             for hfield, system, system_ref, n in points:
@@ -311,7 +307,14 @@ def _hardware_points(spec: SweepFile, file: str) -> list[HardwarePoint]:
                     )
                 seen[(system.name, n)] = hfield
                 points.append((hfield, system, ref, n))
+                _check_count(len(points), file)
     return points
+
+
+def _check_count(problems: int, file: str) -> None:
+    if problems > MAX_SWEEP_PROBLEMS:
+        raise ProblemError(f"{problems:,} problems or more (models x tasks x systems x sizes x objectives); "
+                           f"allowed: at most {MAX_SWEEP_PROBLEMS:,} per sweep file (split it)", file=file)
 
 
 def _combination(
