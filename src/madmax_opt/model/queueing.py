@@ -1,0 +1,437 @@
+"""Online serving under Poisson arrivals: continuous batching as a queue; TTFT and TPOT percentiles (vectorised).
+
+Iteration model (the same rules drive the reference simulation, ``analysis/serving_sim.py``):
+- requests arrive as a Poisson process of rate lambda, split uniformly at random over the dp decode replicas (each
+  replica sees Poisson(lambda / dp); round-robin routing would be less bursty, so this is the conservative side);
+- a replica runs iterations; at the start of one it admits waiting requests first come first served while fewer
+  than c sequences are running (c = min(plan batch, KV-cache max batch): vLLM ``max_num_seqs``, TensorRT-LLM
+  ``max_batch_size``);
+- an iteration with n running sequences and K admitted prompts takes T = t_dec(n) + K P: the decode round of the
+  running batch plus the admitted prompts' prefill in the same mixed batch (Orca, Yu et al. 2022; Sarathi-Serve,
+  Agrawal et al. 2024; vLLM chunked prefill). t_dec and P are the closed-form model's (``inference.py``: decode
+  round at batch n, replica time per prefilled prompt); delta = lone-prompt prefill latency - P (pipeline fill);
+- an admitted request gets its first token at the end of its admission iteration (+ delta), then one token per
+  iteration for o - 1 iterations, and leaves. TTFT = first token - arrival; TPOT = (last - first token)/(o - 1).
+
+Analytic approximations (each checked against the simulation in ``tests/test_online_serving.py``):
+1. Mean field (Little's law): running sequences n = lambda (E[o] - 1) E[T], E[T] = t_dec(n) / (1 - lambda P)
+   (prefill takes a share lambda P of the time). Stable while lambda < lambda_max = c / ((E[o]-1) t_dec(c) + c P).
+2. TTFT, no queue: admitted prompts per iteration K form a Galton-Watson process with immigration (each prefill of
+   P seconds lets Poisson(lambda P) arrivals in, each decode round Poisson(lambda t_dec)); K is taken negative
+   binomial with its exact mean iota / (1 - m) and variance mean / (1 - m^2) (m = lambda P, iota = lambda t_dec).
+   An arrival lands in a length-biased iteration (weight T_K), waits its uniform residual, then its own iteration
+   of t_dec + P (1 + J) with J ~ Poisson(lambda T_K) others. An idle replica (probability e^-n, n Poisson) starts
+   at once: TTFT = P + delta.
+3. Queue when all c slots are busy: c servers with slot holding time S = (E[o] - 1) E[T_c]. Prefill bursts make the
+   running count over-dispersed (Var n = D n, D = G^2 with G the burst gain of note 4), so the waiting probability
+   is Erlang C of c / D servers under load lambda S / D; the wait is exponential with the heavy-traffic rate
+   2 (c/S - lambda) / (D + cv^2) (Kingman 1962 with arrival variability D; cv = coefficient of variation of o - 1);
+   TTFT = wait + the no-queue TTFT. This regime is the least accurate (see the module's tests and README).
+4. TPOT of a request of o tokens: t_dec averaged over its o - 1 iterations plus the prefills admitted meanwhile.
+   Other requests are an M/G/infinity shot noise (each overlapping iteration adds t_dec' / (o - 1), each admitted
+   prompt P / (o - 1)); its first three cumulants give a Cornish-Fisher quantile per request shape, mixed by share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, fields, replace
+from functools import cache
+
+import numpy as np
+from numpy.typing import NDArray
+
+from madmax_opt.model.inference import InferenceTerms, ServingArrays, ServingWorkload
+from madmax_opt.model.spec import PERCENTILE_TARGETS
+
+Arr = NDArray[np.float64]
+
+PERCENTILES: tuple[int, ...] = (50, 90, 99)
+LATENCY_TARGETS = PERCENTILE_TARGETS  # ttft_p50_s ... tpot_p99_s (spec.py)
+_Z = {50: 0.0, 90: 1.2815515655446004, 99: 2.3263478740408408}  # standard normal quantiles
+_K_TERMS = 48  # admitted prompts per iteration considered (the rest of the negative binomial mass is lumped)
+_BISECT = 26
+
+
+@dataclass(frozen=True)
+class ServiceTable:
+    """Per plan (one row each): what the queueing model needs from the closed-form serving model."""
+
+    cap: Arr  # c: running sequences per decode replica
+    n_grid: Arr  # (N, G) running batch sizes where the decode round was evaluated (non-decreasing)
+    t_grid: Arr  # (N, G) decode round time there, s
+    prefill_s: Arr  # P: replica time per admitted prompt (share-weighted over the request mix), s
+    first_token_extra_s: Arr  # delta: lone-prompt prefill latency beyond P (pipeline fill), s
+    replicas: Arr  # decode replicas the arrivals are split over
+    outputs: Arr  # (S,) output tokens of each request shape
+    shares: Arr  # (S,) request shares
+
+    def __len__(self) -> int:
+        return int(self.cap.shape[0])
+
+    def row(self, i: int) -> ServiceTable:
+        per_plan = {f.name: getattr(self, f.name)[i : i + 1] for f in fields(self)}
+        per_plan["outputs"], per_plan["shares"] = self.outputs, self.shares
+        return ServiceTable(**per_plan)
+
+    @property
+    def mean_decode_iterations(self) -> float:
+        """E[o] - 1: decode iterations a request spends in the running batch."""
+        return float(np.sum(self.shares * (self.outputs - 1.0)))
+
+    def decode_s(self, n: Arr) -> tuple[Arr, Arr]:
+        """t_dec(n) by linear interpolation on the grid (n >= 1; clamped to the grid) and its slope d t / d n."""
+        g = self.n_grid
+        n = np.clip(n, g[:, 0], g[:, -1])
+        idx = np.clip(np.sum(g <= n[:, None], axis=1) - 1, 0, g.shape[1] - 2)
+        rows = np.arange(len(n))
+        n0, n1 = g[rows, idx], g[rows, idx + 1]
+        t0, t1 = self.t_grid[rows, idx], self.t_grid[rows, idx + 1]
+        dn = n1 - n0
+        slope = np.where(dn > 0, (t1 - t0) / np.where(dn > 0, dn, 1.0), 0.0)
+        return t0 + slope * (n - n0), slope
+
+    def max_rate_per_replica(self) -> Arr:
+        """lambda_max = c / ((E[o] - 1) t_dec(c) + c P): the rate at which the c slots are always busy."""
+        t_c, _ = self.decode_s(self.cap)
+        return self.cap / (self.mean_decode_iterations * t_c + self.cap * self.prefill_s)
+
+
+@dataclass(frozen=True)
+class OnlineLatency:
+    """Latency distribution per plan at one arrival rate (SI units). Percentile columns follow PERCENTILES."""
+
+    ttft_s: Arr  # (N, 3)
+    tpot_s: Arr  # (N, 3)
+    ttft_mean_s: Arr
+    tpot_mean_s: Arr
+    running: Arr  # mean running sequences per replica
+    iteration_s: Arr  # mean iteration time
+    wait_probability: Arr  # probability an arrival finds all c slots busy
+    utilisation: Arr  # lambda / lambda_max
+    stable: NDArray[np.bool_]
+
+    def metric(self, name: str) -> Arr:
+        """``ttft_p99_s``, ``tpot_p50_s``, ..., or the means ``ttft_s`` / ``tpot_s``."""
+        if name in ("ttft_s", "tpot_s"):
+            return np.asarray(getattr(self, name.replace("_s", "_mean_s")))
+        kind, p, _ = name.split("_")
+        return np.asarray(getattr(self, f"{kind}_s")[:, PERCENTILES.index(int(p[1:]))])
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+
+
+def _erf(x: Arr) -> Arr:
+    """Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)."""
+    s = np.sign(x)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * \
+        np.exp(-a * a)
+    return np.asarray(s * y)
+
+
+def normal_cdf(z: Arr) -> Arr:
+    return 0.5 * (1.0 + _erf(z / np.sqrt(2.0)))
+
+
+def _row_sum(x: Arr) -> Arr:
+    """Sum of each row (all trailing axes) in index order: independent of the padding other plans force."""
+    return np.asarray(np.cumsum(x.reshape(len(x), -1), axis=1)[:, -1])
+
+
+def _lump_tail(pmf: Arr, cut: NDArray[np.int64]) -> Arr:
+    """Zero each row's columns from ``cut`` on and add the missing mass to column cut - 1 (sequential sums, so a
+    row's values do not depend on the array's width, i.e. on the other plans evaluated with it)."""
+    cols = np.arange(pmf.shape[1])[None, :]
+    kept = np.where(cols < cut[:, None], pmf, 0.0)
+    missing = np.maximum(1.0 - np.cumsum(kept, axis=1)[:, -1], 0.0)
+    kept[np.arange(len(cut)), cut - 1] += missing
+    return kept
+
+
+def poisson_pmf(mean: Arr, terms: int, cut: NDArray[np.int64] | None = None) -> Arr:
+    """(N, terms) Poisson probabilities of 0 .. terms-1 (recursive: p_k = p_{k-1} mean / k); the tail from
+    ``cut`` (per row; default: terms) is lumped into column cut - 1."""
+    out = np.empty((len(mean), terms))
+    out[:, 0] = np.exp(-mean)
+    for k in range(1, terms):
+        out[:, k] = out[:, k - 1] * mean / k
+    return _lump_tail(out, np.full(len(mean), terms, dtype=np.int64) if cut is None else cut)
+
+
+def negative_binomial_pmf(mean: Arr, var: Arr, terms: int, cut: NDArray[np.int64] | None = None) -> Arr:
+    """(N, terms) negative binomial with the given mean and variance (>= mean; Poisson when equal), tail lumped."""
+    cut = np.full(len(mean), terms, dtype=np.int64) if cut is None else cut
+    over = var > mean * (1.0 + 1e-9)
+    p = np.where(over, mean / np.where(over, var, 1.0), 1.0)
+    r = np.where(over, mean * p / np.maximum(1.0 - p, 1e-300), 1.0)
+    nb = np.empty((len(mean), terms))
+    nb[:, 0] = np.exp(r * np.log(np.where(over, p, 1.0)))
+    for k in range(1, terms):
+        nb[:, k] = nb[:, k - 1] * (k - 1 + r) / k * (1.0 - p)
+    return np.where(over[:, None], _lump_tail(nb, cut), poisson_pmf(mean, terms, cut))
+
+
+def erlang_c(servers: Arr, load: Arr) -> Arr:
+    """P(wait) in M/M/c (Erlang C) via the stable Erlang B recursion B_k = a B_{k-1} / (k + a B_{k-1}); rows
+    whose load is more than 12 standard deviations below the servers are 0 (below 1e-30) and skipped."""
+    rho = load / servers
+    out = np.where(rho < 1.0, 0.0, 1.0)
+    live = np.flatnonzero((rho < 1.0) & (servers - load < 12.0 * np.sqrt(np.maximum(load, 1.0)) + 12.0))
+    if len(live) == 0:
+        return out
+    c, a = servers[live], load[live]
+    b = np.ones_like(a)
+    for k in range(1, int(np.max(c)) + 1):
+        b = np.where(k <= c, a * b / (k + a * b), b)
+    out[live] = b / np.maximum(1.0 - rho[live] * (1.0 - b), 1e-300)
+    return out
+
+
+def _erlang_c_scaled(servers: Arr, load: Arr, dispersion: Arr) -> Arr:
+    """Erlang C of c / D servers under load a / D, linear between the neighbouring whole server counts."""
+    x = np.maximum(servers / dispersion, 1.0)
+    lo = np.floor(x)
+    frac = x - lo
+    a = load / dispersion
+    return np.asarray((1.0 - frac) * erlang_c(lo, a) + frac * erlang_c(lo + 1.0, a))
+
+
+def _bisect_quantile(cdf: object, lo: Arr, hi: Arr, p: float) -> Arr:
+    for _ in range(_BISECT):
+        mid = 0.5 * (lo + hi)
+        below = cdf(mid) < p  # type: ignore[operator]
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return 0.5 * (lo + hi)
+
+
+# ------------------------------------------------------------------------------------------- the model
+
+
+def _kernel_integrals(outputs: Arr) -> tuple[Arr, Arr]:
+    return _kernel_integrals_cached(tuple(float(o) for o in outputs))
+
+
+@cache
+def _kernel_integrals_cached(outputs_key: tuple[float, ...]) -> tuple[Arr, Arr]:
+    """Plan-independent shot-noise integrals over the arrival offset u (iterations) of another request:
+    ``H[k, j, j']`` = int h^k du over all u and ``Hin[k, j, j']`` = int_0^m h^k du (k = 0..3), where
+    h(u) = overlap of its m' decode iterations with the tagged request's m, divided by m."""
+    m = np.maximum(np.array(outputs_key) - 1.0, 0.0)
+    s = len(m)
+    h_all = np.zeros((4, s, s))
+    h_in = np.zeros((4, s, s))
+    for j in range(s):
+        for jj in range(s):
+            if m[j] <= 0 or m[jj] <= 0:
+                continue
+            u = np.linspace(-m[jj], m[j], 4097)
+            du = u[1] - u[0]
+            h = np.maximum(np.minimum(m[j], u + m[jj]) - np.maximum(0.0, u), 0.0) / m[j]
+            inside = (u > 0) & (u <= m[j])
+            for k in range(4):
+                h_all[k, j, jj] = np.trapezoid(h**k, dx=du) if k else m[j] + m[jj]
+                h_in[k, j, jj] = np.sum(np.where(inside, h**k, 0.0)) * du
+    return h_all, h_in
+
+
+def latency(st: ServiceTable, rate_per_replica: Arr, only: Collection[str] | None = None) -> OnlineLatency:
+    """TTFT / TPOT percentiles and means per plan at ``rate_per_replica`` requests/s (one per plan); with ``only``
+    (target names), the percentiles not named are left NaN (the search computes what its targets need)."""
+    lam = np.asarray(rate_per_replica, dtype=np.float64)
+    c, big_p, delta = st.cap, st.prefill_s, st.first_token_extra_s
+    m_mean = st.mean_decode_iterations
+    lam_max = st.max_rate_per_replica()
+    stable = lam < lam_max
+    lam_s = np.where(stable, lam, 0.999999 * lam_max)
+    busy_prefill = lam_s * big_p  # m: share of time spent prefilling
+
+    # 1. mean field: n = lambda m_mean t(n) / (1 - lambda P), bisection on [0, c]
+    lo, hi = np.zeros_like(lam_s), c.astype(np.float64).copy()
+    for _ in range(_BISECT):
+        mid = 0.5 * (lo + hi)
+        t_mid, _ = st.decode_s(np.maximum(mid, 1.0))
+        grow = lam_s * m_mean * t_mid / (1.0 - busy_prefill) > mid
+        lo, hi = np.where(grow, mid, lo), np.where(grow, hi, mid)
+    n = 0.5 * (lo + hi)
+    p_idle = np.exp(-n)  # Poisson occupancy (M/G/infinity) below the cap
+    n_busy = np.maximum(n / np.maximum(1.0 - p_idle, 1e-12), 1.0)  # mean running given at least one
+    t_dec, slope = st.decode_s(n_busy)
+    iteration = st.decode_s(np.maximum(n, 1.0))[0] / (1.0 - busy_prefill)
+
+    # 3. queue: M/D/c with holding time S = (E[o] - 1) E[T_c]
+    t_cap, _ = st.decode_s(c)
+    hold = m_mean * t_cap / (1.0 - busy_prefill)
+    # the running count is over-dispersed: Var n = n G^2, G the burst gain of note 4; a system of c / G^2 slots
+    # under load a / G^2 has that dispersion (Erlang C interpolated between whole numbers of slots)
+    dispersion = 1.0 / np.maximum(1.0 - busy_prefill - lam_s * m_mean * slope, 0.05) ** 2
+    wait_p = np.where(stable, _erlang_c_scaled(c, lam_s * hold, dispersion), 1.0)
+    mo = np.maximum(st.outputs - 1.0, 0.0)
+    cv2 = float(np.sum(st.shares * mo**2) / max(m_mean, 1e-12) ** 2 - 1.0) if m_mean > 0 else 0.0
+    # Kingman heavy traffic: rate 2 (c/S - lambda) / (ca^2 + cs^2), arrivals into the slots as bursty as n (ca^2 = D)
+    theta = 2.0 * np.maximum(c / hold - lam_s, 1e-12) / (dispersion + cv2)
+
+    # 2. TTFT without queue: Y = residual of a length-biased iteration + prefill of the others it admits with
+    iota = lam_s * t_dec
+    k_mean = iota / (1.0 - busy_prefill)
+    k_var = k_mean / (1.0 - busy_prefill**2)
+    # per plan: admitted prompts considered up to mean + 6 sd (Poisson of the longest iteration), 6 to 48
+    top_mean = lam_s * (t_dec + big_p * (k_mean + 6.0 * np.sqrt(k_var) + 1.0))
+    cut = np.clip(np.ceil(top_mean + 6.0 * np.sqrt(top_mean) + 4.0), 6, _K_TERMS).astype(np.int64)
+    terms = int(np.max(cut, initial=6))
+    pi_k = negative_binomial_pmf(k_mean, k_var, terms, cut)
+    ks = np.arange(terms, dtype=np.float64)
+    t_k = t_dec[:, None] + big_p[:, None] * ks[None, :]  # (N, K)
+    biased = pi_k * t_k
+    biased /= _row_sum(biased)[:, None]
+    q_j = poisson_pmf((lam_s[:, None] * t_k).ravel(), terms, np.repeat(cut, terms)).reshape(len(lam_s), terms, terms)
+    weight = biased[:, :, None] * q_j  # (N, K, J)
+    base = t_dec + big_p + delta  # own iteration without others, + pipeline fill
+    shift = big_p[:, None, None] * ks[None, None, :]  # P J
+    lone = big_p + delta
+    busy = 1.0 - p_idle
+
+    def ttft0_cdf(x: Arr) -> Arr:
+        y = (x - base)[:, None, None] - shift
+        inside = np.clip(y / t_k[:, :, None], 0.0, 1.0)
+        return np.asarray(busy * _row_sum(weight * inside) + p_idle * (x >= lone))
+
+    # Gauss-Laguerre nodes for the exponential wait: E[F0(x - W)] = sum_i w_i F0(x - xi_i / theta)
+    xi, wq = np.polynomial.laguerre.laggauss(8)
+
+    queued = wait_p > 1e-6  # per plan: below, the wait is ignored (so a plan's result never depends on others)
+
+    def ttft_cdf(x: Arr) -> Arr:
+        no_wait = ttft0_cdf(x)
+        if not queued.any():
+            return no_wait
+        waited = sum(w * ttft0_cdf(x - z / theta) for z, w in zip(xi, wq, strict=True))
+        return np.asarray(np.where(queued, (1.0 - wait_p) * no_wait + wait_p * waited, no_wait))
+
+    mean_y = _row_sum(weight * (0.5 * t_k[:, :, None] + shift))
+    ttft_mean = busy * (base + mean_y) + p_idle * lone + np.where(queued, wait_p / theta, 0.0)
+    top = base + t_dec + big_p * (2.0 * cut + 1.0) + 12.0 / theta * (wait_p > 1e-9)
+    nan = np.full_like(lam_s, np.nan)
+
+    def wanted(kind: str, p: int) -> bool:
+        return only is None or f"{kind}_p{p}_s" in only
+
+    ttft = np.stack([_bisect_quantile(ttft_cdf, np.minimum(lone, base), top, p / 100.0) if wanted("ttft", p)
+                     else nan for p in PERCENTILES], axis=1)
+
+    # 4. TPOT: per shape, mean + shot-noise cumulants (others' overlap in iterations x slope, their prefills)
+    h_all, h_in = _kernel_integrals(st.outputs)
+    per_iter = lam_s * iteration  # arrivals per iteration
+    n_self = np.minimum(n + 1.0, c)
+    tpot_mean = st.decode_s(n_self)[0] + busy_prefill * iteration
+    free = 1.0 - wait_p  # at the cap the batch stops fluctuating
+    # a burst slows every iteration, which keeps requests longer and lets more prefills and sequences in:
+    # TPOT x = t(n) + P K / m with n ~ lambda E[m] x and K ~ lambda m x, so noise is amplified by
+    # 1 / (1 - lambda P - lambda E[m] t'(n))
+    gain = 1.0 / np.maximum(1.0 - busy_prefill - lam_s * m_mean * slope * free, 0.05)
+    mus, sds, gammas = [], [], []
+    for j, mj in enumerate(mo):
+        if mj <= 0:
+            continue
+        pm = big_p / mj
+        beta = slope * free
+        k2 = np.zeros_like(lam_s)
+        k3 = np.zeros_like(lam_s)
+        for jj, wjj in enumerate(st.shares):
+            k2 += wjj * (beta**2 * h_all[2, j, jj] + 2 * beta * pm * h_in[1, j, jj] + pm**2 * h_in[0, j, jj])
+            k3 += wjj * (beta**3 * h_all[3, j, jj] + 3 * beta**2 * pm * h_in[2, j, jj]
+                         + 3 * beta * pm**2 * h_in[1, j, jj] + pm**3 * h_in[0, j, jj])
+        k2, k3 = k2 * per_iter * gain**2, k3 * per_iter * gain**3
+        sd = np.sqrt(np.maximum(k2, 0.0))
+        # its own prefill lengthens its admission iteration; the arrivals meanwhile (and theirs, a cascade) are
+        # prefilled in its first decode iterations: P / m x lambda P / (1 - lambda P)
+        mus.append(tpot_mean + pm * busy_prefill / (1.0 - busy_prefill))
+        sds.append(sd)
+        gammas.append(np.where(sd > 0, k3 / np.maximum(sd, 1e-300) ** 3, 0.0))
+    w_t = np.array([w for w, mj in zip(st.shares, mo, strict=True) if mj > 0])
+    w_t = w_t / w_t.sum()
+
+    def tpot_cdf(x: Arr) -> Arr:
+        total = np.zeros_like(x)
+        for w, mu, sd, g in zip(w_t, mus, sds, gammas, strict=True):
+            # invert x = mu + sd (z + g (z^2 - 1) / 6) for z on the increasing branch (Cornish-Fisher)
+            d = (x - mu) / np.maximum(sd, 1e-300)
+            a = g / 6.0
+            disc = np.maximum(1.0 + 4.0 * a * (d + a), 0.0)
+            z = np.where(np.abs(a) > 1e-9, (-1.0 + np.sqrt(disc)) / (2.0 * np.where(np.abs(a) > 1e-9, a, 1.0)), d)
+            total += w * np.where(sd > 0, normal_cdf(z), (x >= mu).astype(np.float64))
+        return total
+
+    spread = np.max(np.stack(sds), axis=0)
+    lo_mu, hi_mu = np.min(np.stack(mus), axis=0), np.max(np.stack(mus), axis=0)
+    tpot = np.stack([_bisect_quantile(tpot_cdf, lo_mu - 6 * spread - 1e-12, hi_mu + 12 * spread + 1e-12,
+                                      p / 100.0) if wanted("tpot", p) else nan for p in PERCENTILES], axis=1)
+    tpot_mean = np.sum([w * mu for w, mu in zip(w_t, mus, strict=True)], axis=0)
+    inf = ~stable
+    return OnlineLatency(
+        ttft_s=np.where(inf[:, None], np.inf, ttft),
+        tpot_s=np.where(inf[:, None], np.inf, tpot),
+        ttft_mean_s=np.where(inf, np.inf, ttft_mean),
+        tpot_mean_s=np.where(inf, np.inf, tpot_mean),
+        running=n,
+        iteration_s=iteration,
+        wait_probability=wait_p,
+        utilisation=lam / lam_max,
+        stable=stable,
+    )
+
+
+def max_rate(st: ServiceTable, targets: dict[str, float], steps: int = 30) -> Arr:
+    """Highest deployment arrival rate (requests/s over all decode replicas) at which each plan meets every target
+    (percentile or mean latency, s), to 2^-steps of its stability limit; the limit itself without targets; 0 when
+    even a vanishing rate misses a target. Bisection: every latency grows with the rate."""
+    lam_max = st.max_rate_per_replica() * (1.0 - 1e-6)
+    if not targets:
+        return np.asarray(lam_max * st.replicas)
+    lo, hi = np.zeros_like(lam_max), lam_max.copy()
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        ok = _meets(latency(st, mid, targets), targets)
+        lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
+    return np.asarray(lo * st.replicas)
+
+
+def _meets(lat: OnlineLatency, targets: dict[str, float]) -> NDArray[np.bool_]:
+    ok = lat.stable.copy()
+    for name, limit in targets.items():
+        ok &= lat.metric(name) <= limit
+    return ok
+
+
+# ------------------------------------------------------------------------------------ from the serving model
+
+GRID_POINTS = 12
+OPEN_LOOP = 1 << 30  # offered concurrency of an open system: the running batch is set by the cap alone
+
+
+def service_table(terms: Callable[[ServingArrays], InferenceTerms], plans: ServingArrays,
+                  sw: ServingWorkload) -> ServiceTable:
+    """The queueing inputs of each plan from the closed-form serving model ``terms`` (``ServingModel.terms``).
+    Cap c = the running batch of an open system (min of the KV-cache max batch and max_num_seqs); the decode round
+    is evaluated at GRID_POINTS running batches from 1 to c (quadratic spacing: the round is close to affine in n,
+    the grid resolves the pipeline's micro-batch steps at small n); P and delta are read at the cap."""
+    at_cap = terms(replace(plans, batch=np.full(len(plans), OPEN_LOOP, dtype=np.int64)))
+    cap = np.maximum(at_cap.running_batch, 1.0)
+    g = np.linspace(0.0, 1.0, GRID_POINTS) ** 2
+    n_grid = np.rint(1.0 + (cap[:, None] - 1.0) * g[None, :])
+    grid_plans = plans.take(np.repeat(np.arange(len(plans)), GRID_POINTS))
+    grid_plans = replace(grid_plans, batch=n_grid.ravel().astype(np.int64))
+    t_grid = terms(grid_plans).decode_step_s.reshape(len(plans), GRID_POINTS)
+    per_prompt = at_cap.step["prefill"] * sw.mean_output / cap  # step["prefill"] = (B / E[o]) P at running B
+    return ServiceTable(
+        cap=cap,
+        n_grid=n_grid,
+        t_grid=t_grid,
+        prefill_s=per_prompt,
+        first_token_extra_s=np.maximum(at_cap.prefill_s - per_prompt, 0.0),
+        replicas=(plans.dp - plans.prefill_dp).astype(np.float64),
+        outputs=np.array([float(r.output_len) for r in sw.requests]),
+        shares=np.asarray(sw.share, dtype=np.float64),
+    )

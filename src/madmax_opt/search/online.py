@@ -1,0 +1,128 @@
+"""Online serving search: the plan that carries ``task.arrival_rate`` (Poisson requests/s) under latency targets
+(percentiles ``ttft_p99_s`` ... or means) with the highest sustainable arrival rate per GPU.
+
+Candidates are the serving enumeration (tp, pp, dp, precision, GPU type and count) with the running-batch cap
+(``max_num_seqs``) searched on the batch grid up to what the KV cache holds. For each, ``queueing.max_rate`` finds
+the highest rate meeting every target (vectorised bisection); a candidate is admissible when that rate carries
+``arrival_rate`` and the cluster limits hold. The objective, GPU-microseconds per request (gpus / rate, rounded
+once), is minimised over every admissible candidate: the search is the brute force (one pick under per-candidate
+limits needs no assembly), ties broken by enumeration order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from madmax_opt.core.errors import InfeasibleError
+from madmax_opt.core.units import US
+from madmax_opt.io.problem import Problem
+from madmax_opt.model.inference import PRECISIONS, ServingArrays
+from madmax_opt.model.queueing import OnlineLatency, ServiceTable, latency, max_rate, service_table
+from madmax_opt.search.assemble import admissible_mask, brute_force, cluster_limits
+from madmax_opt.search.serving_space import ServingModel, enumerate_serving
+
+IntArr = NDArray[np.int64]
+Arr = NDArray[np.float64]
+
+
+@dataclass
+class OnlineCandidates:
+    plans: ServingArrays  # max_seqs = the running-batch cap searched
+    table: ServiceTable
+    valid: NDArray[np.bool_]
+    max_rate: Arr  # requests/s of the whole deployment meeting every target
+    at_rate: OnlineLatency  # latencies at task.arrival_rate
+
+    @property
+    def gpu_us_per_request(self) -> IntArr:
+        gpus = self.plans.gpus.astype(np.float64)
+        x = np.where(self.max_rate > 0, gpus / np.maximum(self.max_rate, 1e-300) * US, 2.0**50)
+        return np.minimum(np.rint(x), 2.0**50).astype(np.int64)
+
+
+def online_plans(model: ServingModel) -> ServingArrays:
+    """The serving enumeration with each grid batch read as the running-batch cap (max_num_seqs)."""
+    plans = enumerate_serving(model)
+    return replace(plans, max_seqs=plans.batch.copy())
+
+
+def online_candidates(model: ServingModel, plans: ServingArrays | None = None) -> OnlineCandidates:
+    task = model.task
+    assert task.arrival_rate is not None
+    plans = online_plans(model) if plans is None else plans
+    table = service_table(model.terms, plans, model.workload)
+    valid = np.asarray(model.terms(plans).invalid == 0)
+    rate = np.where(valid, max_rate(table, task.latency_targets()), 0.0)
+    at_rate = latency(table, np.full(len(plans), task.arrival_rate) / table.replicas)
+    return OnlineCandidates(plans, table, valid, rate, at_rate)
+
+
+def admissible(model: ServingModel, oc: OnlineCandidates) -> NDArray[np.bool_]:
+    """Valid, carries the arrival rate within the targets, and within the GPU count, budget and supply."""
+    p = model.problem
+    assert model.task.arrival_rate is not None
+    cost_cents = np.rint(model.table.price_per_gpu_hour[oc.plans.hw] * oc.plans.gpus * 100).astype(np.int64)
+    lims = cluster_limits(p.hardware, oc.plans.hw, oc.plans.gpus, cost_cents, p.constraints.max_gpus,
+                          p.constraints.max_cost_per_hour)
+    return admissible_mask(oc.valid & (oc.max_rate >= model.task.arrival_rate), lims)
+
+
+def record(model: ServingModel, oc: OnlineCandidates, i: int) -> dict[str, Any]:
+    p, lat, st = oc.plans, oc.at_rate, oc.table
+    opt = model.problem.hardware[int(p.hw[i])]
+    pct = {f"{m}_p{q}_s": float(getattr(lat, f"{m}_s")[i, j]) for m in ("ttft", "tpot")
+           for j, q in enumerate((50, 90, 99))}
+    return {
+        "plan": {"dp": int(p.dp[i]), "tp": int(p.tp[i]), "pp": int(p.pp[i]), "ep": int(p.ep[i]),
+                 "max_num_seqs": int(st.cap[i]), "precision": PRECISIONS[int(p.precision[i])],
+                 "system": opt.system.name},
+        "hardware": {"system": opt.system.name, "gpu": opt.gpu.name, "gpus": opt.gpus},
+        "arrival_rate": model.task.arrival_rate,
+        "max_rate": float(oc.max_rate[i]),
+        "max_rate_per_gpu": float(oc.max_rate[i] / opt.gpus),
+        "stability_limit": float(st.max_rate_per_replica()[i] * st.replicas[i]),
+        "at_arrival_rate": {**pct, "ttft_mean_s": float(lat.ttft_mean_s[i]), "tpot_mean_s": float(lat.tpot_mean_s[i]),
+                            "running_per_replica": float(lat.running[i]), "utilisation": float(lat.utilisation[i]),
+                            "wait_probability": float(lat.wait_probability[i])},
+        "output_tokens_per_s_at_max_rate": float(oc.max_rate[i] * model.workload.mean_output),
+        "cost_per_hour_usd": float(opt.system.price_per_gpu_hour * opt.gpus),
+    }
+
+
+def solve_online(problem: Problem, top_k: int = 1, model: ServingModel | None = None) -> dict[str, Any]:
+    """The JSON object of ``solve`` for an arrival-rate problem: best plans by arrival rate per GPU."""
+    t0 = time.perf_counter()
+    model = model or ServingModel(problem)
+    oc = online_candidates(model)
+    ok = admissible(model, oc)
+    order = brute_force(oc.gpu_us_per_request, ok)
+    if len(order) == 0:
+        raise InfeasibleError(_explain(model, oc))
+    top = [int(i) for i in order[:top_k]]
+    records = [record(model, oc, i) for i in top]
+    return {
+        "task": "inference-online",
+        "status": "OPTIMAL",
+        "objective": "arrival rate per GPU",
+        "best": records[0],
+        "top": records,
+        "solver": {"method": "exhaustive (every candidate's max rate by bisection)", "candidates": len(oc.plans),
+                   "admissible": int(ok.sum()), "objective": int(oc.gpu_us_per_request[top[0]]),
+                   "objective_unit": "GPU-us per request", "wall_s": time.perf_counter() - t0},
+    }
+
+
+def _explain(model: ServingModel, oc: OnlineCandidates) -> str:
+    task = model.task
+    if not oc.valid.any():
+        return "no serving plan is valid (memory or shape); evaluate a plan for the reason"
+    best = int(np.argmax(np.where(oc.valid, oc.max_rate, -1.0)))
+    targets = ", ".join(f"{k} {v * 1e3:g} ms" for k, v in task.latency_targets().items()) or "none"
+    return (f"no serving plan carries arrival_rate {task.arrival_rate:g} requests/s (binding: the latency targets "
+            f"[{targets}] and the stability limit); the best reaches {oc.max_rate[best]:.3g} requests/s on "
+            f"{model.problem.hardware[int(oc.plans.hw[best])].name}")
