@@ -27,7 +27,7 @@ def in_flight_layer_factor(n_micro: Arr, pp: Arr, vpp: Arr) -> Arr:
     return stage_in_flight(np.zeros_like(pp), n_micro, pp, vpp)
 
 
-def stage_in_flight(stage: Arr, n_micro: Arr, pp: Arr, vpp: Arr) -> Arr:
+def stage_in_flight(stage: Arr, n_micro: Arr, pp: Arr | float, vpp: Arr | float) -> Arr:
     """Micro-batches of activations pipeline rank ``stage`` holds at its peak, in units of its whole stage.
 
     1F1B (v = 1): warm-up p - r - 1 forwards, so min(p - r, m) micro-batches.

@@ -117,7 +117,7 @@ def space_candidates(model: Model, keep_best: int = 1) -> tuple[PlanArrays, Metr
     fits = np.zeros(len(plans), dtype=bool)  # evaluated and within capacity
     floor_s = np.full(len(plans), np.inf)  # evaluated: step time less bubble (a lower bound for vpp > 1)
     taken: list[NDArray[np.int64]] = []
-    terms = []
+    terms: list[TrainingTerms] = []
     for r in range(last + 1):
         idx = np.flatnonzero((rounds == r) & ((parent < 0) | fits[np.maximum(parent, 0)]))
         if r == last and np.any(plans.vpp[idx] > 1):  # the vpp > 1 round: bound by the vpp = 1 plans' best
@@ -347,7 +347,7 @@ def _uniform_equivalent(model: Model, plan: Plan) -> TrainingRecord | None:
     """The uniform-plan record of an uneven plan whose stages are all alike (equal layers, one recompute mode,
     one system), when that uniform plan is valid; None otherwise."""
     assert plan.stage_layers is not None and plan.stage_recompute is not None
-    systems = set(plan.stage_systems or [plan.system])
+    systems: set[str | None] = set(plan.stage_systems) if plan.stage_systems else {plan.system}
     if len(set(plan.stage_layers)) > 1 or len(set(plan.stage_recompute)) > 1 or len(systems) > 1:
         return None
     uniform = plan.model_copy(update={"stage_layers": None, "stage_recompute": None, "stage_systems": None,

@@ -100,7 +100,7 @@ def knob_values(problem: Problem, option: HardwareOption, uneven: bool = False) 
 def _shape_product(
     shapes: list[tuple[int, int, int, int]],
     kv: dict[str, list[int]],
-    fixed: list[tuple[int, ...]],
+    fixed: Sequence[tuple[int, ...]],
     layers: int,
     global_batch: int,
     uneven: bool = False,

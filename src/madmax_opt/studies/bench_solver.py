@@ -127,7 +127,8 @@ def exhaustive_plans(problem: Problem) -> PlanArrays:
         for rest in itertools.product(WIDE_VPP, WIDE_MBS, range(4), range(len(RECOMPUTE_MODES)), (0, 1)):
             rows.append((gpus // (tp * pp * cp), tp, pp, cp, *rest))
     a = np.array(rows, dtype=np.int64)
-    return PlanArrays(*(a[:, i] for i in range(9)), hw=np.zeros(len(a), dtype=np.int64))
+    cols = dict(zip(("dp", "tp", "pp", "cp", "vpp", "mbs", "zero", "recompute", "sp"), a.T, strict=True))
+    return PlanArrays(**cols, hw=np.zeros(len(a), dtype=np.int64))
 
 
 def _plan_text(plan: dict[str, Any]) -> str:
