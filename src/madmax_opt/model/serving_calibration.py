@@ -4,10 +4,12 @@ The serving model's kernel-level parameters (GEMM efficiency, attention efficien
 per-layer time) differ by inference runtime far more than by training stack: TensorRT-LLM, vLLM (CUDA or ROCm) and
 SGLang ship different GEMM, attention and all-reduce kernels, CUDA graphs and schedulers. They are fitted per
 (GPU, framework) on measured serving runs only (``studies.modern_serving``), stored in
-``data/serving_calibration.yaml`` with how they were fitted, and resolved here in three levels:
+``data/serving_calibration.yaml`` with how they were fitted, and resolved here (``resolve_params``):
 
-    (gpu, framework) fitted on that pair's runs  ->  the framework's pooled fit (runs on other GPUs; flagged
-    ``uncalibrated`` for this GPU)  ->  the universal prior of the fit (no runs of the framework at all)
+    (gpu, framework) fitted on that pair's runs; else, flagged ``uncalibrated``, a composition: the hardware-bound
+    efficiencies (GEMM, attention, HBM: the GPU and its kernel libraries) from the GPU's fit pooled over frameworks,
+    the runtime-bound ones (overheads, collectives, grouped GEMMs) from the framework's fit pooled over GPUs, and
+    whatever neither has from the universal prior of the fit
 
 Records name the level that priced them (``calibration`` block of every serving record).
 """
@@ -26,7 +28,9 @@ from madmax_opt.model.spec import ServingFrameworkName
 Arr = NDArray[np.float64]
 SERVING_FRAMEWORKS: tuple[str, ...] = get_args(ServingFrameworkName)
 DEFAULT_SERVING_FRAMEWORK = "vllm"
-ANY_GPU = "*"  # the key of a framework's pooled fit
+ANY = "*"  # gpu "*": a framework's fit pooled over GPUs; framework "*": a GPU's fit pooled over frameworks
+ANY_GPU = ANY
+HARDWARE_FIELDS: tuple[str, ...] = ("gemm_eff", "attn_eff", "hbm_eff")  # set by the GPU and its kernel libraries
 
 
 class _Strict(BaseModel):
@@ -90,15 +94,33 @@ class ServingCatalog(_Strict):
     entries: list[ServingCalibrationEntry] = []
 
     def resolve(self, gpu: str, framework: str) -> tuple[ServingParams, str, FitRecord | None]:
-        """(parameters, level, fit) for a GPU and framework: ``calibrated``, ``framework-pooled`` or ``prior``."""
+        """(parameters, level, fit) for a GPU and framework (``resolve_params``); the fit record is the pair's, else
+        the framework's pooled one."""
         by_key = {(e.gpu, e.framework): e for e in self.entries}
-        if (gpu, framework) in by_key:
-            e = by_key[(gpu, framework)]
-            return e.params, "calibrated", e.fit
-        if (ANY_GPU, framework) in by_key:
-            e = by_key[(ANY_GPU, framework)]
-            return e.params, "framework-pooled", e.fit
-        return self.prior, "prior", None
+        params, level = resolve_params(gpu, framework, {k: e.params for k, e in by_key.items()}, self.prior)
+        entry = by_key.get((gpu, framework)) or by_key.get((ANY, framework))
+        return params, level, entry.fit if entry is not None else None
+
+
+def compose(hardware: ServingParams, runtime: ServingParams) -> ServingParams:
+    """The hardware-bound fields of ``hardware`` with the runtime-bound fields of ``runtime``."""
+    fields = ServingParams.model_fields
+    return ServingParams(**{k: getattr(hardware if k in HARDWARE_FIELDS else runtime, k) for k in fields})
+
+
+def resolve_params(
+    gpu: str, framework: str, fitted: dict[tuple[str, str], ServingParams], prior: ServingParams
+) -> tuple[ServingParams, str]:
+    """(parameters, level): the pair's fit (``calibrated``), else the GPU's pooled hardware efficiencies with the
+    framework's pooled runtime parameters (``composed``, ``gpu-pooled`` or ``framework-pooled`` when only one of
+    them has runs), else the prior."""
+    if (gpu, framework) in fitted:
+        return fitted[(gpu, framework)], "calibrated"
+    by_gpu, by_fw = fitted.get((gpu, ANY)), fitted.get((ANY, framework))
+    level = {(True, True): "composed", (True, False): "gpu-pooled", (False, True): "framework-pooled"}.get(
+        (by_gpu is not None, by_fw is not None), "prior"
+    )
+    return compose(by_gpu or by_fw or prior, by_fw or prior), level
 
 
 @dataclass(frozen=True)

@@ -42,10 +42,13 @@ def modern_serving_section(ev: Evaluation | None = None) -> list[str]:
         "H100 and H200, vLLM on H200 and on ROCm for MI300X), each posed as a serving problem and plan (`studies/"
         "serving_cases.py`: static batches, max-load throughput at the running batch the KV cache and max_num_seqs "
         "allow, batch-1 TTFT, fixed-batch end-to-end latency) and priced by the same model as `madmax-opt evaluate`."
-        f" Calibration: per (GPU, framework), {FIT}; the framework is fitted first on all its runs, each pair "
-        "around it (`studies/serving_fit.py`, stored in `data/serving_calibration.yaml` by `madmax-opt "
-        "fit-serving`). Leave-one-source-out (LOSO): every run of a source removed, both levels refitted, the "
-        "removed runs predicted; a pair left without runs falls back to its framework's fit, then to the prior.",
+        f" Calibration: per (GPU, framework), {FIT}. Each framework is fitted on all its runs (pooled over GPUs) "
+        "and each GPU on all its runs (pooled over frameworks); a pair is fitted around the composition of the "
+        "two: the GPU's hardware efficiencies (GEMM, attention, HBM) with the framework's runtime parameters "
+        "(overheads, collectives, grouped GEMMs), which is also what prices a pair without runs "
+        "(`studies/serving_fit.py`; stored in `data/serving_calibration.yaml` by `madmax-opt fit-serving`). "
+        "Leave-one-source-out (LOSO): every run of a source removed, every level refitted, the removed runs "
+        "predicted with what the remaining runs resolve to.",
         "",
         f"**Serving LOSO median |error| {loso:.1%}** ({'meets' if loso <= SERVING_LOSO_BAR else 'misses'} the "
         f"{SERVING_LOSO_BAR:.0%} bar); in-sample median {ins:.1%}. MoE rows ({len(moe)}): in-sample median "
@@ -65,18 +68,17 @@ def modern_serving_section(ev: Evaluation | None = None) -> list[str]:
         "| prefill overhead ms |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    fitted = [("*", fw, p) for fw, p in ev.fit.pooled.items()] + [(g, f, p) for (g, f), p in ev.fit.pairs.items()]
-    for gpu, fw, p in fitted:
+    for (gpu, fw), p in ev.fit.fitted.items():
         lines.append(
             f"| {gpu} | {fw} | {p.gemm_eff:.3f} | {p.attn_eff:.3f} | {p.hbm_eff:.3f} | {p.grouped_gemm_ratio:.3f} | "
             f"{p.comm_eff:.3f} | {p.layer_overhead_s * 1e6:.1f} | {p.prefill_overhead_s * 1e3:.2f} |"
         )
     lines += [
         "",
-        "`*` = the framework's fit pooled over its GPUs. Parameters the runs of a pair do not determine stay at the "
-        "framework's values (e.g. vLLM on H200 has only batch-8 latency runs, so its GEMM efficiency at large "
-        "batches is the MI300X-dominated vLLM value); SGLang has no runs and is priced by the prior (flagged "
-        "uncalibrated in every record).",
+        "GPU `*` = a framework's fit pooled over GPUs (its runtime parameters are used); framework `*` = a GPU's "
+        "fit pooled over frameworks (its hardware efficiencies are used). Parameters the runs of a pair do not "
+        "determine stay at that composition (e.g. vLLM on H200 has only batch-8 latency runs: its GEMM efficiency "
+        "is H200's). SGLang has no runs: its runtime parameters are the prior's (flagged uncalibrated).",
         "",
         "### Every serving run",
         "",

@@ -28,10 +28,11 @@ import yaml
 
 from madmax_opt.io.serving_catalog import CATALOG_FILE, serving_catalog
 from madmax_opt.model.serving_calibration import (
-    ANY_GPU,
+    ANY,
     FitRecord,
     ServingCalibrationEntry,
     ServingParams,
+    resolve_params,
 )
 from madmax_opt.studies.serving_cases import PreparedCase, prepared_cases
 
@@ -45,8 +46,9 @@ FIT = (
     "MAP fit: Levenberg-Marquardt on ln(predicted/measured), log-normal prior sigma 1.0 on the efficiencies and "
     "100 us on the per-layer overhead, 2 ms on the prefill overhead"
 )
-METHOD_PAIR = FIT + ", on this pair's runs, around its framework's pooled fit"
+METHOD_PAIR = FIT + ", on this pair's runs, around the composition of its GPU's and its framework's pooled fits"
 METHOD_POOLED = FIT + ", on the framework's runs on every GPU, around the universal prior"
+METHOD_GPU = FIT + ", on the GPU's runs under every framework, around the universal prior (hardware efficiencies used)"
 
 
 def to_x(p: ServingParams) -> np.ndarray:
@@ -117,22 +119,34 @@ def fit(cases: Sequence[PreparedCase], prior: ServingParams, sigma: np.ndarray =
 
 @dataclass(frozen=True)
 class Fit:
-    pooled: dict[str, ServingParams]  # per framework
+    pooled: dict[str, ServingParams]  # per framework, over its GPUs
+    by_gpu: dict[str, ServingParams]  # per GPU, over its frameworks (its hardware-bound efficiencies are used)
     pairs: dict[tuple[str, str], ServingParams]  # per (gpu, framework)
     prior: ServingParams
 
+    @property
+    def fitted(self) -> dict[tuple[str, str], ServingParams]:
+        """Every fitted set by catalog key: (gpu, fw), ("*", fw) and (gpu, "*")."""
+        return {
+            **self.pairs,
+            **{(ANY, fw): p for fw, p in self.pooled.items()},
+            **{(g, ANY): p for g, p in self.by_gpu.items()},
+        }
+
     def resolve(self, gpu: str, framework: str) -> ServingParams:
-        return self.pairs.get((gpu, framework)) or self.pooled.get(framework) or self.prior
+        return resolve_params(gpu, framework, self.fitted, self.prior)[0]
 
 
 def fit_all(cases: Sequence[PreparedCase], prior: ServingParams | None = None) -> Fit:
+    """Framework-pooled and GPU-pooled fits around the prior, then each pair around what it would resolve to
+    without its own runs (the composition of the two)."""
     prior = prior or serving_catalog().prior
-    frameworks = sorted({c.case.framework for c in cases})
-    pooled = {fw: fit([c for c in cases if c.case.framework == fw], prior) for fw in frameworks}
-    pairs = {}
-    for pair in sorted({c.case.pair for c in cases}):
-        pairs[pair] = fit([c for c in cases if c.case.pair == pair], pooled[pair[1]])
-    return Fit(pooled, pairs, prior)
+    pooled = {fw: fit([c for c in cases if c.case.framework == fw], prior) for fw in sorted({c.case.framework for c in cases})}
+    by_gpu = {g: fit([c for c in cases if c.case.gpu == g], prior) for g in sorted({c.case.gpu for c in cases})}
+    base = Fit(pooled, by_gpu, {}, prior)
+    pairs = {pair: fit([c for c in cases if c.case.pair == pair], base.resolve(*pair))
+             for pair in sorted({c.case.pair for c in cases})}
+    return Fit(pooled, by_gpu, pairs, prior)
 
 
 @dataclass(frozen=True)
@@ -167,15 +181,14 @@ def evaluate_all() -> Evaluation:
 def catalog_entries(ev: Evaluation) -> list[ServingCalibrationEntry]:
     """The fitted parameter sets with the record of each fit (runs, sources, in-sample and LOSO errors)."""
     out = []
-    keys: list[tuple[str, str]] = [(ANY_GPU, fw) for fw in ev.fit.pooled] + list(ev.fit.pairs)
-    for gpu, fw in keys:
-        mine = [c.case for c in ev.cases if c.case.framework == fw and gpu in (ANY_GPU, c.case.gpu)]
+    for (gpu, fw), params in ev.fit.fitted.items():
+        mine = [c.case for c in ev.cases if fw in (ANY, c.case.framework) and gpu in (ANY, c.case.gpu)]
         ids = [c.id for c in mine]
-        params = ev.fit.pooled[fw] if gpu == ANY_GPU else ev.fit.pairs[(gpu, fw)]
+        method = METHOD_POOLED if gpu == ANY else METHOD_GPU if fw == ANY else METHOD_PAIR
         record = FitRecord(
             runs=len(mine),
             sources=sorted({c.source for c in mine}),
-            method=METHOD_POOLED if gpu == ANY_GPU else METHOD_PAIR,
+            method=method,
             in_sample_median_err=round(ev.median(ev.in_sample, ids), 4),
             loso_median_err=round(ev.median(ev.loso, ids), 4),
         )
