@@ -371,6 +371,10 @@ def plot_pareto(
 
 def write_pareto(problem: Problem, out: Path) -> tuple[Path, Path]:
     """``<out>.md`` (the front as a table) and ``<out>.png`` for an inference problem."""
+    if getattr(problem.task, "arrival_rate", None) is not None:  # online serving: rate-vs-latency curves per plan
+        from madmax_opt.report.online_reports import write_online_pareto
+
+        return write_online_pareto(problem, out)
     from madmax_opt.core.errors import InfeasibleError
     from madmax_opt.search.serving import (
         ServingModel,
@@ -542,7 +546,8 @@ def write_inference_study(out_dir: Path) -> Path:
         "shared/reference/madmax-paper.md; here both plans get continuous batching, the same precision and their "
         "own best batch, so the speedups come from the parallel layout alone. Prices: the default serving framework "
         "(vLLM) with the serving calibration of `data/serving_calibration.yaml`; neither A100 nor H100 has measured "
-        "vLLM runs, so both are priced by vLLM's pooled fit (flagged uncalibrated in the records).",
+        "vLLM runs (flagged uncalibrated): H100 combines its own efficiencies (TensorRT-LLM runs) with vLLM's "
+        "runtime parameters, A100 has no serving runs at all and takes vLLM's pooled fit.",
         "",
         "![Llama-2 70B on DGX H100, chat workload, SLO](inference.png)",
         "",
