@@ -79,6 +79,11 @@ class ServingPlan(Plan):
     prefill_replicas: NonNegativeInt = Field(
         0, description="disaggregated: replicas (of dp) that only prefill"
     )
+    ep: PositiveInt = Field(
+        1,
+        description="MoE: GPUs one layer's experts are spread over; 1 = every expert TP-sharded over the replica, a "
+        "multiple of tp = whole experts on ep GPUs shared by ep / tp attention replicas (attention DP with tp 1)",
+    )
     max_num_seqs: PositiveInt | None = Field(
         None, description="cap on the running batch (vLLM max_num_seqs, TensorRT-LLM max_batch_size); default: "
         "the framework's; batch above it (or above what the KV cache holds) waits in a queue",
