@@ -25,8 +25,8 @@ from madmax_opt.model.inference import (
     ServingArrays,
 )
 from madmax_opt.model.objectives import Rates, objective_values
-from madmax_opt.model.serving_calibration import ServingCatalog
 from madmax_opt.model.plan_settings import plan_text
+from madmax_opt.model.serving_calibration import ServingCatalog
 from madmax_opt.model.spec import Plan
 from madmax_opt.search.assemble import admissible_mask, pick_best, solver_summary, supplies
 from madmax_opt.search.cpsat import CpSatOptions
