@@ -106,6 +106,10 @@ def _serving_solve(path: Path, opts: SolveOptions) -> dict[str, Any]:
 def _serving_show(result: dict[str, Any], console: Console) -> None:
     from madmax_opt.report.serving_tables import print_result
 
+    if result.get("task") == "inference-online":  # arrival-rate problems
+        from madmax_opt.report.online_reports import print_online
+
+        return print_online(result, console)
     print_result(result, console)
 
 

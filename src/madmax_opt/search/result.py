@@ -18,6 +18,10 @@ def solve_result(
     from madmax_opt.search import serving
     from madmax_opt.search.solver import solve_records
 
+    if problem.task.kind == "inference" and getattr(problem.task, "arrival_rate", None) is not None:
+        from madmax_opt.search.online import solve_online  # online serving: Poisson arrivals, percentiles
+
+        return solve_online(problem, top_k)
     if problem.task.kind == "inference":  # serving plans
         return serving.solve_result(problem, top_k, time_limit, workers, cpsat=cpsat)
     outcome, records = solve_records(problem, top_k=top_k, time_limit_s=time_limit, workers=workers, cpsat=cpsat)
