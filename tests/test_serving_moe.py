@@ -105,6 +105,10 @@ def test_ep_in_a_serving_plan_is_honoured() -> None:
     # ep must be 1 or a multiple of tp dividing dp x tp and the experts
     bad = record(data, dp=1, tp=4, ep=3, batch=8)
     assert not bad["feasible"] and "ep must be" in bad["infeasible_reason"]
+    # wide EP shared by prefill-only and decode replicas is refused, EP inside each replica is fine
+    split = serve("mixtral-8x7b", "h100-sxm", 4, disaggregated=True)
+    assert not record(split, dp=4, tp=1, ep=4, batch=8, prefill_replicas=1)["feasible"]
+    assert record(split, dp=2, tp=2, ep=2, batch=8, prefill_replicas=1)["feasible"]
 
 
 MOE = st.builds(

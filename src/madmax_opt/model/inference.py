@@ -390,6 +390,7 @@ def _invalid(
     attention_gpus = plans.dp * tp
     bad_ep = (ep > 1) & (
         (m.moe is None) | (ep % tp != 0) | (attention_gpus % ep != 0) | (experts % np.maximum(ep, 1) != 0)
+        | ((ep > tp) & (pre > 0))  # an expert pool shared by prefill-only and decode replicas is not modelled
     )
     checks: list[tuple[int, Any]] = [
         (1, plans.gpus != table.gpus[plans.hw].astype(np.int64)),

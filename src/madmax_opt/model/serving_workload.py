@@ -66,7 +66,8 @@ INVALID_REASONS: dict[int, str] = {
     5: "the GPU has no peak FLOP/s for this precision (e.g. fp8 needs Hopper or newer)",
     6: "prefill_replicas must be 0 without disaggregation, and below dp with it (decode needs a replica)",
     7: "weights, activations and the KV cache of one sequence exceed the GPU memory",
-    8: "ep must be 1 for a dense model; for MoE, 1 or a multiple of tp that divides dp x tp and the experts",
+    8: "ep must be 1 for a dense model; for MoE, 1 or a multiple of tp that divides dp x tp and the experts "
+    "(ep > tp, experts shared by attention replicas, is not modelled with disaggregated prefill)",
 }
 MEMORY_REASON = 7
 
