@@ -7,8 +7,11 @@ worked out by hand (divisors, line/column positions, memory lower bounds) in the
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +90,25 @@ BAD_PROBLEMS: list[tuple[str, str | None, list[str]]] = [
     ("llm-without-seq-len.yaml", "task.seq_len", ["required for an llm", "an integer > 0"]),
     ("frozen-layers-exceed.yaml", "task.frozen_layers", ["40 exceeds the model's 32 layers", "0 to 32"]),
     ("hardware-gpu-and-system.yaml", "hardware", ["exactly one of system", "gpu"]),
+    # issue 13: sizes beyond their documented bound (io/limits.py), booleans as counts, non-finite numbers
+    ("gpus-beyond-bound.yaml", "hardware.gpus", ["100,000,000,000,000,000,000", "up to 20,000,000"]),
+    ("global-batch-beyond-bound.yaml", "task.global_batch", ["beyond the supported range", "up to 100,000,000"]),
+    ("gpus-range-beyond-bound.yaml", "hardware.gpus.stop", ["1,000,000,000,000", "up to 20,000,000"]),
+    # (16384 - 8) / 8 + 1 = 2048 sizes
+    ("gpus-range-too-many-sizes.yaml", "hardware.gpus", ["2,048 cluster sizes", "at most 1,024", "raise step"]),
+    ("layers-beyond-bound.yaml", "model.layers", ["1,000,000,000", "up to 20,000"]),
+    ("hidden-heads-beyond-bound.yaml", "model.hidden", ["1,000,000,000,000", "up to 2,000,000"]),
+    ("gpus-boolean.yaml", "hardware.gpus", ["wrong type (got true)", "an integer"]),
+    ("train-tokens-infinite.yaml", "task.train_tokens", ["not a finite number (got inf)"]),
+    ("train-tokens-nan-string.yaml", "task.train_tokens", ["not a finite number", "nan"]),
+    ("bad-timestamp.yaml", None, ["malformed YAML", "month must be in 1..12"]),
+    # knob combinations refused by name
+    ("vpp-without-pipeline.yaml", "space.vpp", ["vpp=2 needs a pipeline", "pp is 1"]),
+    ("mixed-stages-without-uneven.yaml", "space.mixed_stages", ["needs uneven_stages: true"]),
+    # serving and DLRM spaces are checked like the training space
+    ("serving-space-tp-zero.yaml", "space.tp", ["got [0, 8]", "integers >= 1"]),
+    ("dlrm-space-tp-zero.yaml", "space.tp", ["got [0]", "integers >= 1"]),
+    ("dlrm-table-count-beyond-bound.yaml", "model.tables[0].count", ["1,000,000,000", "up to 500,000"]),
 ]
 
 
@@ -305,3 +327,146 @@ def test_main_abort_exit_130(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> No
     monkeypatch.setattr(report_module, "solve_result", abort)
     assert _main_exit(monkeypatch, "solve", str(SMALL)) == 130
     assert capsys.readouterr().err == "error: aborted\n"
+
+
+# ------------------------------------------------------------------ issue 13: the reproducers, one test each
+
+B = "model: llama2-7b\nhardware: {gpu: h100-sxm, gpus: 8}\ntask: {kind: pretrain, seq_len: 2048, global_batch: 64}\n"
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _strict_json(text: str) -> Any:
+    """json.loads that refuses Infinity and NaN (Python's default accepts them; JSON does not)."""
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_yaml_nested_20000_levels_is_one_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "deep.yaml", B.replace("llama2-7b", "[" * 20000 + "]" * 20000))
+    assert_one_line_error(run_main("solve", path), 2, str(path), "nesting depth")
+
+
+def test_yaml_nested_beyond_the_depth_bound_is_one_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "deep.yaml", B.replace("llama2-7b", "[" * 100 + "]" * 100))  # libyaml takes 100
+    assert_one_line_error(run_main("solve", path), 2, str(path), "nested deeper than 64 levels")
+
+
+def test_hf_config_nested_20000_levels_is_one_line(tmp_path: Path) -> None:
+    _write(tmp_path, "config.json", '{"a": ' + "[" * 20000 + "]" * 20000 + "}")
+    path = _write(tmp_path, "p.yaml", B.replace("llama2-7b", "{hf_config: config.json}"))
+    assert_one_line_error(run_main("solve", path), 2, str(path), "model.hf_config", "malformed JSON")
+
+
+def test_a_list_of_200000_cluster_sizes_is_refused_quickly(tmp_path: Path) -> None:
+    sizes = ", ".join(str(8 * i) for i in range(1, 200_001))
+    path = _write(tmp_path, "many.yaml", B.replace("gpus: 8", f"gpus: [{sizes}]"))
+    t0 = time.perf_counter()
+    assert_one_line_error(run_main("solve", path), 2, "hardware.gpus", "200,000 items", "at most 1,024")
+    assert time.perf_counter() - t0 < 30
+
+
+def test_an_integer_of_5000_digits_is_one_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "p.yaml", B.replace("gpus: 8", "gpus: 1" + "0" * 5000))
+    assert_one_line_error(run_main("solve", path), 2, str(path))
+
+
+@pytest.mark.parametrize("command", ["evaluate", "timeline"])
+def test_evaluate_and_timeline_check_the_space_too(tmp_path: Path, command: str) -> None:
+    path = _write(tmp_path, "p.yaml", B + "space: {tp: 0}\n")
+    plan = _write(tmp_path, "plan.yaml", "{dp: 8}\n")
+    args = ["--out", str(tmp_path)] if command == "timeline" else []
+    assert_one_line_error(run_main(command, path, "--plan", plan, *args), 2, f"{path}: space.tp: ", ">= 1")
+
+
+@pytest.mark.parametrize(
+    ("model", "task", "fragment"),
+    [
+        ("llama2-7b", "{kind: pretrain, seq_len: 2048, global_batch: 1000000000000000}", "task.global_batch"),
+        ("{layers: 1000000000, hidden: 4096, heads: 32, ffn: 11008, vocab: 32000}",
+         "{kind: pretrain, seq_len: 2048, global_batch: 64}", "model.layers"),
+    ],
+)
+def test_timeline_and_sweep_refuse_sizes_beyond_their_bound(
+    tmp_path: Path, model: str, task: str, fragment: str
+) -> None:
+    problem = _write(tmp_path, "p.yaml", f"model: {model}\nhardware: {{gpu: h100-sxm, gpus: 8}}\ntask: {task}\n")
+    plan = _write(tmp_path, "plan.yaml", "{dp: 8}\n")
+    assert_one_line_error(run_main("timeline", problem, "--plan", plan, "--out", tmp_path), 2, fragment)
+    sweep = _write(tmp_path, "s.yaml", f"models: [{model}]\ntask: {task}\nhardware: [{{gpu: h100-sxm, gpus: 8}}]\n")
+    assert_one_line_error(run_main("sweep", sweep, "--out", tmp_path / "out"), 2, fragment.replace("model.", "models[0]."))
+    assert not (tmp_path / "out" / "results.jsonl").exists()
+
+
+def test_timeline_of_a_million_micro_batches_is_refused_by_name(tmp_path: Path) -> None:
+    # 8,000,000 / (8 x 1) = 1,000,000 micro-batches x 32 layers = 32,000,000 layer passes > 200,000
+    problem = _write(tmp_path, "p.yaml", B.replace("global_batch: 64", "global_batch: 8000000"))
+    plan = _write(tmp_path, "plan.yaml", "{dp: 8}\n")
+    assert_one_line_error(run_main("timeline", problem, "--plan", plan, "--out", tmp_path), 2,
+                          f"{plan}: mbs: ", "1,000,000 micro-batches x 32 layers = 32,000,000", "at most 200,000")
+
+
+def test_timeline_blames_the_plan_file_for_an_invalid_plan(tmp_path: Path) -> None:
+    problem = _write(tmp_path, "p.yaml", B)
+    plan = _write(tmp_path, "plan.yaml", "{dp: 8, mbs: 3}\n")  # 64 sequences are not 8 x 3 x m
+    assert_one_line_error(run_main("timeline", problem, "--plan", plan, "--out", tmp_path), 2,
+                          f"error: {plan}: ", "dp*mbs must divide global_batch")
+
+
+def test_timeline_beyond_tolerance_warns_and_exits_1(tmp_path: Path) -> None:
+    """results/validation/trace_vs_closed_form.md: ZeRO-3 with CP over 64 A100s simulates ~12 % faster."""
+    problem = _write(tmp_path, "p.yaml", "model: llama2-7b\nhardware: {system: dgx-a100, gpus: 64}\n"
+                     "task: {seq_len: 2048, global_batch: 256}\n")
+    plan = _write(tmp_path, "plan.yaml", "{dp: 16, tp: 2, cp: 2, mbs: 2, zero: 3, recompute: full}\n")
+    result = run_main("timeline", problem, "--plan", plan, "--out", tmp_path, "--json")
+    summary = _strict_json(result.stdout)
+    assert result.returncode == 1 and abs(summary["difference"]) > summary["tolerance"]
+    assert (tmp_path / "plan.trace.json").exists()  # the outputs are still written
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: ") and "beyond the 3% tolerance" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("space", "expected"),
+    [
+        ("{tp: 1, dp: 48, sp: true}", {"tp": 1, "dp": 48, "sp": False}),  # Megatron turns SP off at tp 1
+        ("{dp: 1, tp: 8, zero: 3}", {"dp": 1, "tp": 8, "zero": 0}),  # ZeRO over one rank shards nothing
+    ],
+)
+def test_knobs_without_effect_are_no_ops_as_in_megatron(space: str, expected: dict[str, Any]) -> None:
+    gpus = expected["dp"] * expected["tp"]
+    text = B.replace("gpus: 8", f"gpus: {gpus}").replace("global_batch: 64", "global_batch: 96") + f"space: {space}\n"
+    with tempfile.TemporaryDirectory() as d:
+        problem = _write(Path(d), "p.yaml", text)
+        result = run_main("solve", problem, "--json")
+    assert result.returncode == 0, result.stderr
+    plan = _strict_json(result.stdout)["best"]["plan"]
+    assert {k: plan[k] for k in expected} == expected
+
+
+def test_solve_json_is_strict_json() -> None:
+    result = run_main("solve", SMALL, "--json")
+    assert result.returncode == 0, result.stderr
+    _strict_json(result.stdout)
+
+
+def test_sensitivity_writes_into_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = run_main("sensitivity", SMALL, "--params", "nic_bandwidth", "--factors", "2")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "sensitivity" / "small-sensitivity.json").exists()
+
+
+def test_matplotlib_is_a_core_dependency() -> None:
+    """Plots are part of the product: `pip install -e .` alone must let `timeline` draw its Gantt chart."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("matplotlib") for d in project["dependencies"])

@@ -79,7 +79,7 @@ def check_input(data: Any, *, file: str | None, prefix: str = "") -> None:
         if isinstance(value, bool):
             if key is not None:
                 allowed = _allowed(key, bound) if bound is not None else "an integer"
-                raise ProblemError(f"wrong type (got {value}); allowed: {allowed}", file=file, field=field)
+                raise ProblemError(f"wrong type (got {str(value).lower()}); allowed: {allowed}", file=file, field=field)
             continue
         number = _number(value) if bound is not None else value
         if isinstance(number, float) and not math.isfinite(number):
