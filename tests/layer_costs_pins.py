@@ -1,0 +1,110 @@
+"""Pins of ``training.layer_costs`` over a seeded sample of plans: every LayerCosts array, hashed bit for bit.
+
+The sample covers the example training problems (dense Llama-2 70B, MoE Mixtral 8x7B, the mixed A100/H100 GPT-3
+fleet) under bf16 / fp8 / mxfp8, flash and unfused attention, TP-comm and EP-comm overlap, torchtitan, dropout, LoRA
+and frozen layers, and random plans over dp, tp, pp, cp, vpp, mbs, zero, recompute, sp, ep and the hardware option.
+Plans need not be valid: ``layer_costs`` is elementwise and every entry is pinned.
+
+A deliberate change of the cost model or of the catalog changes the pins: regenerate them with
+``python tests/layer_costs_pins.py`` and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from madmax_opt.io.problem import Problem, problem_from_dict
+from madmax_opt.model.hardware import HardwareTable
+from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.training import LayerCosts, layer_costs
+from madmax_opt.model.workload import lower
+
+ROOT = Path(__file__).resolve().parents[1]
+PINS = Path(__file__).resolve().parent / "data" / "layer_costs_pins.json"
+PLANS_PER_CASE = 160
+PROBLEMS = ("llama2-70b-h100", "mixtral-8x7b-h100", "gpt3-175b-mixed-pipeline")
+# (name, task overrides, stack overrides)
+VARIANTS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
+    ("bf16", {"precision": "bf16"}, {}),
+    ("fp8", {"precision": "fp8"}, {}),
+    ("mxfp8-torchtitan", {"precision": "mxfp8"}, {"framework": "torchtitan"}),
+    ("fp8-overlap", {"precision": "fp8"}, {"tp_comm_overlap": True, "ep_comm_overlap": True}),
+    ("unfused-dropout", {}, {"flash_attention": False, "dropout": True, "pp_scatter_gather": False}),
+    ("lora-bf16grad", {"kind": "finetune", "lora_rank": 16}, {"grad_reduce_dtype": "bf16"}),
+    ("frozen", {"kind": "finetune", "frozen_layers": 8}, {"ep_comm_overlap": False}),
+)
+
+
+def case_problem(name: str, task: dict[str, Any], stack: dict[str, Any]) -> Problem:
+    path = ROOT / "problems" / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["task"] = {**data["task"], **task}
+    data["stack"] = {**data.get("stack", {}), **stack}
+    data.pop("baseline", None)
+    return problem_from_dict(data, source=str(path))
+
+
+def random_plans(rng: np.random.Generator, n: int, options: int) -> PlanArrays:
+    def pick(values: tuple[int, ...]) -> Any:
+        return rng.choice(np.array(values, dtype=np.int64), size=n)
+
+    return PlanArrays(
+        dp=pick((1, 2, 4, 8, 16, 64)), tp=pick((1, 2, 4, 8, 16)), pp=pick((1, 2, 4, 8)), cp=pick((1, 2, 4)),
+        vpp=pick((1, 2, 5)), mbs=pick((1, 2, 4)), zero=pick((0, 1, 2, 3)), recompute=pick((0, 1, 2)),
+        sp=pick((0, 1)), hw=rng.integers(0, options, size=n, dtype=np.int64), ep=pick((1, 2, 4, 8)),
+    )
+
+
+def cases() -> list[tuple[str, Problem, PlanArrays]]:
+    out = []
+    rng = np.random.default_rng(20261203)
+    for name in PROBLEMS:
+        for variant, task, stack in VARIANTS:
+            if "fp8" in variant and name.startswith("gpt3"):  # the A100s of that fleet have no FP8 GEMMs
+                continue
+            problem = case_problem(name, task, stack)
+            out.append((f"{name}/{variant}", problem, random_plans(rng, PLANS_PER_CASE, len(problem.hardware))))
+    return out
+
+
+def costs(problem: Problem, plans: PlanArrays) -> LayerCosts:
+    wl = lower(problem.model, problem.training_task, problem.stack)
+    return layer_costs(wl, problem.training_task, problem.stack, HardwareTable(problem.hardware), plans)
+
+
+def arrays(lc: LayerCosts, n: int) -> dict[str, np.ndarray]:
+    """Every numeric LayerCosts field as a float64 array of the plans' length (scalars broadcast)."""
+    out: dict[str, np.ndarray] = {}
+    for f in fields(lc):
+        value = getattr(lc, f.name)
+        if f.name in ("plans", "tiers"):
+            continue
+        if isinstance(value, dict):
+            for k, v in value.items():
+                out[f"{f.name}.{k}"] = np.broadcast_to(np.asarray(v, dtype=np.float64), (n,))
+        else:
+            out[f.name] = np.broadcast_to(np.asarray(value, dtype=np.float64), (n,))
+    return out
+
+
+def digest(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a, dtype="<f8").tobytes()).hexdigest()[:24]
+
+
+def compute_pins() -> dict[str, dict[str, str]]:
+    pins: dict[str, dict[str, str]] = {}
+    for name, problem, plans in cases():
+        pins[name] = {k: digest(v) for k, v in arrays(costs(problem, plans), len(plans)).items()}
+    return pins
+
+
+if __name__ == "__main__":
+    PINS.write_text(json.dumps(compute_pins(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {PINS}")
