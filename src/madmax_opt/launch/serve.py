@@ -3,7 +3,9 @@
 A serving plan is dp replicas of tp x pp GPUs, each running up to ``batch`` sequences, at a weight precision; with
 prefill_replicas > 0 those replicas only prefill and send the KV cache to the rest (disaggregation). The batch is
 the server's cap on running sequences (vLLM --max-num-seqs, SGLang --max-running-requests, TRT-LLM
---max_batch_size); the KV-cache precision comes from the task.
+--max_batch_size; a plan whose max_num_seqs differs from batch is refused); the KV-cache precision comes from the
+task. With expert parallelism (ep = k x tp, MoE) each group of k replicas is one server: vLLM
+--enable-expert-parallel over its data-parallel ranks, SGLang --tp-size ep --attn-dp-size k --ep-size ep.
 """
 
 from __future__ import annotations
