@@ -211,6 +211,11 @@ def _solve_base(
         # exact pruning: a row whose own time already forces p v T >= p v incumbent, with every other stage at its
         # fastest row, cannot be in a strictly better plan: p v m t_i + (p - 1)(t_i + sum_{s' != s} min t_s') >= bound
         fastest = np.array([t_all[stage_all == s].min() for s in range(p)])
+        # the whole base: every stage at its fastest row (and its smallest dp / optimizer time) bounds p v T
+        least = [np.array([cand[k][stage_all == s].min() for s in range(p)]) for k in ("dp_us", "opt_us")]
+        base_lb = pv * m_int * fastest.max() + (p - 1) * fastest.sum() + pv * (least[0].max() + least[1].max())
+        if base_lb > int(np.ceil(incumbent_us * pv)) - 1:
+            return "infeasible", None, [], 0  # no strictly better plan in this base: CP-SAT not needed
         row_lb = pv * m_int * t_all + (p - 1) * (t_all + fastest.sum() - fastest[stage_all])
         live = np.flatnonzero(row_lb <= int(np.ceil(incumbent_us * pv)) - 1)
         if any(not np.any(stage_all[live] == s) for s in range(p)):
