@@ -29,10 +29,11 @@ Arr = NDArray[np.float64]
 MODERN_DIR = ("data", "validation", "modern")
 TRAINING_FILE = "training.yaml"
 
-# stack.framework of each source's software (PROVENANCE.md); MaxText (JAX/XLA) is no modelled framework: its rows
-# are predicted with the pytorch-fsdp profile (also fully sharded) and kept out of every fit
+# stack.framework (the efficiency and overlap profile) of each source's software (PROVENANCE.md): NeMo AutoModel runs
+# PyTorch FSDP2 like torchtitan, so it takes the FSDP2 profile (torchtitan); pytorch-fsdp is FSDP1 as in llm-foundry.
+# MaxText (JAX/XLA) is no modelled framework: predicted with the pytorch-fsdp profile, kept out of every fit.
 FRAMEWORK_OF: dict[str, str] = {
-    "NeMo AutoModel": "pytorch-fsdp", "NeMo": "megatron-core", "Megatron-Bridge": "megatron-core",
+    "NeMo AutoModel": "torchtitan", "NeMo": "megatron-core", "Megatron-Bridge": "megatron-core",
     "torchtitan": "torchtitan", "MosaicML": "pytorch-fsdp", "MaxText": "maxtext",
 }
 UNMODELLED_FRAMEWORKS: tuple[str, ...] = ("maxtext",)
