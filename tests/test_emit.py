@@ -106,10 +106,13 @@ def serving_limits(fmt: str, p: ServingPlan, problem: Problem) -> list[str]:
 
 def normalised(p: Plan) -> dict[str, Any]:
     """What a launch carries: the plan less its system name (node counts carry the hardware); an uneven plan's
-    recompute is its stages' mode; stage_systems naming one system are that system."""
+    recompute is its stages' mode; stage_systems naming one system are that system; a serving plan's cap on running
+    sequences is one server flag, read back as batch (online plans give it as max_num_seqs)."""
     d = p.model_dump(exclude={"system", "stage_systems"})
     if p.stage_recompute:
         d["recompute"] = p.stage_recompute[0]
+    if isinstance(p, ServingPlan):
+        d["batch"], d["max_num_seqs"] = p.max_num_seqs or p.batch, None
     return d
 
 
@@ -146,9 +149,10 @@ def training_plans(draw: Any) -> Plan:
 
 @st.composite
 def serving_plans(draw: Any) -> ServingPlan:
-    dp, tp = draw(st.integers(1, 8)), draw(st.sampled_from([1, 2, 4, 8]))
+    dp, tp, cap = draw(st.integers(1, 8)), draw(st.sampled_from([1, 2, 4, 8])), draw(st.integers(1, 512))
+    caps = draw(st.sampled_from([{"batch": cap}, {"max_num_seqs": cap}, {"batch": cap, "max_num_seqs": cap}]))
     return ServingPlan(dp=dp, tp=tp, pp=draw(st.sampled_from([1, 2])), ep=draw(st.sampled_from([1, tp, 2 * tp, 3])),
-                       batch=draw(st.integers(1, 512)),
+                       **caps,
                        precision=draw(st.sampled_from(["bf16", "fp16", "fp8", "int8", "int4"])),
                        prefill_replicas=draw(st.integers(0, dp - 1)))
 
@@ -230,6 +234,8 @@ def test_every_refused_field_is_refused_in_one_line(fmt: str) -> None:
 def test_wrong_kind_and_unknown_format_are_one_line_errors() -> None:
     with pytest.raises(ProblemError, match="allowed for this problem: vllm, sglang, trtllm"):
         emit_plan(SERVING, ServingPlan(batch=1), "megatron")
+    with pytest.raises(ProblemError, match="without batch or max_num_seqs"):
+        emit_plan(SERVING, ServingPlan(dp=2), "vllm")
     with pytest.raises(ProblemError, match="unknown format 'slurm'"):
         emit_plan(TRAINING, Plan(), "slurm")
     assert formats_for(TRAINING) == TRAINING_FORMATS and formats_for(SERVING) == SERVING_FORMATS

@@ -3,7 +3,8 @@
 A serving plan is dp replicas of tp x pp GPUs, each running up to ``batch`` sequences, at a weight precision; with
 prefill_replicas > 0 those replicas only prefill and send the KV cache to the rest (disaggregation). The batch is
 the server's cap on running sequences (vLLM --max-num-seqs, SGLang --max-running-requests, TRT-LLM
---max_batch_size; a plan whose max_num_seqs differs from batch is refused); the KV-cache precision comes from the
+--max_batch_size), and so is max_num_seqs (online plans, Poisson arrivals, carry only that): parsed back, the cap is
+the plan's batch. A plan whose max_num_seqs differs from its batch is refused. The KV-cache precision comes from the
 task. With expert parallelism (ep = k x tp, MoE) each group of k replicas is one server: vLLM
 --enable-expert-parallel over its data-parallel ranks, SGLang --tp-size ep --attn-dp-size k --ep-size ep.
 """
@@ -58,14 +59,15 @@ class Serving:
         if not isinstance(task, InferenceTask) or not isinstance(p, ServingPlan):
             raise refuse(fmt, "a training task", "a serving format; allowed for training: megatron, nemo, "
                          "torchtitan, deepspeed")
-        if p.batch is None:
-            raise refuse(fmt, "a plan without batch", "the server's cap on running sequences is the plan's batch; "
-                         "allowed: a batch (solve returns one)")
-        if p.max_num_seqs is not None and p.max_num_seqs != p.batch:
+        if p.batch is not None and p.max_num_seqs is not None and p.max_num_seqs != p.batch:
             raise refuse(fmt, f"max_num_seqs={p.max_num_seqs} with batch={p.batch}", "one server cap carries both; "
                          "an offered batch above the cap is load, not a server setting; allowed: max_num_seqs = "
                          "batch or unset")
-        self.ctx, self.plan, self.task = ctx, p, task
+        cap = p.max_num_seqs or p.batch  # saturated plans size the cap by batch, online plans by max_num_seqs
+        if cap is None:
+            raise refuse(fmt, "a plan without batch or max_num_seqs", "the server needs its cap on running "
+                         "sequences; allowed: a batch or max_num_seqs (solve returns one)")
+        self.ctx, self.plan, self.task, self.cap = ctx, p, task, cap
         self.precision = precision_of(p, task.precisions()[0])
         kv_precision = task.kv_precision or DEFAULT_KV_PRECISION[self.precision]
         if self.precision not in weights:
@@ -83,6 +85,8 @@ class Serving:
         fs, p, gpn = flagset(fmt), self.plan, self.ctx.gpus_per_node
         gpus = p.dp * p.tp * p.pp
         notes = [f"MODEL = {self.ctx.model.name}: replace with the checkpoint path or hub id", *(notes or [])]
+        if self.task.arrival_rate is not None:
+            notes.append(f"online load: Poisson arrivals at {self.task.arrival_rate:g} requests/s over the deployment")
         if self.precision in ("int8", "int4", "fp4"):
             notes.append(PREQUANTIZED)
         return Emitted(format=fmt, framework=fs.framework, version=fs.version, kind="serving",
@@ -130,7 +134,7 @@ def vllm_emit(ctx: Context) -> Emitted:
         args = flag_args([
             ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", dp),
             ("--data-parallel-size-local", local), ("--distributed-executor-backend", "ray" if replica > gpn else None),
-            ("--enable-expert-parallel", p.ep > 1), ("--max-num-seqs", p.batch), ("--max-model-len", s.max_len),
+            ("--enable-expert-parallel", p.ep > 1), ("--max-num-seqs", s.cap), ("--max-model-len", s.max_len),
             ("--dtype", s.dtype), ("--quantization", s.quantization),
             ("--kv-cache-dtype", s.kv), ("--kv-transfer-config", kv_transfer),
             ("--port", ports(8000, len(plan_servers), i)),
@@ -181,7 +185,7 @@ def sglang_emit(ctx: Context) -> Emitted:
             ("--model-path", ctx.model.name), ("--tp-size", p.tp * dp if p.ep > 1 else p.tp), ("--pp-size", p.pp),
             ("--dp-size", dp if p.ep == 1 else None), ("--attn-dp-size", dp if p.ep > 1 and dp > 1 else None),
             ("--ep-size", p.ep if p.ep > 1 else None), ("--nnodes", nodes if nodes > 1 else None),
-            ("--node-rank", 0 if nodes > 1 else None), ("--max-running-requests", p.batch),
+            ("--node-rank", 0 if nodes > 1 else None), ("--max-running-requests", s.cap),
             ("--context-length", s.max_len), ("--dtype", s.dtype), ("--quantization", s.quantization),
             ("--kv-cache-dtype", s.kv), ("--disaggregation-mode", role if role != "run" else None),
             ("--port", ports(30000, len(plan_servers), i)),
@@ -233,7 +237,7 @@ def trtllm_emit(ctx: Context) -> Emitted:
     commands = [
         Command(program=["trtllm-serve", ctx.model.name], role=f"replica {i}", args=flag_args([
             ("--backend", "tensorrt"), ("--tp_size", p.tp), ("--pp_size", p.pp),
-            ("--gpus_per_node", ctx.gpus_per_node), ("--max_batch_size", p.batch), ("--max_seq_len", s.max_len),
+            ("--gpus_per_node", ctx.gpus_per_node), ("--max_batch_size", s.cap), ("--max_seq_len", s.max_len),
             ("--port", 8000 + i), ("--extra_llm_api_options", TRTLLM_CONFIG),
         ]))
         for i in range(p.dp)
