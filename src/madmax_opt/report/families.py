@@ -153,7 +153,7 @@ def _dlrm_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None, co
 TRAINING = Family("training", _training_solve, _training_show, _training_evaluate, _training_verify,
                   sensitivity=True, timeline=True)
 SERVING = Family("serving", _serving_solve, _serving_show, _serving_evaluate, _training_verify,
-                 sensitivity=True)
+                 sensitivity=True, timeline=True)
 RECOMMENDER = Family("recommender", _dlrm_solve, _dlrm_show, _dlrm_evaluate)
 FAMILIES: dict[str, Family] = {f.name: f for f in (TRAINING, SERVING, RECOMMENDER)}
 

@@ -73,6 +73,10 @@ def timeline_cmd(
     if detail not in ("ops", "layers"):
         raise ProblemError(f"unknown detail {detail!r}; allowed: ops, layers", field="--detail")
     loaded = load_problem(problem)
+    if loaded.task.kind == "inference":  # serving plans: decode rounds, prefill, KV transfer
+        from madmax_opt.report.serving_timeline import serving_timeline_cmd
+
+        return serving_timeline_cmd(loaded, plan, index, out, json_out, console)
     chosen = _one_plan(plan, loaded, index)
     check_drawable(loaded, chosen.dp, chosen.mbs, file=str(plan), field="mbs")
     try:

@@ -1,0 +1,107 @@
+"""Serving timelines: valid Chrome trace JSON, simulated decode round / prefill / TPOT against the closed form, the
+pipeline schedule by hand, and the CLI (timeline on a serving problem; solve and pareto on an arrival-rate one)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cli_helpers import run_main
+from madmax_opt.analysis.serving_trace import ServingTimeline, chrome_trace, simulate_serving
+from madmax_opt.analysis.trace import TRACE_TOLERANCE
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.search.serving_space import ServingModel, ServingPlan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def timeline(plan: ServingPlan, gpus: int = 8, **task: Any) -> ServingTimeline:
+    model = ServingModel(problem_from_dict({
+        "model": "llama3-70b", "hardware": {"system": "dgx-h100", "gpus": gpus},
+        "task": {"kind": "inference", "prompt_len": 1024, "output_len": 256, **task}}))
+    return simulate_serving(model.workload, model.task, model.problem.stack, model.table, model.cal,
+                            model.arrays([plan]), plan.model_dump(exclude_none=True))
+
+
+PLANS = [
+    (ServingPlan(tp=8, batch=64), {}),
+    (ServingPlan(tp=2, pp=4, batch=64), {}),
+    (ServingPlan(tp=4, pp=2, batch=7), {}),  # odd batch: micro-batches of ceil(7 / 2)
+    (ServingPlan(tp=4, dp=2, batch=32, prefill_replicas=1), {"disaggregated": True}),
+]
+
+
+@pytest.mark.parametrize(("plan", "task"), PLANS)
+def test_simulated_serving_step_matches_the_closed_form(plan: ServingPlan, task: dict[str, Any]) -> None:
+    tl = timeline(plan, **task)
+    assert set(tl.differences) == {"decode_round_s", "prefill_s", "tpot_s"}
+    for name, diff in tl.differences.items():
+        assert abs(diff) <= TRACE_TOLERANCE, (name, diff)
+
+
+def test_chrome_trace_is_valid_json_with_complete_events() -> None:
+    tl = timeline(ServingPlan(tp=4, pp=2, batch=16))
+    data = json.loads(json.dumps(chrome_trace(tl)))
+    events = data["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert len(complete) == len(tl.events) > 0
+    for e in complete:
+        assert {"name", "ph", "ts", "dur", "pid", "tid"} <= set(e)
+        assert isinstance(e["ts"], float | int) and e["dur"] >= 0 and isinstance(e["pid"], int)
+    named = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in complete} <= named
+    cats = {e["cat"] for e in complete}
+    assert {"tp_comm", "pp_comm", "head", "attention"} <= cats
+
+
+def test_pipeline_schedule_by_hand() -> None:
+    """pp = 2, 2 micro-batches: every round, stage 0 and stage 1 each run both micro-batches once; the round is the
+    longer of 2 x (last stage + send) and one micro-batch around the pipeline (closed form, Orca-style)."""
+    tl = timeline(ServingPlan(tp=4, pp=2, batch=16))
+    stage_time = {s: sum(e.dur_s for e in tl.events if e.pid == s and e.stream != "pp"  # layers: compute + TP
+                         and e.name.startswith("L") and e.args.get("round") == 1 and e.args.get("micro_batch") == 0)
+                  for s in (0, 1)}
+    head = sum(e.dur_s for e in tl.events if e.cat == "head" and e.args.get("round") == 1
+               and e.args.get("micro_batch") == 0)
+    send = next(e.dur_s for e in tl.events if e.cat == "pp_comm" and e.args.get("round") == 1)
+    last = stage_time[1] + head + send
+    around = stage_time[0] + stage_time[1] + head + 2 * send
+    assert tl.simulated["decode_round_s"] == pytest.approx(max(2 * last, around), rel=1e-9)
+
+
+def test_disaggregated_plan_shows_the_kv_transfer_on_the_prefill_replica() -> None:
+    tl = timeline(ServingPlan(tp=4, dp=2, batch=32, prefill_replicas=1), disaggregated=True)
+    kv = [e for e in tl.events if e.cat == "kv_transfer"]
+    assert kv and all(e.pid >= 100 for e in kv)
+    assert np.isclose(min(e.start_s for e in kv), max(e.start_s + e.dur_s for e in tl.events
+                                                      if e.pid >= 100 and e.cat != "kv_transfer"))
+
+
+def test_timeline_cli_on_a_serving_plan(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("tp: 4\npp: 2\nbatch: 32\n")
+    problem = tmp_path / "serve.yaml"
+    problem.write_text("model: llama3-70b\nhardware: {system: dgx-h100, gpus: 8}\n"
+                       "task: {kind: inference, prompt_len: 1024, output_len: 256}\n")
+    r = run_main("timeline", problem, "--plan", plan, "--out", tmp_path, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    trace = json.loads(Path(out["files"]["trace"]).read_text())
+    assert trace["traceEvents"] and Path(out["files"]["gantt"]).stat().st_size > 0
+    assert all(abs(d) <= out["tolerance"] for d in out["difference"].values())
+
+
+def test_arrival_rate_example_solves_and_draws_curves(tmp_path: Path) -> None:
+    problem = ROOT / "problems/serve-llama3-70b-arrival.yaml"
+    r = run_main("solve", problem, "--json")
+    assert r.returncode == 0, r.stderr
+    best = json.loads(r.stdout)["best"]
+    assert best["max_rate"] >= best["arrival_rate"] == 20
+    assert best["at_arrival_rate"]["ttft_p99_s"] <= 0.3 and best["at_arrival_rate"]["tpot_p90_s"] <= 0.04
+    r = run_main("pareto", problem, "--out", tmp_path / "curves")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "curves.png").stat().st_size > 0 and "| plan |" in (tmp_path / "curves.md").read_text()
