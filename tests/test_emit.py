@@ -325,3 +325,16 @@ def test_values_outside_the_recorded_choices_are_found() -> None:
     args = ["ScaleNorm" if a == "RMSNorm" else a for a in e.commands[0].args]
     bad = e.model_copy(update={"commands": [e.commands[0].model_copy(update={"args": args})]})
     assert disallowed_values(bad) == [("--normalization", "ScaleNorm")]
+
+
+def test_uneven_stages_use_first_and_last_counts_when_the_middle_is_even() -> None:
+    plan = Plan(dp=2, pp=4, stage_layers=[1, 3, 3, 1], stage_recompute=["none"] * 4)
+    f = parse_flags(emit_plan(TRAINING, plan, "megatron").commands[0].args)
+    assert (f["--decoder-first-pipeline-num-layers"], f["--decoder-last-pipeline-num-layers"]) == ("1", "1")
+    assert "--pipeline-model-parallel-layout" not in f
+    skewed = plan.model_copy(update={"stage_layers": [1, 4, 2, 1]})
+    f = parse_flags(emit_plan(TRAINING, skewed, "megatron").commands[0].args)
+    assert f["--pipeline-model-parallel-layout"] == "Et*1|t*4|t*2|t*1L"
+    for p in (plan, skewed):
+        for fmt in ("megatron", "nemo"):
+            assert parse_emitted(emit_plan(TRAINING, p, fmt)).stage_layers == p.stage_layers

@@ -1,7 +1,8 @@
 """Megatron-LM command lines and NeMo 2 / Megatron-Bridge recipe overrides (both Megatron-Core underneath).
 
 Plan -> Megatron-Core: dp comes from the launcher (world size / (tp pp cp)); ZeRO-1 is the distributed optimizer,
-ZeRO-2/3 Megatron-FSDP with sharding optim_grads / optim_grads_params; an uneven split is a pipeline layout string.
+ZeRO-2/3 Megatron-FSDP with sharding optim_grads / optim_grads_params; an uneven split is first / last stage layer
+counts when the stages between are equal, else a pipeline layout string.
 """
 
 from __future__ import annotations
@@ -69,6 +70,25 @@ def even_layers(layers: int, stages: int, fmt: str, what: str) -> int:
     return layers // stages
 
 
+def uneven_split(stage_layers: Sequence[int] | None) -> tuple[tuple[int, int] | None, str | None]:
+    """(first, last) stage layers when the stages between are equal (Megatron's first/last flags), else a layout."""
+    if stage_layers is None:
+        return None, None
+    if len(stage_layers) >= 2 and len(set(stage_layers[1:-1])) <= 1:
+        return (stage_layers[0], stage_layers[-1]), None
+    return None, layout_string(stage_layers)
+
+
+def stages_from(pp: int, layers: int, first_last: tuple[int, int] | None, layout: str | None) -> list[int] | None:
+    """The inverse of :func:`uneven_split`."""
+    if layout is not None:
+        return layout_layers(layout)
+    if first_last is None:
+        return None
+    first, last = first_last
+    return [first, *[(layers - first - last) // (pp - 2)] * (pp - 2), last]
+
+
 def torchrun(ctx: Context, fmt: str) -> tuple[list[str], int]:
     nodes, per_node = node_layout(fmt, ctx.plan.gpus, ctx.gpus_per_node)
     return ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(per_node)], nodes
@@ -95,8 +115,8 @@ def megatron_emit(ctx: Context) -> Emitted:
     fmt, p, m = "megatron", ctx.plan, ctx.model
     task = training_checks(ctx, fmt)
     recompute = uniform_recompute(p, fmt)
-    layout = layout_string(p.stage_layers) if p.stage_layers is not None else None
-    per_chunk = even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}") if layout is None else None
+    first_last, layout = uneven_split(p.stage_layers)
+    per_chunk = even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}") if p.stage_layers is None else None
     moe = m.moe
     fp8 = FP8_RECIPE.get(task.precision)
     launcher, nodes = torchrun(ctx, fmt)
@@ -104,6 +124,8 @@ def megatron_emit(ctx: Context) -> Emitted:
         ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp),
         ("--num-layers-per-virtual-pipeline-stage", per_chunk if p.vpp > 1 else None),
         ("--pipeline-model-parallel-layout", layout),
+        ("--decoder-first-pipeline-num-layers", first_last[0] if first_last else None),
+        ("--decoder-last-pipeline-num-layers", first_last[1] if first_last else None),
         ("--context-parallel-size", p.cp), ("--expert-model-parallel-size", p.ep),
         ("--sequence-parallel", p.sp),
         ("--micro-batch-size", p.mbs), ("--global-batch-size", task.global_batch),
@@ -147,8 +169,10 @@ def megatron_parse(e: Emitted) -> Plan:
     if "--use-megatron-fsdp" in f:
         zero = {v: k for k, v in SHARDING.items()}[str(f["--data-parallel-sharding-strategy"])]
     layout = f.get("--pipeline-model-parallel-layout")
+    first_last = (integer(f, "--decoder-first-pipeline-num-layers"), integer(f, "--decoder-last-pipeline-num-layers")) \
+        if "--decoder-first-pipeline-num-layers" in f else None
+    stages = stages_from(pp, layers, first_last, layout if isinstance(layout, str) else None)
     per_chunk = f.get("--num-layers-per-virtual-pipeline-stage")
-    stages = layout_layers(str(layout)) if isinstance(layout, str) else None
     return Plan(
         dp=torchrun_world(cmd.launcher) // (tp * pp * cp), tp=tp, pp=pp, cp=cp,
         vpp=layers // (pp * int(per_chunk)) if isinstance(per_chunk, str) else 1,
@@ -167,11 +191,14 @@ def nemo_emit(ctx: Context) -> Emitted:
     recompute = uniform_recompute(p, fmt)
     if p.stage_layers is None:
         even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}")
+    first_last, layout = uneven_split(p.stage_layers)
     moe = m.moe
     overrides: list[tuple[str, object]] = [
         ("model.tensor_model_parallel_size", p.tp), ("model.pipeline_model_parallel_size", p.pp),
         ("model.virtual_pipeline_model_parallel_size", p.vpp if p.vpp > 1 else None),
-        ("model.pipeline_model_parallel_layout", layout_string(p.stage_layers) if p.stage_layers else None),
+        ("model.pipeline_model_parallel_layout", layout),
+        ("model.num_layers_in_first_pipeline_stage", first_last[0] if first_last else None),
+        ("model.num_layers_in_last_pipeline_stage", first_last[1] if first_last else None),
         ("model.context_parallel_size", p.cp), ("model.expert_model_parallel_size", p.ep),
         ("model.sequence_parallel", p.sp),
         ("model.recompute_granularity", None if recompute == "none" else recompute),
@@ -224,8 +251,9 @@ def nemo_parse(e: Emitted) -> Plan:
     zero = 1 if o.get("ddp.use_distributed_optimizer") == "true" else 0
     if o.get("ddp.use_megatron_fsdp") == "true":
         zero = {v: k for k, v in SHARDING.items()}[o["ddp.data_parallel_sharding_strategy"]]
-    layout = o.get("model.pipeline_model_parallel_layout")
-    stages = layout_layers(layout) if layout else None
+    first_last = (num("model.num_layers_in_first_pipeline_stage"), num("model.num_layers_in_last_pipeline_stage")) \
+        if "model.num_layers_in_first_pipeline_stage" in o else None
+    stages = stages_from(pp, num("model.num_layers"), first_last, o.get("model.pipeline_model_parallel_layout"))
     return Plan(
         dp=torchrun_world(cmd.launcher) // (tp * pp * cp), tp=tp, pp=pp, cp=cp,
         vpp=num("model.virtual_pipeline_model_parallel_size"), mbs=num("train.micro_batch_size"), zero=zero,
@@ -252,7 +280,8 @@ MEGATRON = Format(
         "zero": ("--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy"),
         "recompute": ("--recompute-granularity", "--recompute-method", "--recompute-num-layers"),
         "sp": ("--sequence-parallel",), "ep": ("--expert-model-parallel-size",),
-        "system": ("--nnodes", "--nproc-per-node"), "stage_layers": ("--pipeline-model-parallel-layout",),
+        "system": ("--nnodes", "--nproc-per-node"), "stage_layers": ("--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers",
+                                                                      "--decoder-last-pipeline-num-layers"),
         "stage_recompute": ("--recompute-granularity",), "stage_systems": ("--nnodes", "--nproc-per-node"),
     },
     refuses={"batch": BATCH, "stage_recompute": STAGE_RECOMPUTE, "stage_systems": MIXED},
@@ -267,7 +296,8 @@ NEMO = Format(
         "zero": ("ddp.use_distributed_optimizer", "ddp.use_megatron_fsdp", "ddp.data_parallel_sharding_strategy"),
         "recompute": ("model.recompute_granularity", "model.recompute_method", "model.recompute_num_layers"),
         "sp": ("model.sequence_parallel",), "ep": ("model.expert_model_parallel_size",),
-        "system": ("--nnodes", "--nproc-per-node"), "stage_layers": ("model.pipeline_model_parallel_layout",),
+        "system": ("--nnodes", "--nproc-per-node"), "stage_layers": ("model.pipeline_model_parallel_layout", "model.num_layers_in_first_pipeline_stage",
+                                                                      "model.num_layers_in_last_pipeline_stage"),
         "stage_recompute": ("model.recompute_granularity",), "stage_systems": ("--nnodes", "--nproc-per-node"),
     },
     refuses={"batch": BATCH, "stage_recompute": STAGE_RECOMPUTE, "stage_systems": MIXED},
