@@ -258,3 +258,16 @@ def test_gap_is_never_negative() -> None:
     assert solver_summary(100, 90.0, 0.1, 1, 1)["gap"] == pytest.approx(0.1)
     with pytest.raises(InternalError):  # a bound far above the solution is a bug, not noise
         solver_summary(100, 110.0, 0.1, 1, 1)
+
+
+def test_a_space_too_large_to_enumerate_is_refused_not_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    from madmax_opt.core.errors import ProblemError
+    from madmax_opt.search import space
+
+    data = _gpt3(512)
+    n = len(enumerate_plans(problem_from_dict(data)))
+    monkeypatch.setattr(space, "MAX_PLANS", n - 1)
+    with pytest.raises(ProblemError, match=r"space.*restrict space\.mbs"):
+        enumerate_plans(problem_from_dict(data))
+    monkeypatch.setattr(space, "MAX_PLANS", 10 * n)  # counted before duplicates go, so a little above n
+    assert len(enumerate_plans(problem_from_dict(data))) == n

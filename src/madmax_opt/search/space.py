@@ -19,6 +19,9 @@ DEFAULT_ZERO = (0, 1, 2, 3)
 # vpp and mbs have no fixed default list: by default every value the frameworks accept is searched, per shape
 # (``default_vpp``, ``default_mbs``); a problem's ``space.vpp`` / ``space.mbs`` replaces that set.
 MAX_TP = 64
+# Plans enumerated at most (~90 B each as columns, ~250 B more when evaluated): a space beyond this is refused with a
+# message naming the knobs to restrict, never cut by a default
+MAX_PLANS = 20_000_000
 EMPTY_KNOB = "empty list, nothing to search; allowed: one or more values (omit the key to search all)"
 
 
@@ -97,6 +100,18 @@ def knob_values(problem: Problem, option: HardwareOption, uneven: bool = False) 
     }
 
 
+def _shape_count(
+    shapes: list[tuple[int, int, int, int]], kv: dict[str, list[int]], fixed: int, layers: int, global_batch: int,
+    uneven: bool,
+) -> int:
+    """Rows ``_shape_product`` would build (before duplicates are dropped)."""
+    vpp_of = uneven_vpp if uneven else default_vpp
+    return sum(
+        len(kv["vpp"] or vpp_of(layers, pp)) * len(kv["mbs"] or default_mbs(global_batch, dp)) * fixed
+        for dp, _, pp, _ in shapes
+    )
+
+
 def _shape_product(
     shapes: list[tuple[int, int, int, int]],
     kv: dict[str, list[int]],
@@ -134,6 +149,7 @@ def enumerate_plans(problem: Problem, uneven: bool = False) -> PlanArrays:
     force and the solver see exactly the same candidates.
     """
     parts = []
+    total = 0
     for hw, option in enumerate(problem.hardware):
         kv = knob_values(problem, option, uneven)
         shapes = []
@@ -147,6 +163,14 @@ def enumerate_plans(problem: Problem, uneven: bool = False) -> PlanArrays:
         if not shapes:
             continue
         fixed = list(itertools.product(kv["zero"], kv["recompute"], kv["sp"], kv["ep"]))
+        total += _shape_count(shapes, kv, len(fixed), problem.model.layers, problem.training_task.global_batch, uneven)
+        if total > MAX_PLANS:
+            raise ProblemError(
+                f"the plan space holds more than {MAX_PLANS:,} plans (at hardware option {option.name}), too many to "
+                "enumerate in memory; allowed: a smaller space, e.g. restrict space.mbs, space.vpp, space.cp or "
+                "space.zero, or fewer hardware options (nothing is dropped silently)",
+                file=problem.source, field="space",
+            )
         b, r = _shape_product(shapes, kv, fixed, problem.model.layers, problem.training_task.global_batch, uneven)
         # knobs without effect are no-ops, as in Megatron-Core (sp is turned off at tp 1; ZeRO over dp x cp = 1
         # shards nothing): such a row becomes its sp-off / zero-0 twin, and the duplicates go; vpp without pp too
