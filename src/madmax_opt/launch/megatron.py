@@ -86,7 +86,8 @@ def stages_from(pp: int, layers: int, first_last: tuple[int, int] | None, layout
     if first_last is None:
         return None
     first, last = first_last
-    return [first, *[(layers - first - last) // (pp - 2)] * (pp - 2), last]
+    middle = [(layers - first - last) // (pp - 2)] * (pp - 2) if pp > 2 else []
+    return [first, *middle, last]
 
 
 def torchrun(ctx: Context, fmt: str) -> tuple[list[str], int]:
