@@ -33,6 +33,9 @@ class ExpertCosts:
     params: Arr  # routed-expert parameters of one layer on one GPU
     group: Arr  # expert-data-parallel group size (dp*cp/ep)
     stride: Arr  # its stride in ranks
+    fwd_flops: Arr  # FLOPs of the routed-expert GEMMs, forward (padded copies included)
+    operand_elements: Arr  # elements of their operands: routed inputs and outputs, local expert weights
+    a2a_bytes: Arr  # bytes each rank sends in one dispatch (or combine)
 
 
 def expert_costs(
@@ -52,14 +55,16 @@ def expert_costs(
     """Routed-expert costs for every plan (zeros for dense models)."""
     zeros = np.zeros_like(tokens)
     if not wl.moe:
-        return ExpertCosts(zeros, zeros, zeros, dp * cp, tp)
+        return ExpertCosts(zeros, zeros, zeros, dp * cp, tp, zeros, zeros, zeros)
     copies = tokens * wl.top_k * wl.expert_load_factor
     rows_per_expert = tokens * wl.top_k * ep / wl.num_experts
-    fwd = zeros
+    fwd, flops, elements = zeros, zeros, zeros
     for g in wl.expert_gemms:
         sharded = (g.n if g.tp_dim == "n" else g.k) / tp
         other = float(g.k if g.tp_dim == "n" else g.n)
         dim = np.minimum(np.minimum(rows_per_expert, sharded), other)
+        flops = flops + copies * g.flops_per_token / tp
+        elements = elements + copies * (sharded + other) + wl.num_experts / ep * sharded * other
         # grouped GEMMs run below dense-GEMM efficiency (B200: 0.30 vs 0.49 of peak, hardware.md)
         fwd = fwd + gemm_time_s(
             copies * g.flops_per_token / tp, dim, peak, gemm_eff * grouped_ratio, half_dim
@@ -72,4 +77,7 @@ def expert_costs(
         params=wl.expert_params_per_layer / (tp * ep),
         group=dp * cp / ep,
         stride=tp * cp * ep,
+        fwd_flops=flops,
+        operand_elements=elements,
+        a2a_bytes=a2a_bytes,
     )

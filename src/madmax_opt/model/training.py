@@ -24,13 +24,12 @@ from madmax_opt.model.collectives import Tiers, all_gather_s, all_reduce_s, p2p_
 from madmax_opt.model.compute import (
     FP8_WEIGHT_COPY_BYTES,
     LOW_PRECISION_GEMMS,
-    cast_time_s,
     gemm_time_s,
     memory_bound_time_s,
 )
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.memory import MemoryTerms, layer_activation_bytes, model_state_bytes
-from madmax_opt.model.moe import expert_costs
+from madmax_opt.model.ops import exposed_hidden, layer_ops
 from madmax_opt.model.pipeline import bubble_time_s, in_flight_layer_factor, stage_in_flight
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import Stack, Task
@@ -42,7 +41,6 @@ Arr = NDArray[np.float64]
 # grad zeroing/unscale pass touches the fp32 grad again (4 B): 34 B per local trainable parameter, memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 34.0
 COMM_INTERFERENCE = 0.15  # compute slowdown while NVLink collectives overlap it (shared/reference/hardware.md)
-FLASH_BWD_FACTOR = 2.5  # flash-attention backward = 2x forward + recomputed QK^T/softmax (Dao 2022, Sec. 3.1)
 STAGE_TERMS: tuple[str, ...] = (
     "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "overhead"
 )
@@ -111,96 +109,39 @@ def layer_costs(
     """Costs of one layer (and the embedding/head extras) for every plan in ``plans`` (vectorised)."""
     dp, tp, pp, cp, vpp, mbs = (_f(x) for x in (plans.dp, plans.tp, plans.pp, plans.cp, plans.vpp, plans.mbs))
     rc, sp, hw = plans.recompute, plans.sp, plans.hw
-    tiers = table.tiers(hw)
     low = task.precision in LOW_PRECISION_GEMMS
-    # FP8 / MXFP8 reach the weight GEMMs only (TE fp8_autocast, torchao Float8Linear): attention, norms and the
-    # LM head run in bf16 at the bf16 peak; MX block scaling costs mxfp8_gemm_ratio of the FP8 GEMM rate
-    peak = table.peak_flops("bf16" if low else task.precision)[hw]
-    eff, half = table.gemm_eff[hw], table.gemm_half_dim[hw]
-    mm_peak = table.peak_flops(task.precision)[hw]
-    mm_eff = table.fp8_gemm_eff[hw] * np.where(task.precision == "mxfp8", table.mxfp8_gemm_ratio[hw], 1.0) if low \
-        else eff
-    hbm_bw = table.hbm_bw[hw]
+    ops = layer_ops(wl, task, stack, table, plans)  # the op table (model/ops.py): every compute and comm op
+    tiers, tokens, full_rc, ex = ops.tiers, ops.tokens, ops.full_rc, ops.experts
+    peak, eff, half, hbm_bw = ops.peak, ops.eff, ops.half, ops.hbm_bw
     m = wl.model
     s = float(wl.seq_len)
     h = float(m.hidden)
-    tokens = mbs * s / cp  # tokens of one micro-batch on one GPU
-    sp_div = np.where(sp > 0, tp, 1.0)
-    full_rc = np.where(rc == 2, 1.0, 0.0)
 
-    # ---- compute (forward) -------------------------------------------------------------------------
-    gemm_fwd = np.zeros_like(dp)
-    cast_fwd, cast_bwd = np.zeros_like(dp), np.zeros_like(dp)  # FP8 quantisation of GEMM operands
-    column_parallel: list[Arr] = []  # forward times of the GEMMs whose input TP gathers (QKV, MLP up)
-    for g in wl.gemms:
-        sharded = (g.n if g.tp_dim == "n" else g.k) / tp
-        other = float(g.k if g.tp_dim == "n" else g.n)
-        dim = np.minimum(np.minimum(tokens, sharded), other)
-        t_gemm = gemm_time_s(tokens * g.flops_per_token / tp, dim, mm_peak, mm_eff, half)
-        gemm_fwd = gemm_fwd + t_gemm
-        if g.tp_dim == "n":
-            column_parallel.append(t_gemm)
-        if low:  # quantise the input x (tokens x k) in forward and the output gradient dy (tokens x n) in backward;
-            # with SP the unsharded operand is cast on its sequence shard before the FP8 all-gather (TE)
-            k_local, n_local = (g.k / sp_div, sharded) if g.tp_dim == "n" else (sharded, g.n / sp_div)
-            cast_fwd = cast_fwd + cast_time_s(tokens * k_local, task.precision, hbm_bw)
-            cast_bwd = cast_bwd + cast_time_s(tokens * n_local, task.precision, hbm_bw)
-    ep = _f(plans.ep)
-    ex = expert_costs(wl, tokens, tp, cp, dp, ep, sp_div, tiers, mm_peak, mm_eff, half, table.grouped_gemm_ratio[hw])
-    gemm_fwd = gemm_fwd + ex.fwd_gemm_s
-    attn_flops = tokens * wl.attn_flops_per_token / tp
-    if stack.flash_attention:
-        attn_fwd = attn_flops * (0.5 if wl.causal else 1.0) / (peak * table.attn_eff[hw])
-        attn_bwd_factor = FLASH_BWD_FACTOR
-    else:  # unfused: batched GEMMs of inner dim head_dim over the full s x s matrix + softmax traffic
-        attn_fwd = gemm_time_s(attn_flops, np.full_like(dp, float(m.head_dim)), peak, eff, half)
-        attn_bwd_factor = 2.0
-    score_elem = memory_bound_time_s(tokens * s * wl.score_elementwise_bytes_per_key / tp, hbm_bw)
-    elem = memory_bound_time_s(
-        tokens * (wl.elementwise_replicated_bytes / sp_div + wl.elementwise_tp_bytes / tp), hbm_bw
-    )
-    layer_fwd = gemm_fwd + attn_fwd + score_elem + elem + cast_fwd
+    # ---- compute: the table's rows, per pass ---------------------------------------------------------
+    layer_fwd = ops.total_s("compute", "fwd")
     # backward: activation-gradient GEMMs always; weight-gradient GEMMs (= forward FLOPs) in trainable layers only,
     # added per stage by the number of trainable layers it holds
+    layer_bwd = ops.total_s("compute", "bwd-input")
+    gemm_fwd = ops.total_s("compute", "bwd-weight")
     train_frac = wl.trainable_fraction
-    layer_bwd = gemm_fwd + attn_fwd * attn_bwd_factor + 2.0 * (score_elem + elem) + cast_bwd
-    selective = attn_fwd * (not stack.flash_attention) + score_elem
-    layer_recompute = np.select([rc == 1, rc == 2], [selective, layer_fwd], 0.0)
+    layer_recompute = ops.total_s("recompute", "recompute")
 
-    # ---- TP (+SP) and CP communication ---------------------------------------------------------------
-    # Per layer: forward 2 all-reduces (SP: 2 all-gathers + 2 reduce-scatters), again in a full recompute. Backward
-    # (Megatron LinearWithGradAccumulationAndAsyncCommunication; TE alike) at each column-parallel GEMM: without SP
-    # the input-grad all-reduce runs under the weight-grad GEMM; with SP the saved sharded input is all-gathered
-    # again under the input-grad GEMM and the input grad reduce-scattered under the weight-grad GEMM, while the
-    # all-gather of the output grad (conjugate of the forward reduce-scatter) stays exposed.
-    act_bytes = tokens * h * ACT_BYTES
+    # ---- TP (+SP), EP and CP communication: the table's collectives, exposed beyond their overlap windows ----
     ones = np.ones_like(tp)
-    ar = np.where(tp > 1, all_reduce_s(act_bytes, tp, ones, tiers), 0.0)
-    ag = np.where(tp > 1, all_gather_s(act_bytes, tp, ones, tiers), 0.0)  # = one reduce-scatter
-    with_sp = sp > 0
-    fwd_comm = 2.0 * ar * (1.0 + full_rc)
-    bwd_exposed = np.where(with_sp, 2.0 * ag, 0.0)
-    bwd_hidden = np.zeros_like(dp)
-    for t_col in column_parallel:
-        wgrad = t_col * train_frac  # weight-grad GEMM window, averaged over trainable and frozen layers
-        for comm, window in ((np.where(with_sp, ag, ar), wgrad), (np.where(with_sp, ag, 0.0), t_col)):
-            bwd_exposed = bwd_exposed + np.maximum(0.0, comm - window)
-            bwd_hidden = bwd_hidden + np.minimum(comm, window)
-    tp_comm = fwd_comm + bwd_exposed + bwd_hidden
+    bwd_exposed, bwd_hidden = exposed_hidden(ops.select("tp_comm", "bwd-input"))
+    tp_comm = ops.total_s("tp_comm", "fwd", "recompute") + bwd_exposed + bwd_hidden
     # --tp-comm-overlap (userbuffers): everything hides behind the GEMMs it joins (fwd, 2x bwd, recompute fwd)
     tp_hidden = np.minimum(tp_comm, gemm_fwd * (3.0 + full_rc)) if stack.tp_comm_overlap else bwd_hidden
     # overlapped collectives take SMs from the GEMMs under them (~15 % on NVLink; shared/reference/hardware.md)
     tp_exposed = tp_comm - tp_hidden + COMM_INTERFERENCE * tp_hidden
     # MoE token dispatch + combine: 2 all-to-alls forward, 2 backward, 2 more in a full recompute
-    ep_comm = (4.0 + 2.0 * full_rc) * ex.a2a_each_s
+    ep_comm = ops.total_s("ep_comm", "fwd", "recompute", "bwd-input")
     if stack.ep_comm_overlap:  # hidden behind the expert GEMMs (fwd, 2x bwd, recompute)
         ep_exposed = np.maximum(0.0, ep_comm - ex.fwd_gemm_s * (3.0 + full_rc))
     else:
         ep_exposed = ep_comm
-    kv_bytes = mbs * s * 2 * m.n_kv_heads * m.head_dim * ACT_BYTES / tp  # whole-sequence K and V of a layer
-    cp_fwd = np.where(cp > 1, all_gather_s(kv_bytes, cp, tp, tiers), 0.0)  # ring attention passes KV blocks
-    cp_comm = cp_fwd * (3.0 + full_rc)  # fwd KV, bwd KV + dKV, recompute KV
-    cp_window = attn_fwd * (1.0 + attn_bwd_factor + full_rc)
+    cp_comm = ops.total_s("cp_comm", "fwd", "recompute", "bwd-input")  # fwd KV, recompute KV, bwd KV + dKV
+    cp_window = ops.attn_fwd_s * (1.0 + ops.attn_bwd_factor + full_rc)
     cp_exposed = np.maximum(0.0, cp_comm - cp_window)
 
     # ---- extras: embedding (first stage), LM head + loss (last stage), pipeline p2p ----------------

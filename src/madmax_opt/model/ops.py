@@ -1,0 +1,257 @@
+"""The op table of one transformer layer: each op owns its FLOPs, bytes, roofline and time (Calculon-style).
+
+One row per op and pass, for one micro-batch on one GPU, vectorised over plans (every field an array):
+
+    pass       fwd | bwd-input (activation gradients) | bwd-weight (weight gradients) | recompute
+    roofline   gemm:          t = FLOPs / (peak x gemm_eff x d / (d + d_half))   (d = smallest per-GPU dimension)
+               grouped-gemm:  the same at gemm_eff x grouped_gemm_ratio (MoE routed experts)
+               attention:     flash: t = FLOPs x (1/2 if causal) / (peak x attn_eff); unfused: batched GEMMs
+               hbm:           t = bytes / achieved HBM bandwidth (norms, residuals, activations, softmax, FP8 casts)
+               collective:    alpha-beta over the network tiers the group spans (``collectives.py``)
+    term       the LayerCosts term the row's time feeds: compute, recompute, tp_comm, cp_comm, ep_comm
+
+FLOPs are model FLOPs (MFU convention, ``workload.py``): attention counts the full s x s matrix, backward = 2 x
+forward; the causal skip and flash's recomputed QK^T are in the time only. Bytes of GEMM and attention rows are
+their operand traffic and inform only (their rooflines price FLOPs); bytes of hbm rows set their time; bytes of a
+collective are the buffer each rank sends or gathers.
+
+``training.layer_costs`` sums the rows into the LayerCosts terms; the overlap of collectives with compute (which
+part of a row's time is exposed) is a schedule property and stays there. Rows of one term and pass are added
+group by group (the rows of a group first, in order), then passes in the order asked: ``group`` is that bracket,
+kept so the totals are bitwise those of the closed-form sums the table replaced. A new effect is one more row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from madmax_opt.core.numeric import ordered_sum
+from madmax_opt.model.collectives import Tiers, all_gather_s, all_reduce_s
+from madmax_opt.model.compute import (
+    CAST_BYTES_PER_ELEMENT,
+    LOW_PRECISION_GEMMS,
+    cast_time_s,
+    gemm_time_s,
+    memory_bound_time_s,
+)
+from madmax_opt.model.hardware import HardwareTable
+from madmax_opt.model.moe import ExpertCosts, expert_costs
+from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.spec import Stack, Task
+from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
+
+Arr = NDArray[np.float64]
+PASSES: tuple[str, ...] = ("fwd", "bwd-input", "bwd-weight", "recompute")
+ROOFLINES: tuple[str, ...] = ("gemm", "grouped-gemm", "attention", "hbm", "collective")
+FLASH_BWD_FACTOR = 2.5  # flash-attention backward = 2x forward + recomputed QK^T/softmax (Dao 2022, Sec. 3.1)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One row of the table: an op in one pass of one layer, per micro-batch on one GPU (arrays over plans)."""
+
+    name: str
+    pass_: str  # one of PASSES
+    term: str  # the LayerCosts term its time feeds
+    roofline: str  # one of ROOFLINES
+    group: str  # summation bracket inside (term, pass); see the module docstring
+    flops: Arr
+    bytes: Arr
+    time_s: Arr
+    window_s: Arr | None = None  # compute a backward TP collective runs under (its exposed part is the excess)
+    ranks: Arr | None = None  # collectives: the process group's size and stride (which tiers it spans)
+    stride: Arr | None = None
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """The rows of one layer plus the per-plan quantities the layer schedule (overlap windows, extras) reads."""
+
+    rows: tuple[Op, ...]
+    tiers: Tiers
+    tokens: Arr  # tokens of one micro-batch on one GPU = mbs * s / cp
+    sp_div: Arr  # tp where sequence parallelism shards the replicated activations, else 1
+    full_rc: Arr  # 1 where the plan recomputes whole layers, else 0
+    peak: Arr  # bf16 peak (attention, LM head) and the plain GEMM roofline
+    eff: Arr
+    half: Arr
+    hbm_bw: Arr
+    attn_fwd_s: Arr
+    attn_bwd_factor: float
+    experts: ExpertCosts
+
+    def select(self, term: str | None = None, pass_: str | None = None) -> list[Op]:
+        return [r for r in self.rows if term in (None, r.term) and pass_ in (None, r.pass_)]
+
+    def total_s(self, term: str, *passes: str) -> Arr:
+        """Time of ``term`` over ``passes``: per pass, rows summed group by group; passes left to right."""
+        return ordered_sum(self._pass_total(term, p) for p in passes)
+
+    def _pass_total(self, term: str, pass_: str) -> Arr:
+        groups: dict[str, list[Arr]] = {}
+        for r in self.select(term, pass_):
+            groups.setdefault(r.group, []).append(r.time_s)
+        if not groups:
+            return np.zeros_like(self.tokens)
+        return ordered_sum(ordered_sum(ts) for ts in groups.values())
+
+
+def exposed_hidden(rows: Iterable[Op]) -> tuple[Arr, Arr]:
+    """Sum over collectives of max(0, t - window) (exposed) and min(t, window) (hidden); no window = exposed."""
+    rows = list(rows)
+    exposed = ordered_sum(r.time_s if r.window_s is None else np.maximum(0.0, r.time_s - r.window_s) for r in rows)
+    windowed = [np.minimum(r.time_s, r.window_s) for r in rows if r.window_s is not None]
+    return exposed, ordered_sum(windowed) if windowed else np.zeros_like(exposed)
+
+
+def _f(a: NDArray[np.int64]) -> Arr:
+    return a.astype(np.float64)
+
+
+def layer_ops(
+    wl: TransformerWorkload, task: Task, stack: Stack, table: HardwareTable, plans: PlanArrays
+) -> LayerOps:
+    """The op table of one layer for every plan in ``plans`` (vectorised)."""
+    dp, tp, cp, mbs, ep = (_f(x) for x in (plans.dp, plans.tp, plans.cp, plans.mbs, plans.ep))
+    rc, sp, hw = plans.recompute, plans.sp, plans.hw
+    tiers = table.tiers(hw)
+    low = task.precision in LOW_PRECISION_GEMMS
+    # FP8 / MXFP8 reach the weight GEMMs only (TE fp8_autocast, torchao Float8Linear): attention, norms and the
+    # LM head run in bf16 at the bf16 peak; MX block scaling costs mxfp8_gemm_ratio of the FP8 GEMM rate
+    peak = table.peak_flops("bf16" if low else task.precision)[hw]
+    eff, half = table.gemm_eff[hw], table.gemm_half_dim[hw]
+    mm_peak = table.peak_flops(task.precision)[hw]
+    mm_eff = table.fp8_gemm_eff[hw] * np.where(task.precision == "mxfp8", table.mxfp8_gemm_ratio[hw], 1.0) if low \
+        else eff
+    hbm_bw = table.hbm_bw[hw]
+    m = wl.model
+    s = float(wl.seq_len)
+    h = float(m.hidden)
+    tokens = mbs * s / cp  # tokens of one micro-batch on one GPU
+    sp_div = np.where(sp > 0, tp, 1.0)
+    full_rc = np.where(rc == 2, 1.0, 0.0)
+    zero = np.zeros_like(dp)
+    elem_bytes = 1.0 if low else float(ACT_BYTES)  # GEMM operand size
+    rows: list[Op] = []
+
+    def row(name: str, pass_: str, term: str, roofline: str, group: str, flops: Arr, bytes_: Arr, time_s: Arr,
+            **kw: Arr | None) -> None:
+        rows.append(Op(name, pass_, term, roofline, group, flops, bytes_, time_s, **kw))
+
+    # ---- weight GEMMs: y = x W (fwd), dx = dy W^T (bwd-input), dW = x^T dy (bwd-weight): same FLOPs, same time
+    gemms: list[tuple[str, Arr, Arr, Arr]] = []
+    column_parallel: list[tuple[str, Arr]] = []  # GEMMs whose input TP gathers (QKV, MLP up, router)
+    cast_fwd, cast_bwd, cast_fwd_bytes, cast_bwd_bytes = zero, zero, zero, zero  # FP8 quantisation of operands
+    for g in wl.gemms:
+        sharded = (g.n if g.tp_dim == "n" else g.k) / tp
+        other = float(g.k if g.tp_dim == "n" else g.n)
+        dim = np.minimum(np.minimum(tokens, sharded), other)
+        flops = tokens * g.flops_per_token / tp
+        t_gemm = gemm_time_s(flops, dim, mm_peak, mm_eff, half)
+        k_loc, n_loc = (other, sharded) if g.tp_dim == "n" else (sharded, other)
+        gemms.append((g.name, flops, elem_bytes * (tokens * k_loc + k_loc * n_loc + tokens * n_loc), t_gemm))
+        if g.tp_dim == "n":
+            column_parallel.append((g.name, t_gemm))
+        if low:  # quantise the input x (tokens x k) in forward and the output gradient dy (tokens x n) in backward;
+            # with SP the unsharded operand is cast on its sequence shard before the FP8 all-gather (TE)
+            k_cast, n_cast = (g.k / sp_div, sharded) if g.tp_dim == "n" else (sharded, g.n / sp_div)
+            cast_fwd = cast_fwd + cast_time_s(tokens * k_cast, task.precision, hbm_bw)
+            cast_bwd = cast_bwd + cast_time_s(tokens * n_cast, task.precision, hbm_bw)
+            cast_fwd_bytes = cast_fwd_bytes + tokens * k_cast * CAST_BYTES_PER_ELEMENT[task.precision]
+            cast_bwd_bytes = cast_bwd_bytes + tokens * n_cast * CAST_BYTES_PER_ELEMENT[task.precision]
+    ex = expert_costs(wl, tokens, tp, cp, dp, ep, sp_div, tiers, mm_peak, mm_eff, half, table.grouped_gemm_ratio[hw])
+    for pass_ in ("fwd", "bwd-input", "bwd-weight"):
+        for name, flops, bytes_, t_gemm in gemms:
+            row(name, pass_, "compute", "gemm", "gemm", flops, bytes_, t_gemm)
+        if wl.moe:
+            row("experts", pass_, "compute", "grouped-gemm", "gemm", ex.fwd_flops, ex.operand_elements * elem_bytes,
+                ex.fwd_gemm_s)
+
+    # ---- attention core, its unfused softmax traffic, elementwise kernels, FP8 casts ----------------------------
+    attn_flops = tokens * wl.attn_flops_per_token / tp
+    qkvo_bytes = tokens * (2 * m.heads + 2 * m.n_kv_heads) * m.head_dim * ACT_BYTES / tp  # Q, O; K, V
+    if stack.flash_attention:
+        attn_fwd = attn_flops * (0.5 if wl.causal else 1.0) / (peak * table.attn_eff[hw])
+        attn_bwd_factor = FLASH_BWD_FACTOR
+    else:  # unfused: batched GEMMs of inner dim head_dim over the full s x s matrix + softmax traffic
+        attn_fwd = gemm_time_s(attn_flops, np.full_like(dp, float(m.head_dim)), peak, eff, half)
+        attn_bwd_factor = 2.0
+    score_bytes = tokens * s * wl.score_elementwise_bytes_per_key / tp
+    score_elem = memory_bound_time_s(score_bytes, hbm_bw)
+    elem_bytes_moved = tokens * (wl.elementwise_replicated_bytes / sp_div + wl.elementwise_tp_bytes / tp)
+    elem = memory_bound_time_s(elem_bytes_moved, hbm_bw)
+    row("attention", "fwd", "compute", "attention", "attention", attn_flops, qkvo_bytes, attn_fwd)
+    if wl.score_elementwise_bytes_per_key:
+        row("softmax", "fwd", "compute", "hbm", "softmax", zero, score_bytes, score_elem)
+    row("elementwise", "fwd", "compute", "hbm", "elementwise", zero, elem_bytes_moved, elem)
+    if low:
+        row("fp8 cast", "fwd", "compute", "hbm", "cast", zero, cast_fwd_bytes, cast_fwd)
+    # backward reads Q, K, V, O, dO and writes dQ, dK, dV: twice the forward operands
+    row("attention", "bwd-input", "compute", "attention", "attention", 2.0 * attn_flops, 2.0 * qkvo_bytes,
+        attn_fwd * attn_bwd_factor)
+    if wl.score_elementwise_bytes_per_key:
+        row("softmax", "bwd-input", "compute", "hbm", "elementwise", zero, 2.0 * score_bytes, 2.0 * score_elem)
+    row("elementwise", "bwd-input", "compute", "hbm", "elementwise", zero, 2.0 * elem_bytes_moved, 2.0 * elem)
+    if low:
+        row("fp8 cast", "bwd-input", "compute", "hbm", "cast", zero, cast_bwd_bytes, cast_bwd)
+    # recompute: selective re-runs the unfused attention core and its softmax (flash recomputes inside its bwd);
+    # full re-runs the whole forward
+    selective = {"attention": attn_fwd * (not stack.flash_attention), "softmax": score_elem}
+    for r in [r for r in rows if r.pass_ == "fwd"]:
+        t_sel = selective.get(r.name, zero)
+        on = np.select([rc == 1, rc == 2], [np.where(t_sel > 0, 1.0, 0.0), 1.0], 0.0)
+        row(r.name, "recompute", "recompute", r.roofline, r.group, r.flops * on, r.bytes * on,
+            np.select([rc == 1, rc == 2], [t_sel, r.time_s], 0.0))
+
+    # ---- TP (+SP) communication ---------------------------------------------------------------------------------
+    # Per layer: forward 2 all-reduces (SP: 2 all-gathers + 2 reduce-scatters), again in a full recompute. Backward
+    # (Megatron LinearWithGradAccumulationAndAsyncCommunication; TE alike) at each column-parallel GEMM: without SP
+    # the input-grad all-reduce runs under the weight-grad GEMM; with SP the saved sharded input is all-gathered
+    # again under the input-grad GEMM and the input grad reduce-scattered under the weight-grad GEMM, while the
+    # all-gather of the output grad (conjugate of the forward reduce-scatter) stays exposed.
+    act_bytes = tokens * h * ACT_BYTES
+    ones = np.ones_like(tp)
+    ar = np.where(tp > 1, all_reduce_s(act_bytes, tp, ones, tiers), 0.0)
+    ag = np.where(tp > 1, all_gather_s(act_bytes, tp, ones, tiers), 0.0)  # = one reduce-scatter
+    with_sp = sp > 0
+    tp_on = np.where(tp > 1, 1.0, 0.0)
+    coll = {"ranks": tp, "stride": ones}
+    row("tp all-reduce x2 (sp: ag + rs)", "fwd", "tp_comm", "collective", "tp", zero, 2.0 * act_bytes * tp_on,
+        2.0 * ar, **coll)
+    row("tp all-reduce x2 (sp: ag + rs)", "recompute", "tp_comm", "collective", "tp", zero,
+        2.0 * act_bytes * tp_on * full_rc, 2.0 * ar * full_rc, **coll)
+    row("sp output-grad all-gather x2", "bwd-input", "tp_comm", "collective", "tp", zero,
+        np.where(with_sp, 2.0, 0.0) * act_bytes * tp_on, np.where(with_sp, 2.0 * ag, 0.0), **coll)
+    train_frac = wl.trainable_fraction
+    for name, t_col in column_parallel:
+        wgrad = t_col * train_frac  # weight-grad GEMM window, averaged over trainable and frozen layers
+        row(f"{name} input-grad all-reduce (sp: rs)", "bwd-input", "tp_comm", "collective", "tp", zero,
+            act_bytes * tp_on, np.where(with_sp, ag, ar), window_s=wgrad, **coll)
+        row(f"{name} sp input all-gather", "bwd-input", "tp_comm", "collective", "tp", zero,
+            np.where(with_sp, 1.0, 0.0) * act_bytes * tp_on, np.where(with_sp, ag, 0.0), window_s=t_col, **coll)
+
+    # ---- CP (ring attention passes K/V blocks) and EP (token dispatch + combine) ------------------------------
+    kv_bytes = mbs * s * 2 * m.n_kv_heads * m.head_dim * ACT_BYTES / tp  # whole-sequence K and V of a layer
+    cp_on = np.where(cp > 1, 1.0, 0.0)
+    cp_fwd = np.where(cp > 1, all_gather_s(kv_bytes, cp, tp, tiers), 0.0)
+    cp_coll = {"ranks": cp, "stride": tp}
+    row("cp kv all-gather", "fwd", "cp_comm", "collective", "cp", zero, kv_bytes * cp_on, cp_fwd, **cp_coll)
+    row("cp kv all-gather", "recompute", "cp_comm", "collective", "cp", zero, kv_bytes * cp_on * full_rc,
+        cp_fwd * full_rc, **cp_coll)
+    row("cp kv + dkv all-gather", "bwd-input", "cp_comm", "collective", "cp", zero, 2.0 * kv_bytes * cp_on,
+        2.0 * cp_fwd, **cp_coll)
+    if wl.moe:
+        ep_coll = {"ranks": ep, "stride": tp * cp}
+        a2a_bytes = ex.a2a_bytes * np.where(ep > 1, 1.0, 0.0)
+        row("ep dispatch + combine", "fwd", "ep_comm", "collective", "ep", zero, 2.0 * a2a_bytes,
+            2.0 * ex.a2a_each_s, **ep_coll)
+        row("ep dispatch + combine", "recompute", "ep_comm", "collective", "ep", zero, 2.0 * a2a_bytes * full_rc,
+            2.0 * ex.a2a_each_s * full_rc, **ep_coll)
+        row("ep dispatch + combine", "bwd-input", "ep_comm", "collective", "ep", zero, 2.0 * a2a_bytes,
+            2.0 * ex.a2a_each_s, **ep_coll)
+    return LayerOps(tuple(rows), tiers, tokens, sp_div, full_rc, peak, eff, half, hbm_bw, attn_fwd,
+                    attn_bwd_factor, ex)
