@@ -65,11 +65,18 @@ def evaluate_cmd(
     plan: Annotated[Path, typer.Option("--plan", help="YAML/JSON file: one plan or a list of plans")],
     json_out: JsonOpt = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="write PNG plots (step time, memory) here")] = None,
+    ops: Annotated[bool, typer.Option("--ops", help="training: where one layer's time goes, op by op")] = False,
 ) -> None:
     """Predict step time, throughput, MFU and memory per GPU of given plan(s)."""
     from madmax_opt.report.families import family_of
 
-    family_of(problem).evaluate(problem, plan, json_out, plot, console())
+    family = family_of(problem)
+    if ops:
+        from madmax_opt.report.ops_report import evaluate_ops_command
+
+        family.require("ops", problem)
+        return evaluate_ops_command(problem, plan, json_out, console())
+    family.evaluate(problem, plan, json_out, plot, console())
 
 
 @app.command()

@@ -48,6 +48,7 @@ class Family:
     verify: Callable[[Path, SolveOptions], dict[str, Any]] | None = None
     sensitivity: bool = False
     timeline: bool = False
+    ops: bool = False  # evaluate --ops: the op table of one transformer layer (model/ops.py)
 
     def require(self, verb: str, path: Path) -> None:
         """A one-line refusal when ``verb`` does not apply to this family."""
@@ -151,7 +152,7 @@ def _dlrm_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None, co
 
 
 TRAINING = Family("training", _training_solve, _training_show, _training_evaluate, _training_verify,
-                  sensitivity=True, timeline=True)
+                  sensitivity=True, timeline=True, ops=True)
 SERVING = Family("serving", _serving_solve, _serving_show, _serving_evaluate, _training_verify,
                  sensitivity=True, timeline=True)
 RECOMMENDER = Family("recommender", _dlrm_solve, _dlrm_show, _dlrm_evaluate)

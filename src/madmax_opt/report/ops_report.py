@@ -1,0 +1,106 @@
+"""``madmax-opt evaluate PROBLEM --plan PLAN --ops``: where one layer's time goes, op by op (``model/ops.py``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, Field
+from rich.console import Console
+from rich.table import Table
+
+from madmax_opt.core.units import MB, US
+from madmax_opt.io.problem import Problem, load_plans, load_problem, read_yaml
+from madmax_opt.model.hardware import HardwareTable
+from madmax_opt.model.ops import PASSES, Op, layer_ops
+from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.spec import Plan
+from madmax_opt.model.training import COMM_INTERFERENCE, LAYER_TERMS, layer_costs
+from madmax_opt.model.workload import lower
+
+
+class OpRow(BaseModel):
+    """One op of one layer, one micro-batch, on one GPU (JSON record of ``evaluate --ops --json``)."""
+
+    op: str
+    pass_: str = Field(serialization_alias="pass")
+    term: str
+    roofline: str
+    flops: float
+    bytes: float
+    time_s: float
+
+
+class LayerOpsRecord(BaseModel):
+    """The op table of one plan, and the per-layer terms it sums to (``training.LayerCosts``, exposed)."""
+
+    plan: Plan
+    ops: list[OpRow]
+    terms_s: dict[str, float]  # LAYER_TERMS per layer per micro-batch, as priced (collectives: exposed part)
+    hidden_s: dict[str, float]  # collectives overlapped with compute
+    wgrad_s: float  # weight-gradient GEMMs, added once per trainable layer
+
+
+def _tier(op: Op, problem: Problem, hw: int) -> str:
+    """The network tier a collective's group fits in: the innermost domain holding ranks x stride GPUs."""
+    if op.ranks is None or op.stride is None or float(op.ranks[0]) <= 1.0:
+        return ""
+    span = float(op.ranks[0] * op.stride[0])
+    tiers = problem.hardware[hw].system.tiers
+    return next((t.name for t in tiers if t.size is not None and span <= t.size), tiers[-1].name)
+
+
+def layer_ops_record(problem: Problem, plan: Plan) -> LayerOpsRecord:
+    """The op table of ``plan``'s layer, nonzero rows only, with the LayerCosts terms it feeds."""
+    wl = lower(problem.model, problem.training_task, problem.stack)
+    table = HardwareTable(problem.hardware)
+    hw = problem.hw_index(plan)
+    arrays = PlanArrays.from_plans([plan], [hw])
+    ops = layer_ops(wl, problem.training_task, problem.stack, table, arrays)
+    lc = layer_costs(wl, problem.training_task, problem.stack, table, arrays)
+    rows = []
+    for r in sorted(ops.rows, key=lambda r: PASSES.index(r.pass_)):  # stable: table order inside a pass
+        if float(r.time_s[0]) == 0.0 and float(r.flops[0]) == 0.0:
+            continue
+        tier = _tier(r, problem, hw)
+        roofline = r.roofline if r.roofline != "collective" else f"collective {r.group}" + (f" @ {tier}" if tier else "")
+        rows.append(OpRow(op=r.name, pass_=r.pass_, term=r.term, roofline=roofline, flops=float(r.flops[0]),
+                          bytes=float(r.bytes[0]), time_s=float(r.time_s[0])))
+    return LayerOpsRecord(
+        plan=plan,
+        ops=rows,
+        terms_s={k: float(np.asarray(lc.time[k])[0]) for k in LAYER_TERMS},
+        hidden_s={k: float(np.asarray(v)[0]) for k, v in lc.hidden.items()},
+        wgrad_s=float(np.asarray(lc.wgrad_s)[0]),
+    )
+
+
+def print_layer_ops(rec: LayerOpsRecord, console: Console) -> None:
+    total = sum(r.time_s for r in rec.ops) or 1.0
+    knobs = ", ".join(f"{k}={v}" for k, v in rec.plan.model_dump(exclude_none=True).items())
+    t = Table(title=f"One layer, one micro-batch, one GPU: {knobs}")
+    for col in ("op", "pass", "roofline", "GFLOP", "MB", "time (us)", "% of op time"):
+        t.add_column(col, justify="left" if col in ("op", "pass", "roofline") else "right")
+    for r in rec.ops:
+        t.add_row(r.op, r.pass_, r.roofline, f"{r.flops / 1e9:,.2f}", f"{r.bytes / MB:,.2f}",
+                  f"{r.time_s * US:,.1f}", f"{100.0 * r.time_s / total:.1f}")
+    console.print(t)
+    terms = ", ".join(f"{k} {v * US:,.1f}" for k, v in rec.terms_s.items())
+    hidden = ", ".join(f"{k} {v * US:,.1f}" for k, v in rec.hidden_s.items() if v > 0.0) or "none"
+    console.print(f"layer terms (us, as priced; collectives exposed): {terms}")
+    console.print(f"hidden under compute (us): {hidden}; an overlapped collective still slows the GEMMs under it "
+                  f"by {COMM_INTERFERENCE:.0%} of its time (in tp_comm)")
+    console.print(f"weight-gradient GEMMs: + {rec.wgrad_s * US:,.1f} us per trainable layer (bwd-weight rows; "
+                  "compute holds fwd + bwd-input)")
+
+
+def evaluate_ops_command(path: Path, plan_path: Path, json_out: bool, console: Console) -> None:
+    problem = load_problem(path)
+    records = [layer_ops_record(problem, p) for p in load_plans(plan_path, problem)]
+    if json_out:  # one plan mapping gives one object, a list gives a list in the same order
+        dumped = [r.model_dump(mode="json", by_alias=True) for r in records]
+        print(json.dumps(dumped if isinstance(read_yaml(plan_path), list) else dumped[0], indent=2))
+        return
+    for rec in records:
+        print_layer_ops(rec, console)
