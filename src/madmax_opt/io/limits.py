@@ -62,7 +62,6 @@ BOUNDS: dict[str, Bound] = {
     "column_splits": Bound(100_000, "2-8 column shards"),
 }
 
-COUNTS = {"zero", "index_bytes", "workers"}  # integers bounded by the schema itself: booleans still rejected
 MAX_INT = 10**18  # any other integer: int64-safe with room for products of two such values
 MAX_CLUSTER_SIZES = 1_024  # cluster sizes one `gpus` field may stand for (a list or a range)
 MAX_LIST = 100_000  # items of any other list (plans in a plan file, table groups, ...)
@@ -71,15 +70,12 @@ MAX_FILE_BYTES = 16 * 2**20  # size of a problem, plan or sweep file
 
 
 def check_input(data: Any, *, file: str | None, prefix: str = "") -> None:
-    """Raise a one-line ProblemError for the first size beyond its bound, boolean count, non-finite number, too
-    long list or too deep nesting in a parsed file (before pydantic sees it, so no validator loops over it)."""
+    """Raise a one-line ProblemError for the first size beyond its bound, non-finite number, too long list or too
+    deep nesting in a parsed file (before pydantic sees it, so no validator loops over it)."""
     for path, key, value in _leaves(data, prefix, file=file):
         field = path or None
         bound = BOUNDS.get(key) if key is not None else None
         if isinstance(value, bool):
-            if key is not None:
-                allowed = _allowed(key, bound) if bound is not None else "an integer"
-                raise ProblemError(f"wrong type (got {str(value).lower()}); allowed: {allowed}", file=file, field=field)
             continue
         number = _number(value) if bound is not None else value
         if isinstance(number, float) and not math.isfinite(number):
@@ -91,6 +87,18 @@ def check_input(data: Any, *, file: str | None, prefix: str = "") -> None:
                 what = _allowed(key, bound) if bound is not None else f"integers of magnitude <= {MAX_INT:.0e}"
                 raise ProblemError(f"{_shown(number)} is beyond the supported range; allowed: {what}", file=file,
                                    field=field)
+
+
+def check_booleans(data: Any, flags: frozenset[str], *, file: str | None, prefix: str = "") -> None:
+    """After pydantic accepted ``data``: a true/false anywhere but in the fields named in ``flags`` was read as a
+    number (``gpus: true`` as 1 GPU, ``ttft_s: true`` as 1 s); refuse it instead."""
+    for path, key, value in _leaves(data, prefix, file=file, check_lists=False):
+        name = path.rsplit(".", 1)[-1].split("[", 1)[0]
+        if isinstance(value, bool) and name not in flags:
+            bound = BOUNDS.get(key) if key is not None else None
+            allowed = _allowed(key, bound) if bound is not None else "a number, not true/false"
+            raise ProblemError(f"wrong type (got {str(value).lower()}); allowed: {allowed}", file=file,
+                               field=path or None)
 
 
 def check_finite(values: Any, *, file: str | None, prefix: str = "") -> None:
@@ -145,8 +153,7 @@ def _leaves(
         if isinstance(node, dict):
             for k, v in reversed(list(node.items())):
                 name = str(k)
-                stack.append((v, f"{path}.{name}" if path else name, name if name in BOUNDS or name in COUNTS else None,
-                          depth + 1))
+                stack.append((v, f"{path}.{name}" if path else name, name if name in BOUNDS else None, depth + 1))
         elif isinstance(node, list | tuple):
             limit = MAX_CLUSTER_SIZES if key == "gpus" and depth > 0 else MAX_LIST
             if check_lists and len(node) > limit:

@@ -16,7 +16,14 @@ from pydantic.fields import FieldInfo
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import calibration, catalog
 from madmax_opt.io.derive import Derive, derive_hardware
-from madmax_opt.io.limits import MAX_CLUSTER_SIZES, MAX_DEPTH, MAX_FILE_BYTES, check_finite, check_input
+from madmax_opt.io.limits import (
+    MAX_CLUSTER_SIZES,
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    check_booleans,
+    check_finite,
+    check_input,
+)
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.objectives import OBJECTIVES
 from madmax_opt.model.spec import (
@@ -429,14 +436,45 @@ Loc = tuple[str | int, ...]
 
 def validate(cls: type[Any], data: Any, *, file: str | None, prefix: str = "") -> Any:
     """``cls.model_validate(data)``; failing, one ProblemError line: field, what is wrong, what is allowed."""
-    check_input(data, file=file, prefix=prefix)  # sizes bounded, counts not booleans, numbers finite
+    check_input(data, file=file, prefix=prefix)  # sizes bounded, numbers finite, nesting and lists limited
     try:
         record = cls.model_validate(data)
     except ValidationError as exc:
         field, message = _one_line(cls, exc)
         raise ProblemError(message, file=file, field=_join_field(prefix, field) or None) from None
+    check_booleans(data, boolean_fields(cls), file=file, prefix=prefix)  # `gpus: true` is not 1 GPU
     check_finite(record.model_dump(warnings=False), file=file, prefix=prefix)  # 'inf' given as a string
     return record
+
+
+_BOOLEAN_FIELDS: dict[type[Any], frozenset[str]] = {}
+
+
+def boolean_fields(cls: type[Any]) -> frozenset[str]:
+    """Names of the fields of ``cls`` and the records inside it that take true/false (anywhere else a boolean is
+    an error: pydantic would read ``gpus: true`` as 1 and ``ttft_s: true`` as 1.0)."""
+    if cls in _BOOLEAN_FIELDS:
+        return _BOOLEAN_FIELDS[cls]
+    names: set[str] = set()
+    seen: set[Any] = set()
+    stack: list[Any] = [cls]
+    while stack:
+        model = stack.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for name, info in model.model_fields.items():
+            todo = [info.annotation]
+            while todo:
+                a = _strip(todo.pop())
+                if a is bool:
+                    names.add(name)
+                elif _is_model(a):
+                    stack.append(a)
+                else:
+                    todo.extend(get_args(a))
+    _BOOLEAN_FIELDS[cls] = frozenset(names)
+    return _BOOLEAN_FIELDS[cls]
 
 
 def _one_line(cls: type[BaseModel], exc: ValidationError) -> tuple[str, str]:
