@@ -12,19 +12,19 @@ import pytest
 
 from cli_helpers import run_main
 from madmax_opt.analysis.serving_trace import ServingTimeline, chrome_trace, simulate_serving
-from madmax_opt.analysis.trace import TRACE_TOLERANCE
+from madmax_opt.analysis.trace_setup import TRACE_TOLERANCE
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.search.serving_space import ServingModel, ServingPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def timeline(plan: ServingPlan, gpus: int = 8, **task: Any) -> ServingTimeline:
-    model = ServingModel(problem_from_dict({
-        "model": "llama3-70b", "hardware": {"system": "dgx-h100", "gpus": gpus},
+def timeline(plan: ServingPlan, gpus: int = 8, model: str = "llama3-70b", **task: Any) -> ServingTimeline:
+    model_ = ServingModel(problem_from_dict({
+        "model": model, "hardware": {"system": "dgx-h100", "gpus": gpus},
         "task": {"kind": "inference", "prompt_len": 1024, "output_len": 256, **task}}))
-    return simulate_serving(model.workload, model.task, model.problem.stack, model.table, model.cal,
-                            model.arrays([plan]), plan.model_dump(exclude_none=True))
+    return simulate_serving(model_.workload, model_.task, model_.problem.stack, model_.table, model_.cal,
+                            model_.arrays([plan]), plan.model_dump(exclude_none=True))
 
 
 PLANS = [
@@ -32,12 +32,15 @@ PLANS = [
     (ServingPlan(tp=2, pp=4, batch=64), {}),
     (ServingPlan(tp=4, pp=2, batch=7), {}),  # odd batch: micro-batches of ceil(7 / 2)
     (ServingPlan(tp=4, dp=2, batch=32, prefill_replicas=1), {"disaggregated": True}),
+    (ServingPlan(tp=2, pp=2, dp=2, ep=4, batch=64), {"model": "mixtral-8x7b"}),  # MoE: EP all-to-alls
 ]
 
 
 @pytest.mark.parametrize(("plan", "task"), PLANS)
 def test_simulated_serving_step_matches_the_closed_form(plan: ServingPlan, task: dict[str, Any]) -> None:
     tl = timeline(plan, **task)
+    if plan.ep > 1:
+        assert any(e.cat == "ep_comm" and e.stream == "ep" for e in tl.events)
     assert set(tl.differences) == {"decode_round_s", "prefill_s", "tpot_s"}
     for name, diff in tl.differences.items():
         assert abs(diff) <= TRACE_TOLERANCE, (name, diff)

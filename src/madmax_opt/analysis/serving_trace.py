@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from madmax_opt.analysis.trace import TRACE_TOLERANCE
+from madmax_opt.analysis.trace_setup import TRACE_TOLERANCE
 from madmax_opt.model.collectives import p2p_s
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.inference import (

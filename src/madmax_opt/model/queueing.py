@@ -29,7 +29,10 @@ Analytic approximations (each checked against the simulation in ``tests/test_onl
    TTFT = wait + the no-queue TTFT. This regime is the least accurate (see the module's tests and README).
 4. TPOT of a request of o tokens: t_dec averaged over its o - 1 iterations plus the prefills admitted meanwhile.
    Other requests are an M/G/infinity shot noise (each overlapping iteration adds t_dec' / (o - 1), each admitted
-   prompt P / (o - 1)); its first three cumulants give a Cornish-Fisher quantile per request shape, mixed by share.
+   prompt P / (o - 1)). A burst slows every iteration and lets more arrivals in: the noise comes in branching
+   cascades (gain G = 1 / (1 - lambda P - lambda E[m] t_dec'), Borel cluster sizes), which scale the second
+   cumulant by G^2 and the third by the Borel third moment; a shifted gamma with those three cumulants
+   (Wilson-Hilferty for its CDF) per request shape, mixed by share, gives the percentiles.
 """
 
 from __future__ import annotations
@@ -331,6 +334,11 @@ def latency(st: ServiceTable, rate_per_replica: Arr, only: Collection[str] | Non
     # TPOT x = t(n) + P K / m with n ~ lambda E[m] x and K ~ lambda m x, so noise is amplified by
     # 1 / (1 - lambda P - lambda E[m] t'(n))
     gain = 1.0 / np.maximum(1.0 - busy_prefill - lam_s * m_mean * slope * free, 0.05)
+    # the bursts are branching cascades (each prefill lets Poisson(b) arrivals in, b = 1 - 1/G): per arrival, the
+    # cascade size is Borel(b), second moment 1/(1-b)^3 and third b(1+2b)/(1-b)^5 + 3b/(1-b)^4 + 1/(1-b)^3; per
+    # unit of total arrivals (mean 1/(1-b)) the cumulants scale by G^2 and by the factor below
+    b = 1.0 - 1.0 / gain
+    skew_gain = b * (1.0 + 2.0 * b) * gain**4 + 3.0 * b * gain**3 + gain**2
     mus, sds, gammas = [], [], []
     for j, mj in enumerate(mo):
         if mj <= 0:
@@ -343,7 +351,7 @@ def latency(st: ServiceTable, rate_per_replica: Arr, only: Collection[str] | Non
             k2 += wjj * (beta**2 * h_all[2, j, jj] + 2 * beta * pm * h_in[1, j, jj] + pm**2 * h_in[0, j, jj])
             k3 += wjj * (beta**3 * h_all[3, j, jj] + 3 * beta**2 * pm * h_in[2, j, jj]
                          + 3 * beta * pm**2 * h_in[1, j, jj] + pm**3 * h_in[0, j, jj])
-        k2, k3 = k2 * per_iter * gain**2, k3 * per_iter * gain**3
+        k2, k3 = k2 * per_iter * gain**2, k3 * per_iter * skew_gain
         sd = np.sqrt(np.maximum(k2, 0.0))
         # its own prefill lengthens its admission iteration; the arrivals meanwhile (and theirs, a cascade) are
         # prefilled in its first decode iterations: P / m x lambda P / (1 - lambda P)
@@ -356,11 +364,14 @@ def latency(st: ServiceTable, rate_per_replica: Arr, only: Collection[str] | Non
     def tpot_cdf(x: Arr) -> Arr:
         total = np.zeros_like(x)
         for w, mu, sd, g in zip(w_t, mus, sds, gammas, strict=True):
-            # invert x = mu + sd (z + g (z^2 - 1) / 6) for z on the increasing branch (Cornish-Fisher)
-            d = (x - mu) / np.maximum(sd, 1e-300)
-            a = g / 6.0
-            disc = np.maximum(1.0 + 4.0 * a * (d + a), 0.0)
-            z = np.where(np.abs(a) > 1e-9, (-1.0 + np.sqrt(disc)) / (2.0 * np.where(np.abs(a) > 1e-9, a, 1.0)), d)
+            # shifted gamma with the three cumulants (shape k = 4 / g^2, scale sd g / 2), its CDF by the
+            # Wilson-Hilferty cube-root normal approximation; a normal when the skew is negligible
+            skewed = g > 1e-3
+            k = np.where(skewed, 4.0 / np.maximum(g, 1e-3) ** 2, 1.0)
+            scale = sd * np.maximum(g, 1e-3) / 2.0
+            y = np.maximum(x - (mu - k * scale), 0.0) / np.maximum(k * scale, 1e-300)
+            z_gamma = (np.cbrt(y) - 1.0 + 1.0 / (9.0 * k)) * 3.0 * np.sqrt(k)
+            z = np.where(skewed, z_gamma, (x - mu) / np.maximum(sd, 1e-300))
             total += w * np.where(sd > 0, normal_cdf(z), (x >= mu).astype(np.float64))
         return total
 

@@ -20,7 +20,7 @@ from madmax_opt.analysis.serving_trace import (
     chrome_trace,
     simulate_serving,
 )
-from madmax_opt.analysis.trace import TRACE_TOLERANCE
+from madmax_opt.analysis.trace_setup import TRACE_TOLERANCE
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import Problem
 from madmax_opt.report.timeline import CROSS_CHECK_FAILED
