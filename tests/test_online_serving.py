@@ -125,3 +125,21 @@ def test_percentile_targets_need_an_arrival_rate() -> None:
     with pytest.raises(ProblemError, match="ttft_p99_s: percentile targets need arrival_rate"):
         problem_from_dict({"model": "llama3-70b", "hardware": {"system": "dgx-h100", "gpus": 8},
                            "task": {**TASK, "ttft_p99_s": 0.5}})
+
+
+def test_arrival_rate_with_disaggregation_is_a_one_line_error() -> None:
+    with pytest.raises(ProblemError, match="arrival_rate with disaggregated: true is not modelled"):
+        problem_from_dict({"model": "llama3-70b", "hardware": {"system": "dgx-h100", "gpus": 8},
+                           "task": {**TASK, "arrival_rate": 2.0, "disaggregated": True}})
+
+
+def test_evaluate_reports_percentiles_at_the_arrival_rate() -> None:
+    from madmax_opt.search.online import evaluate_online
+
+    model = serving_model(arrival_rate=4.0, ttft_p99_s=0.3)
+    plan = ServingPlan(tp=8, max_num_seqs=64)
+    rec = evaluate_online(model.problem, [plan])[0]
+    st = table_of(model, [plan])
+    lat = latency(st, np.array([4.0]))
+    assert rec["at_arrival_rate"]["ttft_p99_s"] == pytest.approx(float(lat.ttft_s[0, 2]))
+    assert rec["feasible"] == (rec["max_rate"] >= 4.0) == (float(lat.ttft_s[0, 2]) <= 0.3)

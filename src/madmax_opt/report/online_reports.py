@@ -41,6 +41,13 @@ def record_table(rec: dict[str, Any], title: str) -> Table:
     return t
 
 
+def print_online_records(records: list[dict[str, Any]], console: Console) -> None:
+    for i, r in enumerate(records):
+        console.print(record_table(r, "plan" if len(records) == 1 else f"plan {i + 1}"))
+        if not r["feasible"]:
+            console.print(f"[red]infeasible:[/red] {r['infeasible_reason']}")
+
+
 def print_online(result: dict[str, Any], console: Console) -> None:
     s = result["solver"]
     console.print(f"[bold]status:[/bold] {result['status']}   objective {s['objective']} {s['objective_unit']}   "

@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.core.units import US
 from madmax_opt.io.problem import Problem
-from madmax_opt.model.inference import PRECISIONS, ServingArrays
+from madmax_opt.model.inference import INVALID_REASONS, PRECISIONS, ServingArrays
 from madmax_opt.model.queueing import OnlineLatency, ServiceTable, latency, max_rate, service_table
 from madmax_opt.search.assemble import admissible_mask, cluster_limits
 from madmax_opt.search.serving_space import ServingModel, enumerate_serving
@@ -148,6 +148,36 @@ def solve_online(problem: Problem, top_k: int = 1, model: ServingModel | None = 
                    "objective": sorted(found)[0][0], "objective_unit": "GPU-us per request",
                    "wall_s": time.perf_counter() - t0},
     }
+
+
+def evaluate_online(problem: Problem, plans: list[Any]) -> list[dict[str, Any]]:
+    """``evaluate`` on an arrival-rate problem: each plan's percentiles at ``task.arrival_rate``, its max rate under
+    the targets and its stability limit. The running-batch cap is the plan's ``max_num_seqs`` (else its ``batch``,
+    else the KV-cache limit and the framework default)."""
+    from madmax_opt.search.serving_space import as_serving_plan
+
+    model = ServingModel(problem)
+    task = model.task
+    assert task.arrival_rate is not None
+    given = [as_serving_plan(p, problem) for p in plans]
+    arr = model.arrays(given)
+    arr = replace(arr, max_seqs=np.where(arr.max_seqs > 0, arr.max_seqs,
+                                         np.array([p.batch or 0 for p in given], dtype=np.int64)))
+    table = service_table(model.terms, arr, model.workload)
+    terms = model.terms(arr)
+    valid = np.asarray(terms.invalid == 0)
+    rate = np.where(valid, max_rate(table, task.latency_targets()), 0.0)
+    at_rate = latency(table, np.full(len(arr), task.arrival_rate) / table.replicas)
+    oc = OnlineCandidates(arr, table, valid, rate, at_rate)
+    out = []
+    for i in range(len(arr)):
+        rec = record(model, oc, i)
+        reason = None if valid[i] else INVALID_REASONS[int(terms.invalid[i])]
+        if reason is None and rate[i] < task.arrival_rate:
+            reason = (f"carries at most {rate[i]:.3g} requests/s within the targets; arrival_rate is "
+                      f"{task.arrival_rate:g}")
+        out.append({**rec, "feasible": reason is None, "infeasible_reason": reason})
+    return out
 
 
 def _no_latency(n: int) -> OnlineLatency:
