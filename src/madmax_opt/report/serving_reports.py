@@ -605,6 +605,16 @@ def evaluate_command(problem: Problem, plan_file: Path, json_out: bool, out: Con
     from madmax_opt.search.serving import evaluate_serving
 
     plans, is_list = load_serving_plans(plan_file)
+    if getattr(problem.task, "arrival_rate", None) is not None:  # online serving: percentiles at the arrival rate
+        from madmax_opt.report.online_reports import print_online_records
+        from madmax_opt.search.online import evaluate_online
+
+        online = evaluate_online(problem, plans)
+        if json_out:
+            print(json.dumps(online if is_list else online[0], indent=2))
+        else:
+            print_online_records(online, out)
+        return
     records = evaluate_serving(problem, plans)
     if json_out:
         print(json.dumps(records if is_list else records[0], indent=2))
