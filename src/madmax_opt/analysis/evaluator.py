@@ -197,13 +197,13 @@ def to_records(
     hidden_cols = {k: np.asarray(v, dtype=np.float64).tolist() for k, v in t.hidden_comm.items()}
     seq_len = model.workload.seq_len
     flops = float(t.model_flops_per_step)
-    plan_dicts = _plan_dicts(plans, [p.hardware[h].system.name for h in cols["hw"]])
+    plan_rows = plan_dicts(plans, [p.hardware[h].system.name for h in cols["hw"]])
     out = []
     for i in range(len(plans)):
         opt = p.hardware[cols["hw"][i]]
         tokens_per_s = cols["tokens_per_s"][i]
         rec: TrainingRecord = {
-            "plan": plan_dicts[i],
+            "plan": plan_rows[i],
             "hardware": {"system": opt.system.name, "gpu": opt.gpu.name, "gpus": opt.gpus},
             "calibration": calibration.record_dict(opt.gpu, p.stack.framework),  # how much to trust it
             "feasible": bool(cols["feasible"][i]),
@@ -233,7 +233,7 @@ def to_records(
     return out
 
 
-def _plan_dicts(plans: PlanArrays, systems: list[str]) -> list[dict[str, Any]]:
+def plan_dicts(plans: PlanArrays, systems: list[str]) -> list[dict[str, Any]]:
     """``plans.plan(i, system).model_dump()`` for every plan, built from whole columns (pydantic per plan costs
     ~40 us; the columns hold validated values already): the Plan defaults, overwritten by the array columns."""
     template = Plan().model_dump()

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from madmax_opt.analysis.evaluator import Model, evaluate, metrics, to_records
+from madmax_opt.analysis.evaluator import Model, evaluate, metrics, plan_dicts, to_records
 from madmax_opt.io.problem import Problem, load_problem
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.spec import Plan
 from madmax_opt.search.space import enumerate_plans
 
 VECTOR_BAR_S = 2.0  # 10^6 plans on 2 cores (issue 2)
@@ -166,7 +167,8 @@ def time_scaling(problem: Problem, sizes: tuple[int, ...], seed: int) -> list[Sc
             total = 0.0
             for a, b in chunks:
                 part = arr.slice(a, b)
-                public = [part.plan(i, system=names[int(part.hw[i])]) for i in range(len(part))]
+                # Plan objects built outside the timing (validated values from the space: no re-validation)
+                public = [Plan.model_construct(**d) for d in plan_dicts(part, [names[h] for h in part.hw.tolist()])]
                 t0 = time.perf_counter()
                 evaluate(problem, public)
                 total += time.perf_counter() - t0
