@@ -63,12 +63,11 @@ def expert_costs(
         sharded = (g.n if g.tp_dim == "n" else g.k) / tp
         other = float(g.k if g.tp_dim == "n" else g.n)
         dim = np.minimum(np.minimum(rows_per_expert, sharded), other)
-        flops = flops + copies * g.flops_per_token / tp
+        g_flops = copies * g.flops_per_token / tp
+        flops = flops + g_flops
         elements = elements + copies * (sharded + other) + wl.num_experts / ep * sharded * other
         # grouped GEMMs run below dense-GEMM efficiency (B200: 0.30 vs 0.49 of peak, hardware.md)
-        fwd = fwd + gemm_time_s(
-            copies * g.flops_per_token / tp, dim, peak, gemm_eff * grouped_ratio, half_dim
-        )
+        fwd = fwd + gemm_time_s(g_flops, dim, peak, gemm_eff * grouped_ratio, half_dim)
     a2a_bytes = copies * wl.model.hidden * ACT_BYTES / sp_div
     a2a = np.where(ep > 1, all_to_all_s(a2a_bytes, ep, tp * cp, tiers), 0.0)
     return ExpertCosts(

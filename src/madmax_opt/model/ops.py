@@ -23,7 +23,7 @@ kept so the totals are bitwise those of the closed-form sums the table replaced.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,12 +59,20 @@ class Op:
     term: str  # the LayerCosts term its time feeds
     roofline: str  # one of ROOFLINES
     group: str  # summation bracket inside (term, pass); see the module docstring
-    flops: Arr
-    bytes: Arr
+    flops_of: Callable[[], Arr]  # FLOPs and bytes are computed when asked (reports, tests), not on the cost path
+    bytes_of: Callable[[], Arr]
     time_s: Arr
     window_s: Arr | None = None  # compute a backward TP collective runs under (its exposed part is the excess)
     ranks: Arr | None = None  # collectives: the process group's size and stride (which tiers it spans)
     stride: Arr | None = None
+
+    @property
+    def flops(self) -> Arr:
+        return self.flops_of()
+
+    @property
+    def bytes(self) -> Arr:
+        return self.bytes_of()
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,19 @@ def _f(a: NDArray[np.int64]) -> Arr:
     return a.astype(np.float64)
 
 
+def _const(a: Arr) -> Callable[[], Arr]:
+    return lambda: a
+
+
+def _scaled(of: Callable[[], Arr], by: Arr) -> Callable[[], Arr]:
+    return lambda: of() * by
+
+
+def _operand_bytes(elem_bytes: float, tokens: Arr, k: Arr | float, n: Arr | float) -> Callable[[], Arr]:
+    """Input (tokens x k), weight (k x n) and output (tokens x n) of a GEMM at ``elem_bytes`` per element."""
+    return lambda: elem_bytes * (tokens * k + k * n + tokens * n)
+
+
 def layer_ops(
     wl: TransformerWorkload, task: Task, stack: Stack, table: HardwareTable, plans: PlanArrays
 ) -> LayerOps:
@@ -138,14 +159,18 @@ def layer_ops(
     elem_bytes = 1.0 if low else float(ACT_BYTES)  # GEMM operand size
     rows: list[Op] = []
 
-    def row(name: str, pass_: str, term: str, roofline: str, group: str, flops: Arr, bytes_: Arr, time_s: Arr,
-            **kw: Arr | None) -> None:
+    def row(name: str, pass_: str, term: str, roofline: str, group: str, flops: Callable[[], Arr],
+            bytes_: Callable[[], Arr], time_s: Arr, **kw: Arr | None) -> None:
         rows.append(Op(name, pass_, term, roofline, group, flops, bytes_, time_s, **kw))
 
+    def none() -> Arr:
+        return zero
+
     # ---- weight GEMMs: y = x W (fwd), dx = dy W^T (bwd-input), dW = x^T dy (bwd-weight): same FLOPs, same time
-    gemms: list[tuple[str, Arr, Arr, Arr]] = []
+    gemms: list[tuple[str, Callable[[], Arr], Callable[[], Arr], Arr]] = []
     column_parallel: list[tuple[str, Arr]] = []  # GEMMs whose input TP gathers (QKV, MLP up, router)
-    cast_fwd, cast_bwd, cast_fwd_bytes, cast_bwd_bytes = zero, zero, zero, zero  # FP8 quantisation of operands
+    cast_fwd, cast_bwd = zero, zero  # FP8 quantisation of GEMM operands
+    cast_elements: list[tuple[Arr | float, Arr | float]] = []  # per GEMM: elements per token cast in fwd, in bwd
     for g in wl.gemms:
         sharded = (g.n if g.tp_dim == "n" else g.k) / tp
         other = float(g.k if g.tp_dim == "n" else g.n)
@@ -153,7 +178,7 @@ def layer_ops(
         flops = tokens * g.flops_per_token / tp
         t_gemm = gemm_time_s(flops, dim, mm_peak, mm_eff, half)
         k_loc, n_loc = (other, sharded) if g.tp_dim == "n" else (sharded, other)
-        gemms.append((g.name, flops, elem_bytes * (tokens * k_loc + k_loc * n_loc + tokens * n_loc), t_gemm))
+        gemms.append((g.name, _const(flops), _operand_bytes(elem_bytes, tokens, k_loc, n_loc), t_gemm))
         if g.tp_dim == "n":
             column_parallel.append((g.name, t_gemm))
         if low:  # quantise the input x (tokens x k) in forward and the output gradient dy (tokens x n) in backward;
@@ -161,15 +186,14 @@ def layer_ops(
             k_cast, n_cast = (g.k / sp_div, sharded) if g.tp_dim == "n" else (sharded, g.n / sp_div)
             cast_fwd = cast_fwd + cast_time_s(tokens * k_cast, task.precision, hbm_bw)
             cast_bwd = cast_bwd + cast_time_s(tokens * n_cast, task.precision, hbm_bw)
-            cast_fwd_bytes = cast_fwd_bytes + tokens * k_cast * CAST_BYTES_PER_ELEMENT[task.precision]
-            cast_bwd_bytes = cast_bwd_bytes + tokens * n_cast * CAST_BYTES_PER_ELEMENT[task.precision]
+            cast_elements.append((k_cast, n_cast))
     ex = expert_costs(wl, tokens, tp, cp, dp, ep, sp_div, tiers, mm_peak, mm_eff, half, table.grouped_gemm_ratio[hw])
     for pass_ in ("fwd", "bwd-input", "bwd-weight"):
-        for name, flops, bytes_, t_gemm in gemms:
-            row(name, pass_, "compute", "gemm", "gemm", flops, bytes_, t_gemm)
+        for name, flops_of, bytes_of, t_gemm in gemms:
+            row(name, pass_, "compute", "gemm", "gemm", flops_of, bytes_of, t_gemm)
         if wl.moe:
-            row("experts", pass_, "compute", "grouped-gemm", "gemm", ex.fwd_flops, ex.operand_elements * elem_bytes,
-                ex.fwd_gemm_s)
+            row("experts", pass_, "compute", "grouped-gemm", "gemm", lambda: ex.fwd_flops,
+                lambda: ex.operand_elements * elem_bytes, ex.fwd_gemm_s)
 
     # ---- attention core, its unfused softmax traffic, elementwise kernels, FP8 casts ----------------------------
     attn_flops = tokens * wl.attn_flops_per_token / tp
@@ -184,28 +208,38 @@ def layer_ops(
     score_elem = memory_bound_time_s(score_bytes, hbm_bw)
     elem_bytes_moved = tokens * (wl.elementwise_replicated_bytes / sp_div + wl.elementwise_tp_bytes / tp)
     elem = memory_bound_time_s(elem_bytes_moved, hbm_bw)
-    row("attention", "fwd", "compute", "attention", "attention", attn_flops, qkvo_bytes, attn_fwd)
+    cast_b = CAST_BYTES_PER_ELEMENT.get(task.precision, 0.0)
+    row("attention", "fwd", "compute", "attention", "attention", lambda: attn_flops, lambda: qkvo_bytes, attn_fwd)
     if wl.score_elementwise_bytes_per_key:
-        row("softmax", "fwd", "compute", "hbm", "softmax", zero, score_bytes, score_elem)
-    row("elementwise", "fwd", "compute", "hbm", "elementwise", zero, elem_bytes_moved, elem)
+        row("softmax", "fwd", "compute", "hbm", "softmax", none, lambda: score_bytes, score_elem)
+    row("elementwise", "fwd", "compute", "hbm", "elementwise", none, lambda: elem_bytes_moved, elem)
     if low:
-        row("fp8 cast", "fwd", "compute", "hbm", "cast", zero, cast_fwd_bytes, cast_fwd)
+        row("fp8 cast", "fwd", "compute", "hbm", "cast", none,
+            lambda: ordered_sum(tokens * x * cast_b for x, _ in cast_elements), cast_fwd)
     # backward reads Q, K, V, O, dO and writes dQ, dK, dV: twice the forward operands
-    row("attention", "bwd-input", "compute", "attention", "attention", 2.0 * attn_flops, 2.0 * qkvo_bytes,
-        attn_fwd * attn_bwd_factor)
+    row("attention", "bwd-input", "compute", "attention", "attention", lambda: 2.0 * attn_flops,
+        lambda: 2.0 * qkvo_bytes, attn_fwd * attn_bwd_factor)
     if wl.score_elementwise_bytes_per_key:
-        row("softmax", "bwd-input", "compute", "hbm", "elementwise", zero, 2.0 * score_bytes, 2.0 * score_elem)
-    row("elementwise", "bwd-input", "compute", "hbm", "elementwise", zero, 2.0 * elem_bytes_moved, 2.0 * elem)
+        row("softmax", "bwd-input", "compute", "hbm", "elementwise", none, lambda: 2.0 * score_bytes,
+            2.0 * score_elem)
+    row("elementwise", "bwd-input", "compute", "hbm", "elementwise", none, lambda: 2.0 * elem_bytes_moved,
+        2.0 * elem)
     if low:
-        row("fp8 cast", "bwd-input", "compute", "hbm", "cast", zero, cast_bwd_bytes, cast_bwd)
+        row("fp8 cast", "bwd-input", "compute", "hbm", "cast", none,
+            lambda: ordered_sum(tokens * x * cast_b for _, x in cast_elements), cast_bwd)
     # recompute: selective re-runs the unfused attention core and its softmax (flash recomputes inside its bwd);
     # full re-runs the whole forward
     selective = {"attention": attn_fwd * (not stack.flash_attention), "softmax": score_elem}
+    is_sel, is_full = rc == 1, rc == 2
     for r in [r for r in rows if r.pass_ == "fwd"]:
-        t_sel = selective.get(r.name, zero)
-        on = np.select([rc == 1, rc == 2], [np.where(t_sel > 0, 1.0, 0.0), 1.0], 0.0)
-        row(r.name, "recompute", "recompute", r.roofline, r.group, r.flops * on, r.bytes * on,
-            np.select([rc == 1, rc == 2], [t_sel, r.time_s], 0.0))
+        if r.name in selective:
+            t_sel = selective[r.name]
+            on = np.where(is_full | (is_sel & (t_sel > 0)), 1.0, 0.0)
+            row(r.name, "recompute", "recompute", r.roofline, r.group, _scaled(r.flops_of, on),
+                _scaled(r.bytes_of, on), np.select([is_sel, is_full], [t_sel, r.time_s], 0.0))
+        else:
+            row(r.name, "recompute", "recompute", r.roofline, r.group, _scaled(r.flops_of, full_rc),
+                _scaled(r.bytes_of, full_rc), np.where(is_full, r.time_s, 0.0))
 
     # ---- TP (+SP) communication ---------------------------------------------------------------------------------
     # Per layer: forward 2 all-reduces (SP: 2 all-gathers + 2 reduce-scatters), again in a full recompute. Backward
@@ -220,38 +254,42 @@ def layer_ops(
     with_sp = sp > 0
     tp_on = np.where(tp > 1, 1.0, 0.0)
     coll = {"ranks": tp, "stride": ones}
-    row("tp all-reduce x2 (sp: ag + rs)", "fwd", "tp_comm", "collective", "tp", zero, 2.0 * act_bytes * tp_on,
-        2.0 * ar, **coll)
-    row("tp all-reduce x2 (sp: ag + rs)", "recompute", "tp_comm", "collective", "tp", zero,
-        2.0 * act_bytes * tp_on * full_rc, 2.0 * ar * full_rc, **coll)
-    row("sp output-grad all-gather x2", "bwd-input", "tp_comm", "collective", "tp", zero,
-        np.where(with_sp, 2.0, 0.0) * act_bytes * tp_on, np.where(with_sp, 2.0 * ag, 0.0), **coll)
+    row("tp all-reduce x2 (sp: ag + rs)", "fwd", "tp_comm", "collective", "tp", none,
+        lambda: 2.0 * act_bytes * tp_on, 2.0 * ar, **coll)
+    row("tp all-reduce x2 (sp: ag + rs)", "recompute", "tp_comm", "collective", "tp", none,
+        lambda: 2.0 * act_bytes * tp_on * full_rc, 2.0 * ar * full_rc, **coll)
+    row("sp output-grad all-gather x2", "bwd-input", "tp_comm", "collective", "tp", none,
+        lambda: np.where(with_sp, 2.0, 0.0) * act_bytes * tp_on, np.where(with_sp, 2.0 * ag, 0.0), **coll)
     train_frac = wl.trainable_fraction
     for name, t_col in column_parallel:
         wgrad = t_col * train_frac  # weight-grad GEMM window, averaged over trainable and frozen layers
-        row(f"{name} input-grad all-reduce (sp: rs)", "bwd-input", "tp_comm", "collective", "tp", zero,
-            act_bytes * tp_on, np.where(with_sp, ag, ar), window_s=wgrad, **coll)
-        row(f"{name} sp input all-gather", "bwd-input", "tp_comm", "collective", "tp", zero,
-            np.where(with_sp, 1.0, 0.0) * act_bytes * tp_on, np.where(with_sp, ag, 0.0), window_s=t_col, **coll)
+        row(f"{name} input-grad all-reduce (sp: rs)", "bwd-input", "tp_comm", "collective", "tp", none,
+            lambda: act_bytes * tp_on, np.where(with_sp, ag, ar), window_s=wgrad, **coll)
+        row(f"{name} sp input all-gather", "bwd-input", "tp_comm", "collective", "tp", none,
+            lambda: np.where(with_sp, 1.0, 0.0) * act_bytes * tp_on, np.where(with_sp, ag, 0.0), window_s=t_col,
+            **coll)
 
     # ---- CP (ring attention passes K/V blocks) and EP (token dispatch + combine) ------------------------------
     kv_bytes = mbs * s * 2 * m.n_kv_heads * m.head_dim * ACT_BYTES / tp  # whole-sequence K and V of a layer
     cp_on = np.where(cp > 1, 1.0, 0.0)
     cp_fwd = np.where(cp > 1, all_gather_s(kv_bytes, cp, tp, tiers), 0.0)
     cp_coll = {"ranks": cp, "stride": tp}
-    row("cp kv all-gather", "fwd", "cp_comm", "collective", "cp", zero, kv_bytes * cp_on, cp_fwd, **cp_coll)
-    row("cp kv all-gather", "recompute", "cp_comm", "collective", "cp", zero, kv_bytes * cp_on * full_rc,
+    row("cp kv all-gather", "fwd", "cp_comm", "collective", "cp", none, lambda: kv_bytes * cp_on, cp_fwd,
+        **cp_coll)
+    row("cp kv all-gather", "recompute", "cp_comm", "collective", "cp", none, lambda: kv_bytes * cp_on * full_rc,
         cp_fwd * full_rc, **cp_coll)
-    row("cp kv + dkv all-gather", "bwd-input", "cp_comm", "collective", "cp", zero, 2.0 * kv_bytes * cp_on,
+    row("cp kv + dkv all-gather", "bwd-input", "cp_comm", "collective", "cp", none, lambda: 2.0 * kv_bytes * cp_on,
         2.0 * cp_fwd, **cp_coll)
     if wl.moe:
         ep_coll = {"ranks": ep, "stride": tp * cp}
-        a2a_bytes = ex.a2a_bytes * np.where(ep > 1, 1.0, 0.0)
-        row("ep dispatch + combine", "fwd", "ep_comm", "collective", "ep", zero, 2.0 * a2a_bytes,
+        def a2a_bytes() -> Arr:
+            return 2.0 * ex.a2a_bytes * np.where(ep > 1, 1.0, 0.0)
+
+        row("ep dispatch + combine", "fwd", "ep_comm", "collective", "ep", none, a2a_bytes,
             2.0 * ex.a2a_each_s, **ep_coll)
-        row("ep dispatch + combine", "recompute", "ep_comm", "collective", "ep", zero, 2.0 * a2a_bytes * full_rc,
+        row("ep dispatch + combine", "recompute", "ep_comm", "collective", "ep", none, lambda: a2a_bytes() * full_rc,
             2.0 * ex.a2a_each_s * full_rc, **ep_coll)
-        row("ep dispatch + combine", "bwd-input", "ep_comm", "collective", "ep", zero, 2.0 * a2a_bytes,
+        row("ep dispatch + combine", "bwd-input", "ep_comm", "collective", "ep", none, a2a_bytes,
             2.0 * ex.a2a_each_s, **ep_coll)
     return LayerOps(tuple(rows), tiers, tokens, sp_div, full_rc, peak, eff, half, hbm_bw, attn_fwd,
                     attn_bwd_factor, ex)
