@@ -71,7 +71,7 @@ def test_fp4_weights_on_blackwell_by_hand() -> None:
     assert fp8["memory_bytes_per_gpu"]["weights"] - fp4["memory_bytes_per_gpu"]["weights"] == pytest.approx(
         gemm * (1.0 - 0.5625), rel=1e-12
     )
-    assert fp4["plan"]["kv_precision"] == "fp8" and fp4["kv_cache_bytes_per_gpu"] == fp8["kv_cache_bytes_per_gpu"]
+    assert fp4["kv_precision"] == "fp8" and fp4["kv_cache_bytes_per_gpu"] == fp8["kv_cache_bytes_per_gpu"]
     # a long prefill is GEMM-bound: the 9 PFLOP/s fp4 peak (2 x fp8) makes it faster
     long = serve("b200", 1, precision=["fp8", "fp4"], prompt_len=8192, output_len=16)
     assert record(long, batch=1, precision="fp4")["prefill_s"] < 0.7 * record(long, batch=1, precision="fp8")["prefill_s"]
@@ -159,3 +159,10 @@ def test_serving_leave_one_source_out_error_meets_the_issue_bar(tmp_path: Any) -
     assert any("Serving LOSO median" in line for line in lines)
     ids = {c.case.id for c in ev.cases}
     assert sum(1 for line in lines if line.split(" | ")[0].lstrip("| ") in ids) == 77  # every run has its row
+
+
+def test_a_record_plan_is_a_valid_plan() -> None:
+    data = serve(gpus=8, precision="fp8")
+    rec = record(data, tp=8, batch=300, max_num_seqs=64)
+    again = record(data, **rec["plan"])  # the record's plan evaluates to the same record
+    assert again["tpot_s"] == rec["tpot_s"] and again["plan"] == rec["plan"] and rec["kv_precision"] == "fp8"

@@ -157,7 +157,6 @@ def plan_dict(model: ServingModel, c: ServingCandidates, i: int) -> dict[str, An
         "batch": int(p.batch[i]),
         "max_num_seqs": int(p.max_seqs[i]) or None,
         "precision": prec,
-        "kv_precision": model.task.kv_precision or DEFAULT_KV_PRECISION[prec],
         "prefill_replicas": int(p.prefill_dp[i]),
         "system": opt.system.name,
     }
@@ -183,6 +182,7 @@ def to_records(
                 "tpot_s": float(t.tpot_s[i]),
                 "output_tokens_per_s": float(t.output_tokens_per_s[i]),
                 "output_tokens_per_s_per_gpu": float(t.output_tokens_per_s_per_gpu[i]),
+                "kv_precision": model.task.kv_precision or DEFAULT_KV_PRECISION[PRECISIONS[int(c.plans.precision[i])]],
                 "max_batch": int(t.max_batch[i]),
                 "running_batch": int(t.running_batch[i]),
                 "queue_wait_s": float(t.queue_wait_s[i]),
