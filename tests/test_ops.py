@@ -202,3 +202,9 @@ def test_evaluate_ops_refused_outside_training(problem: str) -> None:
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "`ops` does not apply" in lines[0] and "training" in lines[0]
+
+
+def test_evaluate_ops_refuses_plot(tmp_path: Path) -> None:
+    out = run_main("evaluate", ROOT / "problems/llama2-70b-h100.yaml", "--plan",
+                   ROOT / "problems/plans/llama2-70b-3d.yaml", "--ops", "--plot", tmp_path)
+    assert out.returncode == 2 and "--plot" in out.stderr and len(out.stderr.strip().splitlines()) == 1

@@ -75,7 +75,7 @@ def evaluate_cmd(
         from madmax_opt.report.ops_report import evaluate_ops_command
 
         family.require("ops", problem)
-        return evaluate_ops_command(problem, plan, json_out, console())
+        return evaluate_ops_command(problem, plan, json_out, plot, console())
     family.evaluate(problem, plan, json_out, plot, console())
 
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
+from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.units import MB, US
 from madmax_opt.io.problem import Problem, load_plans, load_problem, read_yaml
 from madmax_opt.model.hardware import HardwareTable
@@ -95,7 +96,11 @@ def print_layer_ops(rec: LayerOpsRecord, console: Console) -> None:
                   "compute holds fwd + bwd-input)")
 
 
-def evaluate_ops_command(path: Path, plan_path: Path, json_out: bool, console: Console) -> None:
+def evaluate_ops_command(path: Path, plan_path: Path, json_out: bool, plot: Path | None, console: Console) -> None:
+    """The op table of each plan in ``plan_path`` (rich tables, or JSON records with ``json_out``)."""
+    if plot is not None:
+        raise ProblemError("--plot draws the evaluation; with --ops there is nothing to plot", file=str(path),
+                           field="--plot")
     problem = load_problem(path)
     records = [layer_ops_record(problem, p) for p in load_plans(plan_path, problem)]
     if json_out:  # one plan mapping gives one object, a list gives a list in the same order
