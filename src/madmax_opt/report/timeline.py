@@ -76,7 +76,11 @@ def timeline_cmd(
     if loaded.task.kind == "inference":  # serving plans: decode rounds, prefill, KV transfer
         from madmax_opt.report.serving_timeline import serving_timeline_cmd
 
-        return serving_timeline_cmd(loaded, plan, index, out, json_out, console)
+        warning = serving_timeline_cmd(loaded, plan, index, out, json_out, console)
+        if warning is not None:
+            print(f"{warning}; exit {CROSS_CHECK_FAILED}", file=sys.stderr)
+            raise typer.Exit(CROSS_CHECK_FAILED)
+        return
     chosen = _one_plan(plan, loaded, index)
     check_drawable(loaded, chosen.dp, chosen.mbs, file=str(plan), field="mbs")
     try:
