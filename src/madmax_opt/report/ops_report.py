@@ -41,6 +41,7 @@ class LayerOpsRecord(BaseModel):
     terms_s: dict[str, float]  # LAYER_TERMS per layer per micro-batch, as priced (collectives: exposed part)
     hidden_s: dict[str, float]  # collectives overlapped with compute
     wgrad_s: float  # weight-gradient GEMMs, added once per trainable layer
+    extras_s: dict[str, float]  # per micro-batch, outside the layers: embedding, LM head + loss, pipeline p2p
 
 
 def _tier(op: Op, problem: Problem, hw: int) -> str:
@@ -74,6 +75,9 @@ def layer_ops_record(problem: Problem, plan: Plan) -> LayerOpsRecord:
         terms_s={k: float(np.asarray(lc.time[k])[0]) for k in LAYER_TERMS},
         hidden_s={k: float(np.asarray(v)[0]) for k, v in lc.hidden.items()},
         wgrad_s=float(np.asarray(lc.wgrad_s)[0]),
+        extras_s={"embedding (first stage)": float(lc.emb_time_s[0]),
+                  "lm head + loss (last stage)": float(lc.head_time_s[0]),
+                  "pipeline p2p (every stage)": float(lc.pp_comm_s[0])},
     )
 
 
@@ -94,6 +98,8 @@ def print_layer_ops(rec: LayerOpsRecord, console: Console) -> None:
                   f"by {COMM_INTERFERENCE:.0%} of its time (in tp_comm)")
     console.print(f"weight-gradient GEMMs: + {rec.wgrad_s * US:,.1f} us per trainable layer (bwd-weight rows; "
                   "compute holds fwd + bwd-input)")
+    extras = ", ".join(f"{k} {v * US:,.1f}" for k, v in rec.extras_s.items())
+    console.print(f"outside the layers, per micro-batch (us): {extras}")
 
 
 def evaluate_ops_command(path: Path, plan_path: Path, json_out: bool, plot: Path | None, console: Console) -> None:
