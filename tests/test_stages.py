@@ -212,3 +212,21 @@ def test_llama3_405b_interleaved_uneven_is_expressible_priced_and_searched(pp: i
     mean_1 = one["time_breakdown_s"]["bubble"] / (pp - 1)
     assert mean_v - mean_1 == pytest.approx(p2p_v - p2p_1, rel=1e-9)
     assert p2p_v == pytest.approx(vpp * p2p_1, rel=1e-12)  # one send/receive pair per chunk
+
+
+def test_interleaved_uneven_plan_simulates_like_its_closed_form() -> None:
+    """The step timeline (trace) runs an uneven pipeline's layers as v chunks per stage and agrees with the
+    closed-form step time within the trace tolerance."""
+    from madmax_opt.analysis.trace import TRACE_TOLERANCE, simulate
+    from madmax_opt.model.spec import Plan
+
+    problem = problem_from_dict({
+        "model": "llama3-405b",
+        "hardware": {"system": "dgx-h100", "gpus": 1024},
+        "task": {"seq_len": 8192, "global_batch": 512},
+    })
+    plan = Plan(dp=8, tp=8, pp=16, vpp=2, zero=1, sp=True, recompute="full",
+                stage_layers=[7] + [8] * 14 + [7], stage_recompute=["full"] * 16)
+    sim = simulate(Model(problem), plan, record=False)
+    assert abs(sim.step_time_s / sim.closed_form_step_s - 1.0) <= TRACE_TOLERANCE
+    assert sim.closed_form_step_s == pytest.approx(staged_record(Model(problem), plan)["step_time_s"], rel=1e-12)

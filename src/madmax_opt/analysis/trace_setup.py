@@ -342,10 +342,13 @@ def setup(model: Model, plan: Plan) -> Setup:
             links={k: _link(option, span) for k, span in spans.items() if k in streams},
         ))
     # layer ids: model chunk k = c * p + s holds layers [k * n_c, (k + 1) * n_c) (uniform) or the stage's block
-    if plan.stage_layers is not None:
-        offsets = np.concatenate([[0], np.cumsum(layers)[:-1]]).astype(int)
-        ids: tuple[tuple[int, ...], ...] = tuple((int(offsets[s]),) for s in range(p))
-        chunk_layers: tuple[tuple[int, ...], ...] = tuple((layers[s],) for s in range(p))
+    if plan.stage_layers is not None:  # uneven: a stage's layers split over its v chunks as evenly as they go
+        sizes = [[int(layers[s]) // v + (1 if c < int(layers[s]) % v else 0) for c in range(v)] for s in range(p)]
+        order = [(c, s) for c in range(v) for s in range(p)]  # model chunk k = c * p + s
+        starts = np.concatenate([[0], np.cumsum([sizes[s][c] for c, s in order])[:-1]]).astype(int)
+        first = {cs: int(starts[k]) for k, cs in enumerate(order)}
+        ids: tuple[tuple[int, ...], ...] = tuple(tuple(first[(c, s)] for c in range(v)) for s in range(p))
+        chunk_layers: tuple[tuple[int, ...], ...] = tuple(tuple(sizes[s]) for s in range(p))
     else:
         n_c = wl.layers // (p * v)
         ids = tuple(tuple((c * p + s) * n_c for c in range(v)) for s in range(p))
