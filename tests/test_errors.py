@@ -109,6 +109,8 @@ BAD_PROBLEMS: list[tuple[str, str | None, list[str]]] = [
     ("serving-space-tp-zero.yaml", "space.tp", ["got [0, 8]", "integers >= 1"]),
     ("dlrm-space-tp-zero.yaml", "space.tp", ["got [0]", "integers >= 1"]),
     ("dlrm-table-count-beyond-bound.yaml", "model.tables[0].count", ["1,000,000,000", "up to 500,000"]),
+    # 8,192 + 16,384 = 24,576 GPUs of per-GPU placement models
+    ("dlrm-too-many-gpus.yaml", "hardware.gpus", ["24,576 GPUs over the hardware options", "at most 16,384"]),
 ]
 
 

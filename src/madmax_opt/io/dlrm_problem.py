@@ -13,6 +13,7 @@ import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError
 
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.io.limits import MAX_DLRM_GPUS
 from madmax_opt.io.problem import (
     HardwareEntry,
     check_space,
@@ -127,10 +128,16 @@ def dlrm_problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> DL
         model = pf.model
     options = hardware_options(pf.hardware, file=source)
     entries = pf.hardware if isinstance(pf.hardware, list) else [pf.hardware]
+    total = 0  # GPUs over all options: the placement models' size
     for i, e in enumerate(entries):  # DLRM placement works on whole nodes
         field = f"hardware[{i}]" if isinstance(pf.hardware, list) else "hardware"
         node = resolve_system(e, file=source, field=field).tiers[0].size
         for n in e.sizes():
+            total += n
+            if total > MAX_DLRM_GPUS:
+                raise ProblemError(f"{total:,} GPUs over the hardware options; allowed: at most {MAX_DLRM_GPUS:,} "
+                                   "in all for a recommender (table placement is a per-GPU CP-SAT model)",
+                                   file=source, field=f"{field}.gpus")
             if node is not None and n > node and n % node:
                 raise ProblemError(f"{n} GPUs is not a whole number of {node}-GPU nodes; allowed: multiples of "
                                    f"{node} or at most {node}", file=source, field=f"{field}.gpus")
