@@ -160,7 +160,7 @@ def test_a_new_effect_is_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def with_row(*args: Any) -> LayerOps:
         base = layer_ops(*args)
-        row = Op("new kernel", "fwd", "compute", "hbm", "new", extra * 0.0, extra * base.hbm_bw, extra)
+        row = Op("new kernel", "fwd", "compute", "hbm", "new", lambda: extra * 0.0, lambda: extra * base.hbm_bw, extra)
         return replace(base, rows=(*base.rows, row))
 
     monkeypatch.setattr(training, "layer_ops", with_row)
@@ -208,3 +208,21 @@ def test_evaluate_ops_refuses_plot(tmp_path: Path) -> None:
     out = run_main("evaluate", ROOT / "problems/llama2-70b-h100.yaml", "--plan",
                    ROOT / "problems/plans/llama2-70b-3d.yaml", "--ops", "--plot", tmp_path)
     assert out.returncode == 2 and "--plot" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_evaluate_ops_uneven_mixed_pipeline_one_table_per_stage_kind(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("{dp: 4, tp: 8, pp: 8, mbs: 1, zero: 1, recompute: selective, sp: true, system: dgx-h100, "
+                    "stage_layers: [14, 14, 14, 14, 10, 10, 10, 10], "
+                    "stage_recompute: [full, full, none, none, full, full, none, none], "
+                    "stage_systems: [dgx-h100, dgx-h100, dgx-h100, dgx-h100, dgx-a100, dgx-a100, dgx-a100, dgx-a100]}\n")
+    out = run_main("evaluate", ROOT / "problems/gpt3-175b-mixed-pipeline.yaml", "--plan", plan, "--ops", "--json")
+    assert out.returncode == 0, out.stderr
+    recs = json.loads(out.stdout)
+    kinds = [(r["stages"], r["plan"]["system"], r["plan"]["recompute"]) for r in recs]
+    assert kinds == [([0, 1], "dgx-h100", "full"), ([2, 3], "dgx-h100", "none"), ([4, 5], "dgx-a100", "full"),
+                     ([6, 7], "dgx-a100", "none")]
+    h100, a100 = recs[0]["terms_s"], recs[2]["terms_s"]
+    assert a100["compute"] > 2.0 * h100["compute"]  # bf16 dense peak: 312 vs 989 TFLOP/s
+    assert recs[1]["terms_s"]["recompute"] == 0.0 < h100["recompute"]
+

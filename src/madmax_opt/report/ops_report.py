@@ -10,15 +10,14 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
+from madmax_opt.analysis.evaluator import Model
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.units import MB, US
 from madmax_opt.io.problem import Problem, load_plans, load_problem, read_yaml
-from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.ops import PASSES, Op, layer_ops
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import Plan
 from madmax_opt.model.training import COMM_INTERFERENCE, LAYER_TERMS, layer_costs
-from madmax_opt.model.workload import lower
 
 
 class OpRow(BaseModel):
@@ -37,6 +36,7 @@ class LayerOpsRecord(BaseModel):
     """The op table of one plan, and the per-layer terms it sums to (``training.LayerCosts``, exposed)."""
 
     plan: Plan
+    stages: list[int] | None = None  # uneven pipeline: the stages (from 0) whose layers this table prices
     ops: list[OpRow]
     terms_s: dict[str, float]  # LAYER_TERMS per layer per micro-batch, as priced (collectives: exposed part)
     hidden_s: dict[str, float]  # collectives overlapped with compute
@@ -53,11 +53,26 @@ def _tier(op: Op, problem: Problem, hw: int) -> str:
     return next((t.name for t in tiers if t.size is not None and span <= t.size), tiers[-1].name)
 
 
-def layer_ops_record(problem: Problem, plan: Plan) -> LayerOpsRecord:
-    """The op table of ``plan``'s layer, nonzero rows only, with the LayerCosts terms it feeds."""
-    wl = lower(problem.model, problem.training_task, problem.stack)
-    table = HardwareTable(problem.hardware)
-    hw = problem.hw_index(plan)
+def layer_ops_records(model: Model, plan: Plan) -> list[LayerOpsRecord]:
+    """The op tables of ``plan``: one, or for an uneven pipeline one per distinct (stage system, recompute)."""
+    hw = model.problem.hw_index(plan)
+    if plan.stage_layers is None or plan.stage_recompute is None:
+        return [layer_ops_record(model, plan, hw)]
+    stages: dict[tuple[int, str], list[int]] = {}
+    for i, rc in enumerate(plan.stage_recompute):
+        stage_hw = hw if plan.stage_systems is None else model.system_index(plan.stage_systems[i])
+        stages.setdefault((stage_hw, rc), []).append(i)
+    flat = {"stage_layers": None, "stage_recompute": None, "stage_systems": None}
+    return [
+        layer_ops_record(model, plan.model_copy(update={**flat, "recompute": rc,
+                                                        "system": model.problem.hardware[h].system.name}), h, ids)
+        for (h, rc), ids in stages.items()
+    ]
+
+
+def layer_ops_record(model: Model, plan: Plan, hw: int, stages: list[int] | None = None) -> LayerOpsRecord:
+    """The op table of ``plan``'s layer on hardware option ``hw``, nonzero rows only, with the LayerCosts terms."""
+    problem, wl, table = model.problem, model.workload, model.table
     arrays = PlanArrays.from_plans([plan], [hw])
     ops = layer_ops(wl, problem.training_task, problem.stack, table, arrays)
     lc = layer_costs(wl, problem.training_task, problem.stack, table, arrays)
@@ -71,6 +86,7 @@ def layer_ops_record(problem: Problem, plan: Plan) -> LayerOpsRecord:
                           bytes=float(r.bytes[0]), time_s=float(r.time_s[0])))
     return LayerOpsRecord(
         plan=plan,
+        stages=stages,
         ops=rows,
         terms_s={k: float(np.asarray(lc.time[k])[0]) for k in LAYER_TERMS},
         hidden_s={k: float(np.asarray(v)[0]) for k, v in lc.hidden.items()},
@@ -84,7 +100,8 @@ def layer_ops_record(problem: Problem, plan: Plan) -> LayerOpsRecord:
 def print_layer_ops(rec: LayerOpsRecord, console: Console) -> None:
     total = sum(r.time_s for r in rec.ops) or 1.0
     knobs = ", ".join(f"{k}={v}" for k, v in rec.plan.model_dump(exclude_none=True).items())
-    t = Table(title=f"One layer, one micro-batch, one GPU: {knobs}")
+    where = "" if rec.stages is None else f" (stages {', '.join(map(str, rec.stages))})"
+    t = Table(title=f"One layer{where}, one micro-batch, one GPU: {knobs}")
     for col in ("op", "pass", "roofline", "GFLOP", "MB", "time (us)", "% of op time"):
         t.add_column(col, justify="left" if col in ("op", "pass", "roofline") else "right")
     for r in rec.ops:
@@ -107,11 +124,12 @@ def evaluate_ops_command(path: Path, plan_path: Path, json_out: bool, plot: Path
     if plot is not None:
         raise ProblemError("--plot draws the evaluation; with --ops there is nothing to plot", file=str(path),
                            field="--plot")
-    problem = load_problem(path)
-    records = [layer_ops_record(problem, p) for p in load_plans(plan_path, problem)]
-    if json_out:  # one plan mapping gives one object, a list gives a list in the same order
+    model = Model(load_problem(path))
+    records = [r for p in load_plans(plan_path, model.problem) for r in layer_ops_records(model, p)]
+    if json_out:  # one table gives one object, more (plans, uneven stages) a list in plan and stage order
         dumped = [r.model_dump(mode="json", by_alias=True) for r in records]
-        print(json.dumps(dumped if isinstance(read_yaml(plan_path), list) else dumped[0], indent=2))
+        one = len(dumped) == 1 and not isinstance(read_yaml(plan_path), list)
+        print(json.dumps(dumped[0] if one else dumped, indent=2))
         return
     for rec in records:
         print_layer_ops(rec, console)
