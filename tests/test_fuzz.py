@@ -142,7 +142,7 @@ def _set(data: Any, path: tuple[Any, ...], value: Any) -> Any:
     data = json.loads(json.dumps(data))  # a deep copy
     node = data
     for p in path[:-1]:
-        node = node[p]
+        node = node.setdefault(p, {}) if isinstance(node, dict) else node[p]  # a section the base leaves out
     node[path[-1]] = value
     return data
 
