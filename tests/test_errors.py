@@ -472,3 +472,19 @@ def test_matplotlib_is_a_core_dependency() -> None:
 
     project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
     assert any(d.startswith("matplotlib") for d in project["dependencies"])
+
+
+@pytest.mark.parametrize(
+    ("space", "fragment"),
+    [
+        ("{tp: 3}", "no allowed dp*tp*pp*cp equals the cluster size(s) 8"),  # 3 does not divide 8
+        ("{tp: 8, ep: 8}", "no allowed ep (8) divides dp*cp"),  # tp 8 on 8 GPUs leaves dp x cp = 1
+    ],
+)
+def test_the_rule_that_emptied_the_space_is_named(space: str, fragment: str) -> None:
+    from madmax_opt.io.problem import problem_from_dict
+    from madmax_opt.search.space import empty_space_reason, enumerate_plans
+
+    problem = problem_from_dict(yaml.safe_load(B + f"space: {space}\n"))
+    assert len(enumerate_plans(problem)) == 0
+    assert fragment in empty_space_reason(problem)

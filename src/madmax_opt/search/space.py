@@ -197,6 +197,32 @@ def enumerate_plans(problem: Problem, uneven: bool = False) -> PlanArrays:
     return PlanArrays.concat(parts)
 
 
+def empty_space_reason(problem: Problem) -> str:
+    """Why ``enumerate_plans`` found no plan: the first of its rules that emptied the space, named, for the
+    infeasible message (sp at tp 1 and ZeRO at dp x cp = 1 are no-ops and never empty it)."""
+    shaped = vpp_ok = ep_ok = False
+    ep_values: list[int] = []
+    for option in problem.hardware:
+        kv = knob_values(problem, option)
+        ep_values = kv["ep"]
+        for tp, pp, cp in itertools.product(kv["tp"], kv["pp"], kv["cp"]):
+            dp = option.gpus // (tp * pp * cp)
+            if option.gpus % (tp * pp * cp) or (kv["dp"] and dp not in kv["dp"]):
+                continue
+            shaped = True
+            vpp_ok |= pp > 1 or min(kv["vpp"] or [1]) == 1
+            ep_ok |= any((dp * cp) % e == 0 for e in kv["ep"])
+    sizes = ", ".join(str(o.gpus) for o in problem.hardware)
+    if not shaped:
+        return f"no allowed dp*tp*pp*cp equals the cluster size(s) {sizes}"
+    if not vpp_ok:
+        return "every allowed shape has pp = 1, and vpp > 1 needs a pipeline (rule: vpp = 1 at pp = 1)"
+    if not ep_ok:
+        return (f"no allowed ep ({', '.join(map(str, ep_values))}) divides dp*cp of an allowed shape (rule: expert-"
+                "parallel ranks come from dp x cp)")
+    return f"no plan uses all the GPUs of the cluster size(s) {sizes}"
+
+
 CODE_KNOBS: tuple[str, ...] = ("hw", "dp", "tp", "pp", "cp", "vpp", "mbs", "zero", "recompute", "sp", "ep")
 
 
