@@ -14,7 +14,7 @@ import yaml
 
 from cli_helpers import run_main
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io import catalog
+from madmax_opt.io import calibration, catalog
 from madmax_opt.io.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant
 from madmax_opt.io.problem import ProblemFile, load_problem, problem_from_dict
 from madmax_opt.model.spec import Tier
@@ -60,7 +60,9 @@ def test_the_issue_example_scales_and_sets_the_named_fields() -> None:
         ("power", 0.5, ("system", "power_w_per_gpu"), 637.5),
         ("price", 2.0, ("system", "price_per_gpu_hour"), 9.84),
         ("nic_efficiency", 1.1, ("system", "tiers", -1, "efficiency"), 0.99),
-        ("gemm_efficiency", 1.25, ("gpu", "calibration", "gemm_eff"), 0.875),
+        # x 1.25 on top of the megatron-core fit (frameworks block) that prices the default stack
+        ("gemm_efficiency", 1.25, ("gpu", "calibration", "gemm_eff"),
+         1.25 * GPUS["h100-sxm"]["frameworks"]["megatron-core"]["gemm_eff"]),
     ],
 )
 def test_each_parameter_lands_on_its_field(param: str, factor: float, where: tuple[Any, ...], expected: float) -> None:
@@ -85,7 +87,7 @@ def test_every_factor_one_is_the_catalog_entry_itself() -> None:
     ones = {p: 1.0 for p in PARAMETERS}
     option = problem_from_dict(problem_with({"derive": {"from": "dgx-h100", "scale": ones}, "gpus": 8})).hardware[0]
     assert option.system == catalog.systems()["dgx-h100"]
-    assert option.gpu == catalog.gpus()["h100-sxm"]
+    assert option.gpu == calibration.with_framework(catalog.gpus()["h100-sxm"], "megatron-core")
     same = {"nvlink_domain": 8, "price": SYSTEMS["dgx-h100"]["price_per_gpu_hour"]}
     option = problem_from_dict(problem_with({"derive": {"from": "dgx-h100", "set": same}, "gpus": 8})).hardware[0]
     assert option.system == catalog.systems()["dgx-h100"]

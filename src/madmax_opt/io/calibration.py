@@ -14,8 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.io import catalog
 from madmax_opt.model.hardware import HardwareOption
-from madmax_opt.model.spec import GPU, Framework, FrameworkCalibration, Strict
+from madmax_opt.model.spec import GPU, Calibration, Framework, FrameworkCalibration, Strict
 
 OVERLAY_KIND = "madmax-opt calibration overlay"
 
@@ -46,29 +47,44 @@ class CalibrationRecord(BaseModel):
     loso_median_err: float | None = None
 
 
-def load_overlay(path: Path, *, file: str | None, field: str = "calibration") -> Overlay:
-    """Read and validate an overlay file; every problem is a one-line ProblemError naming the file and field."""
-    from madmax_opt.io.problem import read_yaml, validate  # problem.py imports this module
-
+def check_overlay_file(path: Path, *, file: str | None, field: str = "calibration") -> None:
+    """A missing overlay is a one-line error naming the problem file and its field (problem.py reads the file)."""
     if not path.is_file():
         raise ProblemError(f"overlay file not found (looked for {path.resolve()}); allowed: a file written by "
                            "madmax-opt calibrate, relative to the problem file", file=file, field=field)
-    data = read_yaml(path, what="calibration overlay")
-    if not isinstance(data, dict):
-        raise ProblemError(f"{path} is not a mapping; allowed: an overlay written by madmax-opt calibrate",
-                           file=file, field=field)
-    overlay: Overlay = validate(Overlay, data, file=str(path))
-    return overlay
+
+
+def _fitted_values(current: Calibration, prior: Calibration, fitted: FrameworkCalibration) -> dict[str, float]:
+    """The fit applied to ``current`` as the fit moved the prior: efficiencies x fit / prior (capped at 1), the
+    overhead + (fit - prior). On a catalog GPU current = prior, so this is the fit itself; a what-if GPU (``derive``:
+    gemm_efficiency x 1.25) keeps its scaling on top of the fit."""
+    out: dict[str, float] = {}
+    for name, value in fitted.overrides().items():
+        if name == "layer_overhead_s":
+            out[name] = max(0.0, current.layer_overhead_s + value - prior.layer_overhead_s)
+            continue
+        cur = getattr(current, name)
+        base = getattr(prior, name)
+        cur = current.gemm_eff if cur is None else cur  # fp8_gemm_eff unset = gemm_eff
+        base = prior.gemm_eff if base is None else base
+        scaled = cur * value / base if base else value
+        out[name] = scaled if name == "gemm_half_dim" else min(1.0, scaled)
+    return out
 
 
 def with_framework(gpu: GPU, framework: str, overlay: Overlay | None = None) -> GPU:
     """The GPU with the calibration that prices ``framework``: the overlay's fit, else the catalog's, else the prior."""
     frameworks = dict(gpu.frameworks)
     for e in overlay.calibrations if overlay else []:
-        if e.gpu == gpu.name:
+        if e.gpu == gpu.name.split("+", 1)[0]:
             frameworks[e.framework] = FrameworkCalibration(**e.model_dump(exclude={"gpu", "framework"}))
     fitted = frameworks.get(framework)  # type: ignore[call-overload]
-    calibration = gpu.calibration.model_copy(update=fitted.overrides()) if fitted else gpu.calibration
+    if fitted is None:
+        return gpu.model_copy(update={"frameworks": frameworks})
+    # the prior the fit started from: the catalog entry (a derived GPU is named base+change, io/derive.py)
+    base = catalog.gpus().get(gpu.name.split("+", 1)[0])
+    prior = base.calibration if base is not None else gpu.calibration
+    calibration = gpu.calibration.model_copy(update=_fitted_values(gpu.calibration, prior, fitted))
     return gpu.model_copy(update={"calibration": calibration, "frameworks": frameworks})
 
 

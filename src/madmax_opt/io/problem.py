@@ -258,6 +258,14 @@ class _UniqueKeyLoader(_SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def load_overlay(path: Path, *, file: str) -> calibration.Overlay:
+    """A `calibration:` overlay file (written by madmax-opt calibrate), validated; one-line errors."""
+    calibration.check_overlay_file(path, file=file)
+    data = read_yaml(path, what="calibration overlay")
+    overlay: calibration.Overlay = validate(calibration.Overlay, data, file=str(path))
+    return overlay
+
+
 def load_problem(path: str | Path) -> Problem:
     """Read, validate and resolve a problem file (``madmax-opt schema`` prints its format)."""
     data = read_yaml(path, what="problem file")
@@ -291,9 +299,10 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
     pf = validate(ProblemFile, data, file=source)
     model = resolve_model(pf.model, file=source)
     options = hardware_options(pf.hardware, file=source)
-    overlay = None if pf.calibration is None else calibration.load_overlay(
+    overlay = None if pf.calibration is None else load_overlay(
         (Path(source).parent if source != "<inline>" else Path(".")) / pf.calibration, file=source)
-    options = calibration.apply(options, pf.stack.framework, overlay)  # the (GPU, framework) fit prices the plan
+    if isinstance(pf.task, Task):  # the training (GPU, framework) fit prices the plan (serving: serving_calibration)
+        options = calibration.apply(options, pf.stack.framework, overlay)
     if isinstance(pf.task, InferenceTask) and model.family != "llm":
         raise ProblemError(f"kind inference needs an llm, got a {model.family}", file=source, field="task.kind")
     if isinstance(pf.task, InferenceTask) and OBJECTIVES[pf.objective].needs_total_units:
