@@ -331,6 +331,20 @@ def test_main_abort_exit_130(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> No
     assert capsys.readouterr().err == "error: aborted\n"
 
 
+def test_main_unexpected_exception_is_one_line_exit_4(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    def bug(*args: Any, **kwargs: Any) -> None:
+        raise KeyError("h100-new")
+
+    monkeypatch.delenv("MADMAX_TRACEBACK", raising=False)
+    monkeypatch.setattr(report_module, "solve_result", bug)
+    assert _main_exit(monkeypatch, "solve", str(SMALL)) == 4
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: internal error: KeyError: 'h100-new'")
+    monkeypatch.setenv("MADMAX_TRACEBACK", "1")  # developers get the traceback back
+    with pytest.raises(KeyError):
+        _main_exit(monkeypatch, "solve", str(SMALL))
+
+
 # ------------------------------------------------------------------ issue 13: the reproducers, one test each
 
 B = "model: llama2-7b\nhardware: {gpu: h100-sxm, gpus: 8}\ntask: {kind: pretrain, seq_len: 2048, global_batch: 64}\n"

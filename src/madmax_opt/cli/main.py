@@ -3,6 +3,7 @@ and imports the domain layers only when it runs, so ``madmax-opt --help`` starts
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated, NoReturn
 
@@ -70,6 +71,11 @@ def main() -> None:
         sys.exit(0)
     except OSError as exc:  # e.g. an output directory that cannot be written
         fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc), 2)
+    except Exception as exc:  # a bug: one line naming it (exit 4); MADMAX_TRACEBACK=1 shows the traceback
+        if os.environ.get("MADMAX_TRACEBACK"):
+            raise
+        fail(f"internal error: {type(exc).__name__}: {exc} (a bug: please report the command and input; "
+             "MADMAX_TRACEBACK=1 shows where)", 4)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -48,7 +48,7 @@ from madmax_opt.search.assemble import (
 from madmax_opt.search.cpsat import INT_LIMIT, CpSatOptions, time_limit_error, to_int
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.objectives import UUSD, integer_objective, training_units  # noqa: F401 (UUSD: re-export)
-from madmax_opt.search.space import enumerate_plans, memory_rounds
+from madmax_opt.search.space import empty_space_reason, enumerate_plans, memory_rounds
 from madmax_opt.search.stages import UnevenResult, solve_uneven
 
 IntArr = NDArray[np.int64]
@@ -365,10 +365,9 @@ def explain_infeasible(model: Model, c: Candidates) -> str:
     name = p.model.name
     fixed = {k: v for k, v in p.space.model_dump(exclude_defaults=True).items() if v is not None}
     restricted = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "no restrictions"
-    if len(c.plans) == 0:
-        sizes = ", ".join(str(o.gpus) for o in p.hardware)
+    if len(c.plans) == 0:  # the enumeration's own rule that emptied the space, named
         return (
-            f"the plan space is empty: no allowed dp*tp*pp*cp equals the cluster size(s) {sizes} "
+            f"the plan space is empty: {empty_space_reason(p)} "
             f"(binding constraint: space ({restricted}) against hardware.gpus)"
         )
     inv = c.met.terms.invalid

@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import Problem
 from madmax_opt.model.hardware import HardwareOption
-from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.plan import KNOBS, PlanArrays
 from madmax_opt.model.spec import RECOMPUTE_MODES
 
 DEFAULT_CP = (1, 2, 4, 8)
@@ -223,7 +223,7 @@ def empty_space_reason(problem: Problem) -> str:
     return f"no plan uses all the GPUs of the cluster size(s) {sizes}"
 
 
-CODE_KNOBS: tuple[str, ...] = ("hw", "dp", "tp", "pp", "cp", "vpp", "mbs", "zero", "recompute", "sp", "ep")
+CODE_KNOBS: tuple[str, ...] = ("hw", *KNOBS)  # the hardware option and every plan column of the registry
 
 
 def knob_code(plans: PlanArrays, without: tuple[str, ...]) -> NDArray[np.int64] | None:
