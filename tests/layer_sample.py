@@ -1,19 +1,10 @@
-"""Pins of ``training.layer_costs`` over a seeded sample of plans: every LayerCosts array, hashed bit for bit.
-
-The sample covers the example training problems (dense Llama-2 70B, MoE Mixtral 8x7B, the mixed A100/H100 GPT-3
-fleet) under bf16 / fp8 / mxfp8, flash and unfused attention, TP-comm and EP-comm overlap, torchtitan, dropout, LoRA
-and frozen layers, and random plans over dp, tp, pp, cp, vpp, mbs, zero, recompute, sp, ep and the hardware option.
-Plans need not be valid: ``layer_costs`` is elementwise and every entry is pinned.
-
-A deliberate change of the cost model or of the catalog changes the pins: regenerate them with
-``python tests/layer_costs_pins.py`` and say why in the commit.
-"""
+"""A seeded sample of plans for layer-cost tests: the example training problems (dense Llama-2 70B, MoE Mixtral
+8x7B, the mixed A100/H100 GPT-3 fleet) under bf16 / fp8 / mxfp8, flash and unfused attention, TP-comm and EP-comm
+overlap, torchtitan, dropout, LoRA and frozen layers, and random plans over every plan column and hardware option.
+Plans need not be valid: ``layer_costs`` is elementwise."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +18,6 @@ from madmax_opt.model.training import LayerCosts, layer_costs
 from madmax_opt.model.workload import lower
 
 ROOT = Path(__file__).resolve().parents[1]
-PINS = Path(__file__).resolve().parent / "data" / "layer_costs_pins.json"
 PLANS_PER_CASE = 160
 PROBLEMS = ("llama2-70b-h100", "mixtral-8x7b-h100", "gpt3-175b-mixed-pipeline")
 # (name, task overrides, stack overrides)
@@ -79,32 +69,9 @@ def costs(problem: Problem, plans: PlanArrays) -> LayerCosts:
     return layer_costs(wl, problem.training_task, problem.stack, HardwareTable(problem.hardware), plans)
 
 
-def arrays(lc: LayerCosts, n: int) -> dict[str, np.ndarray]:
-    """Every numeric LayerCosts field as a float64 array of the plans' length (scalars broadcast)."""
-    out: dict[str, np.ndarray] = {}
-    for f in fields(lc):
-        value = getattr(lc, f.name)
-        if f.name in ("plans", "tiers"):
-            continue
-        if isinstance(value, dict):
-            for k, v in value.items():
-                out[f"{f.name}.{k}"] = np.broadcast_to(np.asarray(v, dtype=np.float64), (n,))
-        else:
-            out[f.name] = np.broadcast_to(np.asarray(value, dtype=np.float64), (n,))
-    return out
 
 
-def digest(a: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(a, dtype="<f8").tobytes()).hexdigest()[:24]
 
 
-def compute_pins() -> dict[str, dict[str, str]]:
-    pins: dict[str, dict[str, str]] = {}
-    for name, problem, plans in cases():
-        pins[name] = {k: digest(v) for k, v in arrays(costs(problem, plans), len(plans)).items()}
-    return pins
 
 
-if __name__ == "__main__":
-    PINS.write_text(json.dumps(compute_pins(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {PINS}")
