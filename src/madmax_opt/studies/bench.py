@@ -207,7 +207,7 @@ def run_bench(problem_path: Path, n_plans: int, repeats: int, calls: int, worker
         vector=vector,
         scalar_s=time_scalar(model, few, calls, record=False),
         record_s=time_scalar(model, few, max(1, calls // 10), record=True),
-        scaling=time_scaling(problem, scaling, seed),
+        scaling=time_scaling(problem, tuple(n for n in scaling if n <= n_plans), seed),  # up to the batch size
     )
 
 
