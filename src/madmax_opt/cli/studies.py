@@ -74,3 +74,13 @@ def bench_startup_command(
     from madmax_opt.studies.bench_startup import write_startup_bench
 
     print(f"wrote {write_startup_bench(out)}")
+
+
+@app.command("validate-online")
+def validate_online_command(
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/validation"),
+) -> None:
+    """Online-serving percentiles (queueing model) against the seeded simulation (online_serving.md)."""
+    from madmax_opt.studies.online_validation import write_online_validation
+
+    print(f"wrote {write_online_validation(out)}")
