@@ -19,9 +19,9 @@ import pytest
 
 from conftest import ProblemFactory, toy_model, toy_system
 from madmax_opt.analysis.evaluator import Model, evaluate
-from madmax_opt.analysis.trace_setup import TRACE_TOLERANCE
 from madmax_opt.analysis.trace import SharedLink, Simulation, schedule, simulate, simulate_setup
 from madmax_opt.analysis.trace_export import chrome_trace, rerank
+from madmax_opt.analysis.trace_setup import TRACE_TOLERANCE
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import Problem, problem_from_dict
 from madmax_opt.model.spec import MoE, Plan, Tier
