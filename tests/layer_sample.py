@@ -32,9 +32,12 @@ VARIANTS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
 )
 
 
-def case_problem(name: str, task: dict[str, Any], stack: dict[str, Any]) -> Problem:
+def case_problem(name: str, task: dict[str, Any], stack: dict[str, Any], blackwell: bool = False) -> Problem:
+    """An example problem with task and stack overrides; ``blackwell`` moves it to DGX B200 nodes (same sizes)."""
     path = ROOT / "problems" / f"{name}.yaml"
     data = yaml.safe_load(path.read_text())
+    if blackwell:
+        data["hardware"] = {**data["hardware"], "system": "dgx-b200"}
     data["task"] = {**data["task"], **task}
     data["stack"] = {**data.get("stack", {}), **stack}
     data.pop("baseline", None)
@@ -59,7 +62,9 @@ def cases() -> list[tuple[str, Problem, PlanArrays]]:
         for variant, task, stack in VARIANTS:
             if "fp8" in variant and name.startswith("gpt3"):  # the A100s of that fleet have no FP8 GEMMs
                 continue
-            problem = case_problem(name, task, stack)
+            if "mxfp8" in variant and not name.startswith("llama2"):  # MXFP8 needs Blackwell: the dense example
+                continue
+            problem = case_problem(name, task, stack, blackwell="mxfp8" in variant)
             out.append((f"{name}/{variant}", problem, random_plans(rng, PLANS_PER_CASE, len(problem.hardware))))
     return out
 
@@ -67,11 +72,3 @@ def cases() -> list[tuple[str, Problem, PlanArrays]]:
 def costs(problem: Problem, plans: PlanArrays) -> LayerCosts:
     wl = lower(problem.model, problem.training_task, problem.stack)
     return layer_costs(wl, problem.training_task, problem.stack, HardwareTable(problem.hardware), plans)
-
-
-
-
-
-
-
-

@@ -502,3 +502,25 @@ def test_the_rule_that_emptied_the_space_is_named(space: str, fragment: str) -> 
     problem = problem_from_dict(yaml.safe_load(B + f"space: {space}\n"))
     assert len(enumerate_plans(problem)) == 0
     assert fragment in empty_space_reason(problem)
+
+
+@pytest.mark.parametrize(("gpu", "precision", "fragment"), [
+    ("a100-80gb", "fp8", "fp8 needs fp8 tensor cores, which a100-80gb lack"),
+    ("h100-sxm", "mxfp8", "mxfp8 needs MX block-scaled FP8 tensor cores, which h100-sxm lack"),
+])
+def test_training_precision_the_gpu_cannot_run_is_one_line(tmp_path: Path, gpu: str, precision: str,
+                                                           fragment: str) -> None:
+    """fp8 on A100 was an internal error (exit 4), mxfp8 on H100 was silently priced at the FP8 peak."""
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"model": "llama2-7b", "hardware": {"gpu": gpu, "gpus": 8},
+                                    "task": {"kind": "pretrain", "seq_len": 2048, "global_batch": 64,
+                                             "precision": precision}}))
+    assert_one_line_error(run_main("solve", path), 2, "task.precision", fragment)
+
+
+def test_expert_parallelism_in_a_dense_serving_plan_is_refused(tmp_path: Path) -> None:
+    """ep: 4 on a dense model halved its TP all-reduces (a faster, impossible plan); it is refused like the space."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"dp": 4, "tp": 4, "ep": 4, "batch": 24, "precision": "fp8"}))
+    problem = Path(__file__).resolve().parents[1] / "problems" / "serve-llama2-70b-mix.yaml"
+    assert_one_line_error(run_main("evaluate", problem, "--plan", plan), 2, "plan.ep", "needs a mixture-of-experts")

@@ -462,8 +462,8 @@ def test_expert_parallelism_on_a_dense_model_is_refused() -> None:
     data = serve() | {"space": {"ep": [1, 8]}}
     with pytest.raises(ProblemError, match=r"space\.ep"):
         ServingModel(problem_from_dict(data))
-    rec = record(serve(), tp=8, batch=1, ep=8)
-    assert not rec["feasible"] and "ep must be 1" in rec["infeasible_reason"]
+    with pytest.raises(ProblemError, match=r"plan\.ep: ep=8 needs a mixture-of-experts model"):
+        record(serve(), tp=8, batch=1, ep=8)
 
 
 def test_validation_bars_on_the_shared_measurements() -> None:

@@ -318,6 +318,8 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
             file=source,
             field="task.frozen_layers",
         )
+    if isinstance(pf.task, Task):
+        check_training_precision(pf.task.precision, options, file=source)
     check_space(pf.space, file=source)
     if pf.objective == "time_to_train" and isinstance(pf.task, Task) and pf.task.train_tokens is None:
         raise ProblemError("missing, objective time_to_train needs it; allowed: a token count > 0, e.g. 2.0e+12",
@@ -333,6 +335,23 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
         baseline=pf.baseline,
         source=source,
     )
+
+
+# The tensor-core format a training precision needs: FP8 runs on FP8 tensor cores (Hopper, CDNA3, Blackwell); MXFP8's
+# block scaling came with Blackwell's 5th-generation tensor cores, the ones that also run FP4 (NVIDIA Blackwell
+# architecture technical brief, 2024), so a GPU with an fp4 peak in the catalog is one that runs MXFP8.
+TRAINING_FORMAT: dict[str, str] = {"mxfp8": "fp4"}
+
+
+def check_training_precision(precision: str, options: list[HardwareOption], *, file: str) -> None:
+    """One-line error when a hardware option's GPU cannot run the training precision (fp8 on A100, mxfp8 on H100)."""
+    need = TRAINING_FORMAT.get(precision, precision)
+    lacking = list(dict.fromkeys(o.gpu.name for o in options if need not in o.gpu.peak_flops))
+    if lacking:
+        able = sorted(g.name for g in catalog.gpus().values() if need in g.peak_flops)
+        raise ProblemError(f"{precision} needs {'MX block-scaled FP8' if precision == 'mxfp8' else need} tensor "
+                           f"cores, which {', '.join(lacking)} lack; {precision} runs on {', '.join(able)}; "
+                           "allowed on every GPU: bf16", file=file, field="task.precision")
 
 
 EMPTY_KNOB = "empty list, nothing to search; allowed: one or more values (omit the key to search all)"

@@ -139,7 +139,7 @@ def solve_online(problem: Problem, top_k: int = 1, model: ServingModel | None = 
     records = [record(model, oc, j) for j in range(len(sel))]
     return {
         "task": "inference-online",
-        "status": "OPTIMAL",
+        "status": "optimal",  # exhaustive over the candidates with exact pruning: proven
         "objective": "arrival rate per GPU",
         "best": records[0],
         "top": records,

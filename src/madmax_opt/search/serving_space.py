@@ -193,9 +193,13 @@ def serving_plan(plans: ServingArrays, i: int, system: str | None = None) -> Ser
 
 def as_serving_plan(plan: Plan, problem: Problem) -> ServingPlan:
     """A plan (e.g. the problem's baseline) as a serving plan; training-only knobs are one-line errors."""
-    if isinstance(plan, ServingPlan):
-        return plan
-    return validate(ServingPlan, plan.model_dump(exclude_unset=True), file=problem.source, prefix="baseline")
+    sp = plan if isinstance(plan, ServingPlan) else validate(
+        ServingPlan, plan.model_dump(exclude_unset=True), file=problem.source, prefix="baseline"
+    )
+    if problem.model.moe is None and sp.ep > 1:  # as the space check: a dense MLP has no experts to spread
+        raise ProblemError(f"ep={sp.ep} needs a mixture-of-experts model ({problem.model.name} is dense); allowed: 1",
+                           file=problem.source, field="plan.ep")
+    return sp
 
 
 # --------------------------------------------------------------------------------------------- enumeration
