@@ -73,6 +73,8 @@ def training_limits(fmt: str, p: Plan, problem: Problem) -> list[str]:
             out.append("per-stage recompute")
         if not uneven and m.layers % (p.pp * p.vpp):
             out.append("layers per chunk")
+    if fmt in ("megatron", "nemo") and uneven and p.vpp > 1:
+        out.append("uneven stages with interleaving")  # first/last-stage flags and the layout do not split chunks
     if fmt == "torchtitan":
         out += [why for bad, why in [
             (p.zero == 1, "zero 1"), (p.sp != (p.tp > 1), "sp"), (task.global_batch % (p.dp * p.mbs) != 0, "batch"),
@@ -85,6 +87,14 @@ def training_limits(fmt: str, p: Plan, problem: Problem) -> list[str]:
             (task.precision in ("fp8", "mxfp8"), "fp8"), (p.ep > 1 and m.moe is None, "ep"),
             (m.moe is not None and p.zero == 3, "MoE with ZeRO-3")] if bad]
     return out
+
+
+def test_uneven_stages_with_interleaving_are_refused_not_flattened() -> None:
+    """Megatron's emit used to drop vpp on an uneven split (a non-interleaved run, silently)."""
+    plan = Plan(dp=8, pp=2, vpp=2, stage_layers=[3, 5], stage_recompute=["none", "none"])
+    for fmt in ("megatron", "nemo"):
+        with pytest.raises(ProblemError, match=f"{fmt} cannot express uneven stages with vpp=2"):
+            emit_plan(training_problem(), plan, fmt)
 
 
 def serving_limits(fmt: str, p: ServingPlan, problem: Problem) -> list[str]:
@@ -141,7 +151,9 @@ def training_plans(draw: Any) -> Plan:
         cuts = sorted(draw(st.lists(st.integers(1, LAYERS - 1), min_size=pp - 1, max_size=pp - 1, unique=True)))
         stage_layers = [b - a for a, b in zip([0, *cuts], [*cuts, LAYERS], strict=True)]
         stage_recompute = draw(st.sampled_from([[recompute] * pp, [recompute] * (pp - 1) + ["full"]]))
-    return Plan(dp=dp, tp=tp, pp=pp, cp=cp, vpp=1 if uneven or pp == 1 else draw(st.sampled_from([1, 2, 4])),
+    fits_two_chunks = uneven and min(stage_layers or [0]) >= 2  # every virtual chunk holds a layer
+    vpps = [1, 2] if fits_two_chunks else [1] if uneven or pp == 1 else [1, 2, 4]
+    return Plan(dp=dp, tp=tp, pp=pp, cp=cp, vpp=draw(st.sampled_from(vpps)),
                 mbs=draw(st.sampled_from([1, 2, 3])), zero=draw(st.integers(0, 3)), recompute=recompute,
                 sp=draw(st.booleans()), stage_layers=stage_layers, stage_recompute=stage_recompute,
                 system=draw(st.sampled_from([None, "dgx-h100"])))

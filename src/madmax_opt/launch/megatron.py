@@ -70,6 +70,15 @@ def even_layers(layers: int, stages: int, fmt: str, what: str) -> int:
     return layers // stages
 
 
+def no_uneven_interleaving(p: Plan, fmt: str) -> None:
+    """Uneven stages with vpp > 1: the recorded first/last-stage flags and the per-stage layout split a pipeline
+    stage's layers but not its virtual chunks, so the interleaving would be silently dropped; refuse it."""
+    if p.stage_layers is not None and p.vpp > 1:
+        raise refuse(fmt, f"uneven stages with vpp={p.vpp}",
+                     "its first/last-stage layer flags and per-stage layout do not split stages into virtual chunks; "
+                     "allowed: uneven stages at vpp 1, or an even split with interleaving")
+
+
 def uneven_split(stage_layers: Sequence[int] | None) -> tuple[tuple[int, int] | None, str | None]:
     """(first, last) stage layers when the stages between are equal (Megatron's first/last flags), else a layout."""
     if stage_layers is None:
@@ -115,6 +124,7 @@ def emitted(ctx: Context, fmt: str, commands: list[Command], nodes: int, files: 
 def megatron_emit(ctx: Context) -> Emitted:
     fmt, p, m = "megatron", ctx.plan, ctx.model
     task = training_checks(ctx, fmt)
+    no_uneven_interleaving(p, fmt)
     recompute = uniform_recompute(p, fmt)
     first_last, layout = uneven_split(p.stage_layers)
     per_chunk = even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}") if p.stage_layers is None else None
@@ -189,6 +199,7 @@ def megatron_parse(e: Emitted) -> Plan:
 def nemo_emit(ctx: Context) -> Emitted:
     fmt, p, m = "nemo", ctx.plan, ctx.model
     task = training_checks(ctx, fmt)
+    no_uneven_interleaving(p, fmt)
     recompute = uniform_recompute(p, fmt)
     if p.stage_layers is None:
         even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}")
