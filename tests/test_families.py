@@ -77,3 +77,18 @@ def test_sensitivity_each_family(name: str, tmp_path: Path) -> None:
     r = run_main("sensitivity", EXAMPLES[name], "--params", "nic_bandwidth", "--factors", "2", "--out", tmp_path,
                  "--json")
     _works_or_refuses(r, FAMILY_OF_EXAMPLE[name], "sensitivity")
+
+
+@pytest.mark.parametrize("name", ["training", "serving", "recommender"])
+def test_pareto_each_family(name: str, tmp_path: Path) -> None:
+    _works_or_refuses(run_main("pareto", EXAMPLES[name], "--out", tmp_path / "front"), FAMILY_OF_EXAMPLE[name],
+                      "pareto")
+
+
+def test_a_recommender_in_a_sweep_file_is_refused_by_name(tmp_path: Path) -> None:
+    sweep = yaml.safe_load((ROOT / "problems" / "sweeps" / "example.yaml").read_text())
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({**sweep, "models": ["dlrm-a"]}))
+    r = run_main("sweep", path, "--out", tmp_path / "out")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "'dlrm-a' is a recommender; sweep files cover transformer training problems" in r.stderr

@@ -231,6 +231,11 @@ def _job(name: str, j: FleetJob, spec: FleetFile, pools: tuple[Pool, ...], base:
     else:
         source = f"{file}: {field}.problem"
         problem = j.problem.model_dump(mode="json", exclude_unset=True)
+    from madmax_opt.io.dlrm_problem import is_dlrm_data
+
+    if is_dlrm_data(problem):
+        raise ProblemError("recommender (DLRM) jobs are not offered in fleets; allowed: transformer training and "
+                           "serving problems", file=file, field=f"{field}.problem")
     names = [p.name for p in pools]
     unknown = [s for s in j.systems or [] if s not in names]
     if unknown:

@@ -48,6 +48,7 @@ class Family:
     verify: Callable[[Path, SolveOptions], dict[str, Any]] | None = None
     sensitivity: bool = False
     timeline: bool = False
+    pareto: bool = False  # throughput (or arrival rate) vs latency: serving only
     ops: bool = False  # evaluate --ops: the op table of one transformer layer (model/ops.py)
 
     def require(self, verb: str, path: Path) -> None:
@@ -154,7 +155,7 @@ def _dlrm_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None, co
 TRAINING = Family("training", _training_solve, _training_show, _training_evaluate, _training_verify,
                   sensitivity=True, timeline=True, ops=True)
 SERVING = Family("serving", _serving_solve, _serving_show, _serving_evaluate, _training_verify,
-                 sensitivity=True, timeline=True)
+                 sensitivity=True, timeline=True, pareto=True)
 RECOMMENDER = Family("recommender", _dlrm_solve, _dlrm_show, _dlrm_evaluate)
 FAMILIES: dict[str, Family] = {f.name: f for f in (TRAINING, SERVING, RECOMMENDER)}
 

@@ -373,6 +373,12 @@ def _bare(exc: ProblemError) -> str:
 
 
 def _resolved(ref: str | HFConfig | TransformerModel, file: str, field: str) -> TransformerModel:
+    from madmax_opt.io.dlrm_problem import dlrm_models
+
+    if isinstance(ref, str) and ref in dlrm_models():
+        raise ProblemError(f"{ref!r} is a recommender; sweep files cover transformer training problems (solve "
+                           "each DLRM problem file instead); allowed: a transformer catalog name or an inline "
+                           "model", file=file, field=field)
     try:
         return resolve_model(ref, file=file)
     except ProblemError as exc:
