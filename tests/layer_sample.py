@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from madmax_opt.io.problem import Problem, problem_from_dict
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.training import LayerCosts, layer_costs

@@ -16,7 +16,8 @@ from cli_helpers import run_main
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import calibration, catalog
 from madmax_opt.io.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant
-from madmax_opt.io.problem import ProblemFile, load_problem, problem_from_dict
+from madmax_opt.io.problem import load_problem, problem_from_dict
+from madmax_opt.io.problem_file import ProblemFile
 from madmax_opt.model.spec import Tier
 from madmax_opt.search.solver import solve_records
 

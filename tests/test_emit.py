@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.problem import Problem, problem_from_dict
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.launch.common import layout_layers, layout_string, parse_flags
 from madmax_opt.launch.emit import (
     FORMATS,

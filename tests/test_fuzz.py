@@ -290,7 +290,8 @@ def _loads_as(kind: str) -> Any:
 
     def loads(text: bytes) -> bool:
         from madmax_opt.io.dlrm_problem import is_dlrm_file, load_dlrm_problem
-        from madmax_opt.io.problem import load_plans, load_problem
+        from madmax_opt.io.plans import load_plans
+        from madmax_opt.io.problem import load_problem
         from madmax_opt.studies.sweep import load_sweep
 
         path = SCRATCH / f"{kind}.yaml"  # a fixed name: tempfile's random names would upset hypothesis

@@ -12,7 +12,8 @@ import pytest
 
 from cli_helpers import run_main
 from layer_sample import cases, costs
-from madmax_opt.io.problem import Problem, problem_from_dict
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.model import ops as ops_module
 from madmax_opt.model import training
 from madmax_opt.model.hardware import HardwareTable

@@ -23,7 +23,8 @@ from madmax_opt.analysis.trace import SharedLink, Simulation, schedule, simulate
 from madmax_opt.analysis.trace_export import chrome_trace, rerank
 from madmax_opt.analysis.trace_setup import TRACE_TOLERANCE
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.problem import Problem, problem_from_dict
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.spec import MoE, Plan, Tier
 from madmax_opt.report.timeline import BENCH_BAR_S, BENCH_PROBLEM, bench_cases
 

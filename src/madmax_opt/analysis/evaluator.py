@@ -21,7 +21,7 @@ from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.io import calibration
-from madmax_opt.io.problem import Problem
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan

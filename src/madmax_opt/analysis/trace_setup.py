@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 from madmax_opt.analysis.evaluator import Model, evaluate
 from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.problem import Problem
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.memory import WEIGHT_BYTES
 from madmax_opt.model.plan import PlanArrays

@@ -107,7 +107,7 @@ def verify(
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of problem files (point your editor at it)."""
-    from madmax_opt.io.problem import ProblemFile
+    from madmax_opt.io.problem_file import ProblemFile
 
     print(json.dumps(ProblemFile.model_json_schema(), indent=2))
 

@@ -14,14 +14,10 @@ from pydantic import Discriminator, Field, Tag, ValidationError
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.limits import MAX_DLRM_GPUS
-from madmax_opt.io.problem import (
-    HardwareEntry,
-    check_space,
-    hardware_options,
-    read_yaml,
-    resolve_system,
-    validate,
-)
+from madmax_opt.io.problem import check_space, hardware_options, resolve_system
+from madmax_opt.io.problem_file import HardwareEntry
+from madmax_opt.io.validate import validate
+from madmax_opt.io.yaml_files import read_yaml
 from madmax_opt.model.dlrm_spec import (
     DLRMConstraints,
     DLRMModel,

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.problem import Problem
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.spec import Plan, Strict, TransformerModel
 

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from madmax_opt.core.errors import InternalError, ProblemError
-from madmax_opt.io.problem import Problem, read_yaml, validate
+from madmax_opt.io.problem_file import Problem
+from madmax_opt.io.validate import validate
+from madmax_opt.io.yaml_files import read_yaml
 from madmax_opt.launch.common import Context, Emitted, Format, parse_flags
 from madmax_opt.launch.dspeed import DEEPSPEED
 from madmax_opt.launch.flagsets import FORMAT_NAMES, flagset
@@ -105,7 +107,7 @@ def emit_result(problem: Problem, result: dict[str, Any], fmt: str) -> dict[str,
 
 def load_plan_file(path: Path, problem: Problem) -> list[Plan]:
     """Plans of a YAML/JSON plan file (a mapping or a list), as training or serving plans per the problem."""
-    from madmax_opt.io.problem import load_plans
+    from madmax_opt.io.plans import load_plans
 
     if not isinstance(problem.task, InferenceTask):
         return load_plans(path, problem)

@@ -1,7 +1,7 @@
 """Validated problem specification (pydantic v2): model, hardware, task, space, stack, objective.
 
 Everything here is SI units (bytes, seconds, FLOP/s, bytes/s). Catalog names are resolved by
-``madmax_opt.io.problem`` which turns a YAML file into a :class:`Problem`; this module only holds the shapes.
+``madmax_opt.io.problem_file`` which turns a YAML file into a :class:`Problem`; this module only holds the shapes.
 """
 
 from __future__ import annotations

@@ -77,7 +77,9 @@ def _training_show(result: dict[str, Any], console: Console) -> None:
 
 def _training_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None, console: Console) -> None:
     from madmax_opt.analysis.evaluator import evaluate
-    from madmax_opt.io.problem import load_plans, load_problem, read_yaml
+    from madmax_opt.io.plans import load_plans
+    from madmax_opt.io.problem import load_problem
+    from madmax_opt.io.yaml_files import read_yaml
     from madmax_opt.report import plots
     from madmax_opt.report.report import print_evaluations
 
@@ -163,7 +165,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (TRAINING, SERVING, RECOMMENDE
 def family_of(path: Path) -> Family:
     """The family of a problem file: recommender (DLRM model), serving (task kind inference) or training."""
     from madmax_opt.io.dlrm_problem import is_dlrm_data
-    from madmax_opt.io.problem import read_yaml
+    from madmax_opt.io.yaml_files import read_yaml
 
     data = read_yaml(path, what="problem file")
     if is_dlrm_data(data):

@@ -10,7 +10,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from madmax_opt.io.problem import Problem
+from madmax_opt.io.problem_file import Problem
 
 CURVE_PLANS = 6  # plans drawn: the best plan of each distinct (hardware, dp, tp, pp, precision), by rate per GPU
 CURVE_POINTS = 24

@@ -22,7 +22,7 @@ from rich.console import Console
 from madmax_opt.model.plan_settings import plan_text
 
 if TYPE_CHECKING:
-    from madmax_opt.io.problem import Problem
+    from madmax_opt.io.problem_file import Problem
     from madmax_opt.model.serving_calibration import ServingCatalog
     from madmax_opt.search.serving import ServingCandidates, ServingModel
 
@@ -581,7 +581,8 @@ console = Console()
 def load_serving_plans(path: Path) -> tuple[list[Any], bool]:
     """Plans of an inference problem (ServingPlan keys: + precision, prefill_replicas); whether it was a list."""
     from madmax_opt.core.errors import ProblemError
-    from madmax_opt.io.problem import read_yaml, validate
+    from madmax_opt.io.validate import validate
+    from madmax_opt.io.yaml_files import read_yaml
     from madmax_opt.search.serving import ServingPlan
 
     data = read_yaml(path, what="plan file")

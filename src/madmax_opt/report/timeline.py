@@ -25,7 +25,8 @@ from madmax_opt.analysis.trace import Simulation, simulate
 from madmax_opt.analysis.trace_export import chrome_trace, rerank
 from madmax_opt.analysis.trace_setup import MAX_TRACE_EVENTS, TRACE_TOLERANCE
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.problem import Problem, load_problem, problem_from_dict
+from madmax_opt.io.problem import load_problem, problem_from_dict
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.model.spec import Plan
 from madmax_opt.model.training import STEP_TERMS
@@ -51,7 +52,7 @@ def write_timeline(sim: Simulation, out_dir: Path, stem: str, detail: str = "ops
 
 
 def _one_plan(path: Path, problem: Problem, index: int) -> Plan:
-    from madmax_opt.io.problem import load_plans
+    from madmax_opt.io.plans import load_plans
 
     plans = load_plans(path, problem)
     if not 0 <= index < len(plans):

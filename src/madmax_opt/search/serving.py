@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from madmax_opt.core.errors import InfeasibleError, InternalError
-from madmax_opt.io.problem import Problem
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.inference import (
     DEFAULT_KV_PRECISION,
     INVALID_REASONS,

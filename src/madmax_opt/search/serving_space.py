@@ -21,8 +21,9 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.units import NS, SECONDS_PER_HOUR, US
-from madmax_opt.io.problem import Problem, validate
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.io.serving_catalog import calibration_columns, serving_framework
+from madmax_opt.io.validate import validate
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.inference import (
     GEMM_PRECISION,

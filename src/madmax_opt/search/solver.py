@@ -30,7 +30,7 @@ from madmax_opt.analysis.evaluator import (
 from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import InfeasibleError, InternalError, ProblemError
 from madmax_opt.core.units import US
-from madmax_opt.io.problem import Problem
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.objectives import Rates
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import Plan

@@ -31,7 +31,9 @@ from pydantic import Field
 from madmax_opt.analysis.evaluator import Model, metrics
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.calibration import OVERLAY_KIND, Overlay, OverlayEntry
-from madmax_opt.io.problem import problem_from_dict, read_yaml, validate
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.io.validate import validate
+from madmax_opt.io.yaml_files import read_yaml
 from madmax_opt.model.spec import FrameworkFit, Plan, Strict
 from madmax_opt.studies import fit as fit_mod
 from madmax_opt.studies.fit import FIT_PARAMS, Run

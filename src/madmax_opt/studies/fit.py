@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from madmax_opt.analysis.evaluator import Model, metrics
 from madmax_opt.io import catalog
-from madmax_opt.io.problem import Problem
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import Calibration, Plan

@@ -31,7 +31,7 @@ from madmax_opt.analysis.records import Record
 from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.core.units import J_PER_KWH
 from madmax_opt.io.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant, parameter_value
-from madmax_opt.io.problem import Problem
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.plan_settings import plan_text

@@ -52,17 +52,10 @@ from rich.text import Text
 from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.io import catalog
-from madmax_opt.io.problem import (
-    GpuRange,
-    HFConfig,
-    ModelRef,
-    check_space,
-    cluster_sizes,
-    problem_from_dict,
-    read_yaml,
-    resolve_model,
-    validate,
-)
+from madmax_opt.io.problem import check_space, problem_from_dict, resolve_model
+from madmax_opt.io.problem_file import GpuRange, HFConfig, ModelRef, cluster_sizes
+from madmax_opt.io.validate import validate
+from madmax_opt.io.yaml_files import read_yaml
 from madmax_opt.model.plan_settings import degree_settings
 from madmax_opt.model.spec import Objective, Space, Stack, Strict, System, Task, TransformerModel
 

@@ -31,7 +31,8 @@ from madmax_opt.analysis.evaluator import Model, metrics
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.units import GIB
 from madmax_opt.io import catalog
-from madmax_opt.io.problem import Problem, problem_from_dict
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.plan_settings import plan_text
