@@ -189,7 +189,7 @@ def test_calibrate_bad_runs_file_is_one_line(tmp_path: Path) -> None:
 
 
 def test_sweep_files_pass_the_overlay_to_every_problem(tmp_path: Path) -> None:
-    from madmax_opt.studies.sweep import load_sweep
+    from madmax_opt.studies.sweep_spec import load_sweep
 
     truth = {"gemm_eff": 0.55}
     out = tmp_path / "cluster.yaml"

@@ -187,7 +187,7 @@ def serve() -> None:
     """Read {"argv", "cwd", "timeout_s"} lines; fork a child per request that runs main(); reply one JSON line."""
     from madmax_opt.cli import main as cli
 
-    for module in ("madmax_opt.search.solver", "madmax_opt.analysis.trace", "madmax_opt.studies.sweep",
+    for module in ("madmax_opt.search.solver", "madmax_opt.analysis.trace", "madmax_opt.studies.sweep_results",
                    "madmax_opt.report.timeline", "madmax_opt.report.families", "madmax_opt.io.dlrm_problem",
                    "madmax_opt.search.serving", "madmax_opt.studies.sensitivity", "matplotlib.pyplot"):
         with contextlib.suppress(ImportError):
@@ -292,7 +292,7 @@ def _loads_as(kind: str) -> Any:
         from madmax_opt.io.dlrm_problem import is_dlrm_file, load_dlrm_problem
         from madmax_opt.io.plans import load_plans
         from madmax_opt.io.problem import load_problem
-        from madmax_opt.studies.sweep import load_sweep
+        from madmax_opt.studies.sweep_spec import load_sweep
 
         path = SCRATCH / f"{kind}.yaml"  # a fixed name: tempfile's random names would upset hypothesis
         path.write_bytes(text)

@@ -338,7 +338,9 @@ def test_dlrm_optimum_is_the_best_option_by_its_objective(objective: str, hardwa
 
 def test_sweep_rows_are_solved_with_their_objective(tmp_path: Path) -> None:
     """Every (problem, objective) row of a sweep is the brute-force optimum of that objective."""
-    from madmax_opt.studies.sweep import RESULTS_FILE, load_sweep, read_rows, run_sweep
+    from madmax_opt.studies.sweep import run_sweep
+    from madmax_opt.studies.sweep_results import read_rows
+    from madmax_opt.studies.sweep_spec import RESULTS_FILE, load_sweep
 
     sweep_file = tmp_path / "s.yaml"
     sweep_file.write_text(yaml.safe_dump({

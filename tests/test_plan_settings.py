@@ -9,7 +9,7 @@ from madmax_opt.model.plan import KNOBS, PlanArrays
 from madmax_opt.model.plan_settings import column_settings, degree_settings, plan_text, settings
 from madmax_opt.model.spec import Plan
 from madmax_opt.search.serving_space import ServingPlan
-from madmax_opt.studies.sweep import CSV_COLUMNS
+from madmax_opt.studies.sweep_results import CSV_COLUMNS
 
 
 def test_label_written_out_by_hand() -> None:

@@ -23,15 +23,9 @@ from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.model.spec import Plan
 from madmax_opt.report.sweep_report import pareto_front, point, write_report
 from madmax_opt.search.result import solve_result
-from madmax_opt.studies.sweep import (
-    RESULTS_FILE,
-    comparable,
-    load_sweep,
-    read_rows,
-    run_local,
-    run_sweep,
-    solve_one,
-)
+from madmax_opt.studies.sweep import run_local, run_sweep
+from madmax_opt.studies.sweep_results import comparable, read_rows, solve_one
+from madmax_opt.studies.sweep_spec import RESULTS_FILE, load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-c", "from madmax_opt.cli.main import main; main()"]

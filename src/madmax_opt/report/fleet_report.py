@@ -13,7 +13,7 @@ from rich.table import Table
 
 from madmax_opt.fleet.solve import FleetResult, JobResult, WhatIf
 from madmax_opt.model.plan_settings import plan_text
-from madmax_opt.studies.sweep import CSV_COLUMNS
+from madmax_opt.studies.sweep_results import CSV_COLUMNS
 
 FLEET_COLUMNS = ("fleet_system", "weight", "placed", "deadline_h", "meets_targets", "ttft_s", "tpot_s", "note")
 
@@ -123,7 +123,7 @@ def print_fleet(result: FleetResult, console: Console) -> None:
 
 
 def sweep_rows(result: FleetResult) -> list[dict[str, Any]]:
-    """One row per job with the sweep CSV's columns (studies.sweep.CSV_COLUMNS) plus the fleet's own."""
+    """One row per job with the sweep CSV's columns (studies.sweep_results.CSV_COLUMNS) plus the fleet's own."""
     catalog = {p.system: p.catalog_system for p in result.pools}
     rows = []
     for j in result.jobs:

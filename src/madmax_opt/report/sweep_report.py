@@ -23,15 +23,9 @@ from rich.console import Console
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.model.plan_settings import plan_text
-from madmax_opt.studies.sweep import (
-    MANIFEST_FILE,
-    RESULTS_FILE,
-    TABLE_FILE,
-    load_sweep,
-    read_rows,
-    run_sweep,
-    tokens_per_joule,
-)
+from madmax_opt.studies.sweep import run_sweep
+from madmax_opt.studies.sweep_results import read_rows, tokens_per_joule
+from madmax_opt.studies.sweep_spec import MANIFEST_FILE, RESULTS_FILE, TABLE_FILE, load_sweep
 
 REFERENCE_TOKENS = 1.0e9  # time and cost are per 1e9 tokens when the task has no token budget
 PLOTS = {
