@@ -414,7 +414,7 @@ def test_cli_solve_and_evaluate(tmp_path: Path) -> None:
 
 def test_shipped_dlrm_problems_load_and_the_plan_evaluates() -> None:
     from madmax_opt.io.dlrm_problem import load_dlrm_plans, load_dlrm_problem
-    from madmax_opt.search.placement import evaluate_dlrm
+    from madmax_opt.search.dlrm_search import evaluate_dlrm
 
     folder = ROOT / "problems" / "dlrm"
     problems = sorted(p for p in folder.glob("dlrm-*.yaml"))

@@ -314,7 +314,7 @@ def test_dlrm_optimum_is_the_best_option_by_its_objective(objective: str, hardwa
     """Across hardware options the returned plan minimises the objective (each option's plan: its best dense plan
     with CP-SAT placements, which test_placement checks against brute force)."""
     from madmax_opt.io.dlrm_problem import dlrm_problem_from_dict
-    from madmax_opt.search.placement import dlrm_status, solve_dlrm
+    from madmax_opt.search.dlrm_search import dlrm_status, solve_dlrm
 
     problem = dlrm_problem_from_dict({"model": "dlrm-a-small", "hardware": hardware,
                                       "task": {"global_batch": 8192, "train_samples": 1e9}, "objective": objective})

@@ -27,6 +27,7 @@ from madmax_opt.model.dlrm_embedding import (
 from madmax_opt.model.dlrm_spec import SHARDINGS, DLRMModel, DLRMStack, DLRMTask, TableGroup
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.spec import Tier
+from madmax_opt.search.dlrm_search import solve_dlrm
 from madmax_opt.search.placement import (
     NS,
     PlacementModel,
@@ -34,7 +35,6 @@ from madmax_opt.search.placement import (
     greedy_placement,
     int_objective,
     int_tables,
-    solve_dlrm,
     solve_placement,
     table_choices,
 )

@@ -22,7 +22,8 @@ from madmax_opt.model.dlrm import layout_of
 from madmax_opt.model.dlrm_embedding import embedding_options, phase_weights
 from madmax_opt.model.dlrm_spec import MLP, DLRMModel, TableGroup
 from madmax_opt.search.cpsat import CpSatOptions
-from madmax_opt.search.placement import dlrm_status, evaluate_dlrm, int_tables, solve_dlrm, solve_placement
+from madmax_opt.search.dlrm_search import dlrm_status, evaluate_dlrm, solve_dlrm
+from madmax_opt.search.placement import int_tables, solve_placement
 
 MS = 1e3
 

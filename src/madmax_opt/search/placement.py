@@ -17,8 +17,7 @@ CP-SAT chooses, for every table group, how many tables take each option and wher
 The greedy baseline (what common planners do): every table table-wise, largest table first, to the GPU with the
 least load so far (lookup + its own communication) that still has memory room. It is also the solver's hint, so
 the solver never returns worse. The brute force enumerates every option of every table (small instances only) over
-the same integer coefficients: the exactness reference.
-"""
+the same integer coefficients: the exactness reference."""
 
 from __future__ import annotations
 
@@ -31,19 +30,9 @@ import numpy as np
 from numpy.typing import NDArray
 from ortools.sat.python import cp_model
 
-from madmax_opt.core.errors import InfeasibleError, InternalError
-from madmax_opt.core.units import MB, NS, SECONDS_PER_HOUR
-from madmax_opt.io.dlrm_problem import DLRMProblem
-from madmax_opt.model.dlrm import Layout, layout_of, lower
-from madmax_opt.model.dlrm_dense import (
-    DENSE_INVALID,
-    DensePlans,
-    dense_peak_flops,
-    dense_terms,
-    enumerate_dense,
-    step_terms,
-    step_time_s,
-)
+from madmax_opt.core.errors import InternalError
+from madmax_opt.core.units import MB, NS
+from madmax_opt.model.dlrm import Layout
 from madmax_opt.model.dlrm_embedding import (
     COLLECTIVE_KIND,
     COLLECTIVE_LANES,
@@ -52,20 +41,11 @@ from madmax_opt.model.dlrm_embedding import (
     TERM_INDEX,
     TERMS,
     EmbeddingOptions,
-    EmbeddingTimes,
     ShardArrays,
     collective_maxima,
     collectives_used,
-    compact_placement,
-    embedding_options,
-    embedding_times,
     per_gpu_terms,
-    phase_weights,
-    placement_objective_s,
-    shards_from_plan,
 )
-from madmax_opt.model.dlrm_spec import DensePlan, DLRMPlan
-from madmax_opt.model.objectives import Rates, objective_values
 from madmax_opt.search.cpsat import CpSatOptions, time_limit_error
 from madmax_opt.search.cpsat import gap as relative_gap
 from madmax_opt.search.cpsat import options as cpsat_options
@@ -488,242 +468,3 @@ def brute_force_placement(it: IntTables, chunk: int = 200_000) -> tuple[int, Sha
     rows = [(o, loc, 1) for t, ci in enumerate(best[1]) for o, locs in [per_table[t][ci]] for loc in locs]
     arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
     return best[0], ShardArrays(arr[:, 0], arr[:, 1], arr[:, 2])
-
-
-# ===================================================================================== DLRM search
-
-
-@dataclass
-class OptionResult:
-    """The best plan found on one hardware option, with its placement solve and the paper-style baseline."""
-
-    hw: int
-    record: dict[str, Any] | None
-    baseline: dict[str, Any] | None
-    placement: PlacementResult | None
-    reason: str | None = None
-    status: str = "optimal"  # feasible when any placement solved for this option was not proven optimal
-
-
-def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, shards: ShardArrays,
-            dense_plans: DensePlans, i: int, times: EmbeddingTimes) -> dict[str, Any]:
-    """The exact (float) evaluation of dense plan ``i`` with placement ``shards`` as a JSON-ready record."""
-    wl = lower(problem.model)
-    one = DensePlans(dense_plans.strategy[i:i + 1], dense_plans.tp[i:i + 1], dense_plans.ep[i:i + 1])
-    dt = dense_terms(wl, problem.task, problem.stack, lay, one)
-    t, hidden = step_terms(dt, times, problem.stack, problem.task)
-    step = float(step_time_s(t)[0])
-    opt = problem.hardware[hw]
-    emb_mem = float(times.memory_bytes.max())
-    dense_mem = float(dt.memory_bytes[0])
-    total = emb_mem + dense_mem
-    reasons = []
-    if int(dt.invalid[0]):
-        reasons.append(DENSE_INVALID[int(dt.invalid[0])])
-    if total > lay.capacity_bytes:
-        reasons.append(f"memory per GPU {total / 1e9:.1f} GB exceeds usable capacity {lay.capacity_bytes / 1e9:.1f} GB")
-    samples_s = problem.task.global_batch / step
-    price = opt.price_per_hour
-    counts: dict[str, float] = {}  # tables per sharding (column shards count 1/split each)
-    for o, k in zip(shards.option.tolist(), shards.count.tolist(), strict=True):
-        s = opts.options[o]
-        counts[s.sharding] = counts.get(s.sharding, 0) + k / s.split
-    exposed_a2a = t["a2a_fwd"][0] + t["a2a_bwd"][0]
-    rec: dict[str, Any] = {
-        "plan": {"system": opt.system.name, "gpus": opt.gpus, "dense": one.plan(0).model_dump(),
-                 "placement": compact_placement(shards, opts, problem.model)},
-        "hardware": {"system": opt.system.name, "gpu": opt.gpu.name, "gpus": opt.gpus},
-        "feasible": not reasons,
-        "infeasible_reason": "; ".join(reasons) or None,
-        "step_time_s": step,
-        "samples_per_s": samples_s,
-        "cost_per_hour_usd": price,
-        "usd_per_million_samples": price / SECONDS_PER_HOUR / samples_s * 1e6,
-        "exposed_a2a_share": float(exposed_a2a / step),
-        "time_breakdown_s": {k: float(v[0]) for k, v in t.items()},
-        "overlapped_comm_s": {k: float(v[0]) for k, v in hidden.items()},
-        "embedding": {
-            "lookup_fwd_s": times.lookup_fwd_s,
-            "lookup_bwd_s": times.lookup_bwd_s,
-            "input_all_to_all_s": times.input_s,
-            "output_all_to_all_s": times.output_s,
-            "dp_allreduce_s": times.dp_allreduce_s,
-            "placement_objective_s": placement_objective_s(times, problem.task),
-            "per_collective_s": {k: v for k, v in times.per_collective_s.items() if v},
-            "tables_by_sharding": counts,
-        },
-        "memory_bytes_per_gpu": {
-            "embedding_max": emb_mem,
-            "dense": {k: float(v[0]) for k, v in dt.memory.items()},
-            "total": total,
-            "capacity": lay.capacity_bytes,
-        },
-        "dense_mfu": float(dt.fwd_flops_per_gpu[0] * (3.0 if problem.task.kind == "train" else 1.0)
-                           / (step * dense_peak_flops(opt.gpu, problem.model.dense_precision, problem.stack))),
-    }
-    if problem.task.train_samples:
-        hours = problem.task.train_samples / samples_s / SECONDS_PER_HOUR
-        rec["time_to_train"] = {"hours": hours, "gpu_hours": hours * opt.gpus, "cost_usd": hours * price}
-    return rec
-
-
-def _rates(problem: DLRMProblem, rec: dict[str, Any]) -> Rates:
-    """The objective registry's inputs for one record (model/objectives.py; the unit of work is a sample)."""
-    opt = next(o for o in problem.hardware
-               if o.system.name == rec["hardware"]["system"] and o.gpus == rec["hardware"]["gpus"])
-    return Rates(np.array([1.0 / rec["samples_per_s"]]), np.array([float(opt.gpus)]),
-                 np.array([float(rec["cost_per_hour_usd"])]), np.array([opt.gpus * opt.system.power_w_per_gpu]),
-                 problem.task.train_samples)
-
-
-def objective_value(problem: DLRMProblem, rec: dict[str, Any]) -> float:
-    """The problem's objective of a record (float, the registry's unit: s, $ or J per sample, s of training)."""
-    return float(objective_values(problem.objective, _rates(problem, rec))[0])
-
-
-def _admissible(problem: DLRMProblem, rec: dict[str, Any]) -> bool:
-    c = problem.constraints
-    return bool(rec["feasible"]
-                and (c.max_gpus is None or rec["hardware"]["gpus"] <= c.max_gpus)
-                and (c.max_cost_per_hour is None or rec["cost_per_hour_usd"] <= c.max_cost_per_hour)
-                and (c.min_samples_per_s is None or rec["samples_per_s"] >= c.min_samples_per_s))
-
-
-def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, workers: int = 1,
-                  cpsat: CpSatOptions | None = None) -> OptionResult:
-    """Best (dense plan, placement) on hardware option ``hw``: CP-SAT placement per distinct embedding memory
-    budget (loosest first; a placement that fits a tighter budget is optimal there too), dense plans enumerated."""
-    solver_opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers)
-    task, stack = problem.task, problem.stack
-    lay = layout_of(problem.hardware[hw], stack)
-    wl = lower(problem.model)
-    dense = enumerate_dense(problem.space, problem.model, lay)
-    dt = dense_terms(wl, task, stack, lay, dense)
-    ok = np.flatnonzero(dt.invalid == 0)
-    if len(ok) == 0:
-        code = int(np.bincount(dt.invalid).argmax()) if len(dt.invalid) else 1
-        return OptionResult(hw, None, None, None, DENSE_INVALID.get(code, "no dense plan"))
-    budget = lay.capacity_bytes - dt.memory_bytes
-    loosest = float(budget[ok].max())
-    shardings = tuple(problem.space.shardings or ("table_wise", "column_wise", "table_row_wise", "row_wise",
-                                                   "data_parallel"))
-    opts = embedding_options(problem.model, task, lay, shardings, tuple(problem.space.column_splits), loosest)
-    weights = phase_weights(task)
-    solved: dict[int, PlacementResult | None] = {}
-    best: dict[str, Any] | None = None
-    first: PlacementResult | None = None
-    for i in sorted(ok.tolist(), key=lambda k: -budget[k]):
-        it = int_tables(opts, lay, weights, float(budget[i]))
-        res = next((r for r in solved.values() if r is not None
-                    and int(per_gpu_terms(it.coef, opts.options, r.shards, lay)[MEMORY].max()) <= it.capacity_mb),
-                   None)
-        if res is None and it.capacity_mb not in solved:
-            res = solve_placement(it, cpsat=solver_opts)
-            solved[it.capacity_mb] = res
-        if res is None:
-            continue
-        first = first or res
-        rec = _record(problem, hw, lay, opts, res.shards, dense, i, embedding_times(opts, res.shards, lay))
-        if _admissible(problem, rec) and (best is None or objective_value(problem, rec) < objective_value(problem,
-                                                                                                            best)):
-            best = rec
-            best["placement_solver"] = _solver_info(res)
-    baseline = paper_baseline(problem, hw, lay=lay, opts_full=None)
-    reason = None if best is not None else "no placement of the tables fits in GPU memory"
-    proven = all(r.status == "optimal" for r in solved.values() if r is not None)
-    return OptionResult(hw, best, baseline, first, reason, "optimal" if proven else "feasible")
-
-
-def _solver_info(res: PlacementResult) -> dict[str, Any]:
-    return {
-        "status": res.status,
-        "objective_s": res.objective / NS,
-        "bound_s": res.bound / NS,
-        "gap": res.gap,
-        "wall_s": res.wall_s,
-        "variables": res.variables,
-        "greedy_objective_s": None if res.greedy_objective is None else res.greedy_objective / NS,
-        "gain_vs_greedy": res.gain_vs_greedy,
-    }
-
-
-def paper_baseline(problem: DLRMProblem, hw: int, *, lay: Layout | None = None,
-                   opts_full: EmbeddingOptions | None = None) -> dict[str, Any] | None:
-    """MAD-Max's baseline: embeddings table-wise over all GPUs (greedy), MLPs DDP or FSDP (the better one)."""
-    lay = lay or layout_of(problem.hardware[hw], problem.stack)
-    wl = lower(problem.model)
-    dense = DensePlans.of([DensePlan(strategy="ddp"), DensePlan(strategy="fsdp")])
-    dt = dense_terms(wl, problem.task, problem.stack, lay, dense)
-    opts = opts_full or embedding_options(problem.model, problem.task, lay, ("table_wise",))
-    best = None
-    for i in range(len(dense)):
-        it = int_tables(opts, lay, phase_weights(problem.task), lay.capacity_bytes - float(dt.memory_bytes[i]))
-        shards = greedy_placement(it)
-        if shards is None:
-            continue
-        rec = _record(problem, hw, lay, opts, shards, dense, i, embedding_times(opts, shards, lay))
-        if rec["feasible"] and (best is None or rec["step_time_s"] < best["step_time_s"]):
-            best = rec
-    return best
-
-
-def solve_dlrm(problem: DLRMProblem, *, time_limit_s: float = 30.0, workers: int = 1,
-               cpsat: CpSatOptions | None = None) -> tuple[dict[str, Any], list[OptionResult]]:
-    """The best plan over every hardware option by the problem's objective (at fixed hardware every objective
-    ranks plans by step time; across options the registry's value decides). InfeasibleError names the reason."""
-    opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers)
-    results = [search_option(problem, hw, cpsat=opts) for hw in range(len(problem.hardware))]
-    cands = [r.record for r in results if r.record is not None and _admissible(problem, r.record)]
-    if not cands:
-        reasons = "; ".join(f"{problem.hardware[r.hw].name}: {r.reason}" for r in results if r.reason)
-        raise InfeasibleError(f"{problem.model.name}: no feasible plan ({reasons or 'constraints exclude all'})")
-    best = min(cands, key=lambda rec: objective_value(problem, rec))
-    return best, results
-
-
-def dlrm_status(results: list[OptionResult]) -> str:
-    """optimal when every placement behind the answer was proven optimal (dense plans are enumerated), else
-    feasible (see each option's placement gap)."""
-    return "optimal" if all(r.status == "optimal" for r in results) else "feasible"
-
-
-def evaluate_dlrm(problem: DLRMProblem, plans: list[DLRMPlan], source: str | None = None) -> list[dict[str, Any]]:
-    """Exact evaluation of given plans (placement entries, or ``greedy``)."""
-    out = []
-    for k, plan in enumerate(plans):
-        hw = problem.hw_index(plan)
-        lay = layout_of(problem.hardware[hw], problem.stack)
-        dense = DensePlans.of([plan.dense])
-        wl = lower(problem.model)
-        dt = dense_terms(wl, problem.task, problem.stack, lay, dense)
-        if plan.placement == "greedy":
-            opts = embedding_options(problem.model, problem.task, lay, ("table_wise",))
-            it = int_tables(opts, lay, phase_weights(problem.task), lay.capacity_bytes - float(dt.memory_bytes[0]))
-            shards = greedy_placement(it)
-            if shards is None:
-                raise InfeasibleError(f"greedy table-wise placement of {problem.model.name} does not fit on "
-                                      f"{problem.hardware[hw].name} (binding constraint: memory capacity)")
-        else:
-            splits = tuple(sorted({len(s.gpus) for s in plan.placement if s.sharding == "column_wise" and s.gpus}))
-            opts = embedding_options(problem.model, problem.task, lay, splits=splits or (2,))
-            prefix = f"[{k}].placement" if len(plans) > 1 else "placement"
-            shards = shards_from_plan(plan.placement, problem.model, opts, lay, file=source, field=prefix)
-        out.append(_record(problem, hw, lay, opts, shards, dense, 0, embedding_times(opts, shards, lay)))
-    return out
-
-
-__all__ = [
-    "IntTables",
-    "PlacementModel",
-    "PlacementResult",
-    "brute_force_placement",
-    "dlrm_status",
-    "evaluate_dlrm",
-    "greedy_placement",
-    "int_objective",
-    "int_tables",
-    "objective_value",
-    "paper_baseline",
-    "solve_dlrm",
-    "solve_placement",
-]
