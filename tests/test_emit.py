@@ -74,7 +74,7 @@ def training_limits(fmt: str, p: Plan, problem: Problem) -> list[str]:
             out.append("per-stage recompute")
         if not uneven and m.layers % (p.pp * p.vpp):
             out.append("layers per chunk")
-    if fmt in ("megatron", "nemo") and uneven and p.vpp > 1:
+    if fmt in ("megatron", "nemo", "torchtitan") and uneven and p.vpp > 1:
         out.append("uneven stages with interleaving")  # first/last-stage flags and the layout do not split chunks
     if fmt == "torchtitan":
         out += [why for bad, why in [
@@ -93,7 +93,7 @@ def training_limits(fmt: str, p: Plan, problem: Problem) -> list[str]:
 def test_uneven_stages_with_interleaving_are_refused_not_flattened() -> None:
     """Megatron's emit used to drop vpp on an uneven split (a non-interleaved run, silently)."""
     plan = Plan(dp=8, pp=2, vpp=2, stage_layers=[3, 5], stage_recompute=["none", "none"])
-    for fmt in ("megatron", "nemo"):
+    for fmt in ("megatron", "nemo", "torchtitan"):
         with pytest.raises(ProblemError, match=f"{fmt} cannot express uneven stages with vpp=2"):
             emit_plan(training_problem(), plan, fmt)
 

@@ -23,12 +23,11 @@ from collections.abc import Callable, Sequence
 from functools import reduce
 
 import numpy as np
-from numpy.typing import NDArray
 
+from madmax_opt.core.numeric import Arr
 from madmax_opt.model.hardware import HardwareOption, HardwareTable
 from madmax_opt.model.training import TrainingTerms
 
-Arr = NDArray[np.float64]
 # terms_at(table, blocks): the time terms of the same plans evaluated on each of the ``blocks`` consecutive copies
 # of the problem's hardware options that ``table`` holds (one batch: plans x blocks, block-major)
 TermsAt = Callable[[HardwareTable, int], dict[str, Arr]]

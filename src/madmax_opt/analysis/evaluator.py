@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from madmax_opt.analysis.attribution import TermsAt, bottleneck_shares
 from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.core.numeric import Arr
 from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.io import calibration
 from madmax_opt.io.problem_file import Problem
@@ -36,7 +37,6 @@ from madmax_opt.model.training import (
 )
 from madmax_opt.model.workload import TransformerWorkload, lower
 
-Arr = NDArray[np.float64]
 CHUNK_PLANS = 1 << 14  # plans per evaluation pass: a float64 column of 128 KiB stays in L2
 
 

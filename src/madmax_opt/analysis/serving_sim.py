@@ -14,9 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from madmax_opt.core.numeric import Arr
 from madmax_opt.model.queueing import PERCENTILES, ServiceTable
-
-Arr = NDArray[np.float64]
 
 
 @dataclass(frozen=True)

@@ -71,11 +71,12 @@ def even_layers(layers: int, stages: int, fmt: str, what: str) -> int:
 
 
 def no_uneven_interleaving(p: Plan, fmt: str) -> None:
-    """Uneven stages with vpp > 1: the recorded first/last-stage flags and the per-stage layout split a pipeline
-    stage's layers but not its virtual chunks, so the interleaving would be silently dropped; refuse it."""
+    """Uneven stages with vpp > 1: the emitted stage splits (Megatron's first/last-stage layer counts or layout,
+    torchtitan's modules per stage) place layers per pipeline stage, not per virtual chunk, so the interleaving
+    would be dropped or mis-split; refuse it (megatron, nemo, torchtitan)."""
     if p.stage_layers is not None and p.vpp > 1:
         raise refuse(fmt, f"uneven stages with vpp={p.vpp}",
-                     "its first/last-stage layer flags and per-stage layout do not split stages into virtual chunks; "
+                     "the emitted stage split places layers per stage, not per virtual chunk; "
                      "allowed: uneven stages at vpp 1, or an even split with interleaving")
 
 

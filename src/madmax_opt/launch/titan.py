@@ -20,6 +20,7 @@ from madmax_opt.launch.megatron import (
     STAGE_RECOMPUTE,
     emitted,
     even_layers,
+    no_uneven_interleaving,
     torchrun,
     torchrun_world,
     training_checks,
@@ -95,6 +96,7 @@ def stage_modules(stage_layers: list[int]) -> list[list[str]]:
 def titan_emit(ctx: Context) -> Emitted:
     p, m = ctx.plan, ctx.model
     task = training_checks(ctx, FMT)
+    no_uneven_interleaving(p, FMT)
     recompute = uniform_recompute(p, FMT)
     check_model(m)
     if p.zero == 1:

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-Arr = NDArray[np.float64]
+from madmax_opt.core.numeric import Arr
+
 Num = NDArray[Any] | float  # an array (one entry per plan) or a scalar, float or integer
 
 

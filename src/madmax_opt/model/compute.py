@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-from numpy.typing import NDArray
-
-Arr = NDArray[np.float64]
+from madmax_opt.core.numeric import Arr
 
 
 def gemm_efficiency(dim: Arr, eff_max: Arr, half_dim: Arr) -> Arr:

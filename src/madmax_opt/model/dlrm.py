@@ -13,8 +13,9 @@ from typing import Literal
 
 import numpy as np
 
+from madmax_opt.core.numeric import IntArr
 from madmax_opt.model.collectives import Tiers
-from madmax_opt.model.dlrm_spec import DENSE_WEIGHT_BYTES, DLRMModel, DLRMStack, IntArr
+from madmax_opt.model.dlrm_spec import DENSE_WEIGHT_BYTES, DLRMModel, DLRMStack
 from madmax_opt.model.hardware import HardwareOption, HardwareTable
 
 # =========================================================================================== lowering

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.model.collectives import all_gather_s, all_reduce_s, all_to_all_s, reduce_scatter_s
 from madmax_opt.model.compute import gemm_time_s, memory_bound_time_s
 from madmax_opt.model.dlrm import DLRMWorkload, Layout
@@ -19,13 +20,11 @@ from madmax_opt.model.dlrm_spec import (
     DENSE_STATE_BYTES,
     DENSE_STRATEGIES,
     DENSE_WEIGHT_BYTES,
-    Arr,
     DensePlan,
     DLRMModel,
     DLRMSpace,
     DLRMStack,
     DLRMTask,
-    IntArr,
 )
 from madmax_opt.model.spec import GPU
 

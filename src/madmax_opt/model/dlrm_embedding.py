@@ -14,16 +14,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.model.collectives import all_reduce_s, all_to_all_s, reduce_scatter_s
 from madmax_opt.model.dlrm import Layout
 from madmax_opt.model.dlrm_spec import (
     LENGTH_BYTES,
     ROWWISE_STATE_BYTES,
     SHARDINGS,
-    Arr,
     DLRMModel,
     DLRMTask,
-    IntArr,
     ShardEntry,
     TableGroup,
 )

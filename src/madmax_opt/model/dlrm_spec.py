@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
-from numpy.typing import NDArray
 from pydantic import (
     Field,
     NonNegativeInt,
@@ -17,9 +15,6 @@ from pydantic import (
 
 from madmax_opt.model.objectives import ObjectiveName
 from madmax_opt.model.spec import Strict
-
-Arr = NDArray[np.float64]
-IntArr = NDArray[np.int64]
 
 EmbPrecision = Literal["fp32", "fp16", "bf16", "int8"]
 EMB_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.model.collectives import Tiers, all_reduce_s, p2p_s
 from madmax_opt.model.compute import gemm_time_s, memory_bound_time_s
 from madmax_opt.model.hardware import HardwareTable
@@ -55,9 +56,6 @@ from madmax_opt.model.serving_workload import (  # noqa: F401  (re-exported: the
 )
 from madmax_opt.model.spec import InferenceTask, Stack
 from madmax_opt.model.workload import ACT_BYTES
-
-Arr = NDArray[np.float64]
-IntArr = NDArray[np.int64]
 
 
 def roofline_s(compute_s: Arr, memory_s: Arr) -> Arr:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-Arr = NDArray[np.float64]
+from madmax_opt.core.numeric import Arr
 
 WEIGHT_BYTES = 2.0  # bf16 model weights
 OPTIMIZER_BYTES = 12.0  # fp32 master weights + Adam m + v

@@ -17,13 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
 
+from madmax_opt.core.numeric import Arr
 from madmax_opt.model.collectives import Tiers, all_to_all_s
 from madmax_opt.model.compute import gemm_time_s
 from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
-
-Arr = NDArray[np.float64]
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 import numpy as np
-from numpy.typing import NDArray
 
+from madmax_opt.core.numeric import Arr
 from madmax_opt.core.units import SECONDS_PER_HOUR
 
-Arr = NDArray[np.float64]
 ObjectiveName = Literal["throughput", "cost", "time_to_train", "energy"]
 
 

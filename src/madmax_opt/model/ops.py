@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from madmax_opt.core.numeric import ordered_sum
+from madmax_opt.core.numeric import Arr, ordered_sum
 from madmax_opt.model.collectives import Tiers, all_gather_s, all_reduce_s
 from madmax_opt.model.compute import (
     CAST_BYTES_PER_ELEMENT,
@@ -44,7 +44,6 @@ from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import Stack, Task
 from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
 
-Arr = NDArray[np.float64]
 PASSES: tuple[str, ...] = ("fwd", "bwd-input", "bwd-weight", "recompute")
 ROOFLINES: tuple[str, ...] = ("gemm", "grouped-gemm", "attention", "hbm", "collective")
 FLASH_BWD_FACTOR = 2.5  # flash-attention backward = 2x forward + recomputed QK^T/softmax (Dao 2022, Sec. 3.1)

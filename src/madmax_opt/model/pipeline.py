@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from numpy.typing import NDArray
 
-Arr = NDArray[np.float64]
+from madmax_opt.core.numeric import Arr
 
 
 def pipeline_time_s(n_micro: Arr, pp: Arr, vpp: Arr, t_max: Arr, t_mean: Arr) -> Arr:

@@ -6,12 +6,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 
 import numpy as np
-from numpy.typing import NDArray
 
+from madmax_opt.core.numeric import IntArr
 from madmax_opt.model.plan_settings import degree_settings
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
 
-IntArr = NDArray[np.int64]
 KNOBS: tuple[str, ...] = degree_settings()  # the Plan model's degrees, modes and flags, in declaration order
 
 

@@ -44,10 +44,9 @@ from functools import cache
 import numpy as np
 from numpy.typing import NDArray
 
+from madmax_opt.core.numeric import Arr
 from madmax_opt.model.inference import InferenceTerms, ServingArrays, ServingWorkload
 from madmax_opt.model.spec import PERCENTILE_TARGETS
-
-Arr = NDArray[np.float64]
 
 PERCENTILES: tuple[int, ...] = (50, 90, 99)
 LATENCY_TARGETS = PERCENTILE_TARGETS  # ttft_p50_s ... tpot_p99_s (spec.py)

@@ -23,9 +23,9 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
+from madmax_opt.core.numeric import Arr
 from madmax_opt.model.spec import ServingFrameworkName
 
-Arr = NDArray[np.float64]
 SERVING_FRAMEWORKS: tuple[str, ...] = get_args(ServingFrameworkName)
 DEFAULT_SERVING_FRAMEWORK = "vllm"
 ANY = "*"  # gpu "*": a framework's fit pooled over GPUs; framework "*": a GPU's fit pooled over frameworks

@@ -22,13 +22,11 @@ roofline's memory term (active experts only) models. The KV cache is the attenti
 from __future__ import annotations
 
 import numpy as np
-from numpy.typing import NDArray
 
+from madmax_opt.core.numeric import Arr
 from madmax_opt.model.collectives import Tiers, all_gather_s, all_to_all_s
 from madmax_opt.model.compute import gemm_time_s, memory_bound_time_s
 from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
-
-Arr = NDArray[np.float64]
 
 
 def expert_shards(tp: Arr, ep: Arr) -> Arr:

@@ -8,13 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
-from numpy.typing import NDArray
 
+from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.model.spec import InferenceTask, RequestShape, Stack, Task, TransformerModel
 from madmax_opt.model.workload import TransformerWorkload, lower
-
-Arr = NDArray[np.float64]
-IntArr = NDArray[np.int64]
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
 # NVFP4: E2M1 values with one E4M3 scale per 16-value block = 4 + 8/16 bits (NVIDIA Blackwell NVFP4 format)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from madmax_opt.core.numeric import ordered_sum
+from madmax_opt.core.numeric import Arr, ordered_sum
 from madmax_opt.model.collectives import Tiers, all_gather_s, all_reduce_s, p2p_s, reduce_scatter_s
 from madmax_opt.model.compute import (
     FP8_WEIGHT_COPY_BYTES,
@@ -34,8 +34,6 @@ from madmax_opt.model.pipeline import bubble_time_s, in_flight_layer_factor, sta
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import Stack, Task
 from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
-
-Arr = NDArray[np.float64]
 
 # Adam step reads grad + master + m + v (16 B), writes master + m + v (12 B) and the bf16 copy (2 B), and the
 # grad zeroing/unscale pass touches the fp32 grad again (4 B): 34 B per local trainable parameter, memory-bound.

@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from ortools.sat.python import cp_model
 
 from madmax_opt.core.errors import InternalError
+from madmax_opt.core.numeric import IntArr
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.search.cpsat import (
     INT_LIMIT,
@@ -30,8 +31,6 @@ from madmax_opt.search.cpsat import (
     time_limit_error,
 )
 from madmax_opt.search.cpsat import run as cpsat_run
-
-IntArr = NDArray[np.int64]
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from ortools.sat import sat_parameters_pb2
 from ortools.sat.python import cp_model
 
 from madmax_opt.core.errors import InternalError, ProblemError, TimeLimitError
+from madmax_opt.core.numeric import IntArr
 
-IntArr = NDArray[np.int64]
 MAX_WORKERS = 64  # CP-SAT accepts up to 10,000; beyond the cores of any machine a search runs on
 Status = cp_model.CpSolverStatus
 INT_LIMIT = 2**50  # every coefficient and objective CP-SAT sees stays below this (CP-SAT's own limit is 2^62)

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-from numpy.typing import NDArray
-
+from madmax_opt.core.numeric import Arr
 from madmax_opt.core.units import NS, US
 from madmax_opt.model.objectives import Rates, objective_values
 from madmax_opt.search.assemble import IntObjective
 from madmax_opt.search.cpsat import to_int
 
-Arr = NDArray[np.float64]
 UUSD = 1e6  # integer money unit of serving: micro-dollars (per million tokens)
 NUSD = 1e9  # integer money unit of training: nano-dollars per step (a 10 ms step on 8 GPUs costs ~$5e-5)
 

@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 from ortools.sat.python import cp_model
 
 from madmax_opt.core.errors import InternalError
+from madmax_opt.core.numeric import IntArr
 from madmax_opt.core.units import MB, NS
 from madmax_opt.model.dlrm import Layout
 from madmax_opt.model.dlrm_embedding import (
@@ -51,7 +52,6 @@ from madmax_opt.search.cpsat import gap as relative_gap
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.cpsat import run as cpsat_run
 
-IntArr = NDArray[np.int64]
 MEMORY = TERM_INDEX["memory"]
 
 

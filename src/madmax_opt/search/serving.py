@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from madmax_opt.core.errors import InfeasibleError, InternalError
+from madmax_opt.core.numeric import IntArr
 from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.inference import (
     DEFAULT_KV_PRECISION,
@@ -65,7 +66,6 @@ __all__ = [
     "serving_plan",
     "within_cluster_limits",
 ]
-IntArr = NDArray[np.int64]
 
 
 # ---------------------------------------------------------------------------------------------- CP-SAT

@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.core.units import NS, SECONDS_PER_HOUR, US
 from madmax_opt.io.problem_file import Problem
 from madmax_opt.io.serving_catalog import calibration_columns, serving_framework
@@ -42,8 +43,6 @@ from madmax_opt.model.spec import InferencePrecision, InferenceTask, Plan
 from madmax_opt.search.assemble import IntObjective, Limit, admissible_mask, brute_force, cluster_limits
 from madmax_opt.search.objectives import UUSD, integer_objective, serving_units
 
-IntArr = NDArray[np.int64]
-Arr = NDArray[np.float64]
 MAX_TP = 64
 # concurrent sequences per replica searched: 1, 2, 3, 4, 6, 8, 12, ... 4096, plus the largest batch that fits
 TRAINING_KNOBS: tuple[str, ...] = (

@@ -29,6 +29,7 @@ from madmax_opt.analysis.evaluator import (
 )
 from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import InfeasibleError, InternalError, ProblemError
+from madmax_opt.core.numeric import IntArr
 from madmax_opt.core.units import US
 from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.objectives import Rates
@@ -51,7 +52,6 @@ from madmax_opt.search.objectives import UUSD, integer_objective, training_units
 from madmax_opt.search.space import empty_space_reason, enumerate_plans, memory_rounds
 from madmax_opt.search.stages import UnevenResult, solve_uneven
 
-IntArr = NDArray[np.int64]
 ROUNDING_TOLERANCE_S = len(STEP_TERMS) * 0.5 / US  # each term is rounded once to 1 us
 
 

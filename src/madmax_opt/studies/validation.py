@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 import yaml
-from numpy.typing import NDArray
 
 from madmax_opt.analysis.evaluator import Model, metrics
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.core.numeric import Arr
 from madmax_opt.core.units import GIB
 from madmax_opt.io import catalog
 from madmax_opt.io.problem import problem_from_dict
@@ -37,8 +37,6 @@ from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.model.spec import Plan
-
-Arr = NDArray[np.float64]
 
 SHARED_ENV = "MADMAX_SHARED"
 KORTHIKANTI_FILE = "korthikanti2022_table5.yaml"

@@ -19,12 +19,11 @@ import numpy as np
 import yaml
 from numpy.typing import NDArray
 
+from madmax_opt.core.numeric import Arr
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.model.spec import FrameworkCalibration, FrameworkFit, Plan
 from madmax_opt.studies import fit as fit_mod
 from madmax_opt.studies.fit import Run
-
-Arr = NDArray[np.float64]
 
 MODERN_DIR = ("data", "validation", "modern")
 TRAINING_FILE = "training.yaml"
