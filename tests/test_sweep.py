@@ -21,7 +21,8 @@ from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.model.spec import Plan
-from madmax_opt.report.sweep_report import pareto_front, point, write_report
+from madmax_opt.report.sweep_commands import write_report
+from madmax_opt.report.sweep_report import pareto_front, point
 from madmax_opt.search.result import solve_result
 from madmax_opt.studies.sweep import run_local, run_sweep
 from madmax_opt.studies.sweep_results import comparable, read_rows, solve_one

@@ -32,7 +32,7 @@ def sweep_command(
     ] = None,
 ) -> None:
     """Solve every model x task x system x size x objective of a sweep file; resumable, streamed to OUTDIR."""
-    from madmax_opt.report.sweep_report import sweep_cmd
+    from madmax_opt.report.sweep_commands import sweep_cmd
 
     sweep_cmd(sweep_file=sweep_file, out=out, workers=workers, backend=backend, address=address, restart=restart, retry_errors=retry_errors, report=report)
 
@@ -43,6 +43,6 @@ def report_command(
     md: Annotated[Path | None, typer.Option("--md", help="Markdown file [default: OUTDIR/report.md]")] = None,
 ) -> None:
     """Pareto fronts, best plans per objective and per system, speedups, PNG plots of a sweep's results."""
-    from madmax_opt.report.sweep_report import report_cmd
+    from madmax_opt.report.sweep_commands import report_cmd
 
     report_cmd(outdir=outdir, md=md)
