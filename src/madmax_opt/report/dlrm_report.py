@@ -21,6 +21,7 @@ from madmax_opt.io.dlrm_problem import DLRMProblem, dlrm_problem_from_dict, load
 from madmax_opt.model.dlrm import layout_of
 from madmax_opt.model.dlrm_embedding import embedding_options, phase_weights
 from madmax_opt.model.dlrm_spec import MLP, DLRMModel, TableGroup
+from madmax_opt.report.report import metric_table
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.dlrm_search import dlrm_status, evaluate_dlrm, solve_dlrm
 from madmax_opt.search.placement import int_tables, solve_placement
@@ -68,10 +69,7 @@ def plan_text(rec: dict[str, Any]) -> str:
 
 def record_table(rec: dict[str, Any], title: str) -> Table:
     hw = rec["hardware"]
-    t = Table(title=f"{title}: {plan_text(rec)} on {hw['gpus']} x {hw['gpu']} ({hw['system']})",
-              header_style="bold")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
+    t = metric_table(title, plan_text(rec), hw)
     if not rec["feasible"]:
         t.add_row("[red]infeasible[/red]", rec["infeasible_reason"])
     step = rec["step_time_s"]

@@ -11,22 +11,16 @@ from rich.console import Console
 from rich.table import Table
 
 from madmax_opt.io.problem_file import Problem
+from madmax_opt.model.plan_settings import plan_text
+from madmax_opt.report.report import metric_table
 
 CURVE_PLANS = 6  # plans drawn: the best plan of each distinct (hardware, dp, tp, pp, precision), by rate per GPU
 CURVE_POINTS = 24
 
 
-def _plan_text(plan: dict[str, Any]) -> str:
-    return (f"tp={plan['tp']} pp={plan['pp']} dp={plan['dp']} max_num_seqs={plan['max_num_seqs']} "
-            f"{plan['precision']}")
-
-
 def record_table(rec: dict[str, Any], title: str) -> Table:
     hw = rec["hardware"]
-    t = Table(title=f"{title}: {_plan_text(rec['plan'])} on {hw['gpus']} x {hw['gpu']} ({hw['system']})",
-              header_style="bold")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
+    t = metric_table(title, plan_text(rec["plan"]), hw)
     at = rec["at_arrival_rate"]
     t.add_row("max arrival rate meeting the targets (req/s)", f"{rec['max_rate']:,.2f}")
     t.add_row("  per GPU (req/s)", f"{rec['max_rate_per_gpu']:,.3f}")
@@ -107,7 +101,7 @@ def write_online_pareto(problem: Problem, out: Path) -> tuple[Path, Path]:
     md, png = out.with_suffix(".md"), out.with_suffix(".png")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.6))
     for r in rows:
-        label = f"{_plan_text(r['plan'])} x{r['hardware']['gpus']} {r['hardware']['gpu']}"
+        label = f"{plan_text(r['plan'])} x{r['hardware']['gpus']} {r['hardware']['gpu']}"
         a1.plot(r["rate_per_gpu"], np.array(r["ttft_p99_s"]) * 1e3, "-o", ms=2, label=label)
         a2.plot(r["rate_per_gpu"], np.array(r["tpot_p90_s"]) * 1e3, "-o", ms=2, label=label)
     for ax, name, target in ((a1, "TTFT p99", task.ttft_p99_s), (a2, "TPOT p90", task.tpot_p90_s)):
@@ -136,7 +130,7 @@ def write_online_pareto(problem: Problem, out: Path) -> tuple[Path, Path]:
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {_plan_text(r['plan'])} | {r['hardware']['system']} x{r['hardware']['gpus']} | "
+        lines.append(f"| {plan_text(r['plan'])} | {r['hardware']['system']} x{r['hardware']['gpus']} | "
                      f"{r['max_rate']:,.2f} | {r['max_rate_per_gpu']:,.3f} | {r['stability_limit']:,.2f} | "
                      f"{'yes' if r['meets_targets'] else 'no'} |")
     md.write_text("\n".join(lines) + "\n")

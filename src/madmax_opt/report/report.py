@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -28,11 +29,16 @@ def calibration_text(rec: TrainingRecord) -> str:
     return f"{cal['gpu']} / {cal['framework']}: {cal['runs']} runs{held}"
 
 
-def evaluation_table(rec: TrainingRecord, title: str = "plan") -> Table:
-    t = Table(title=f"{title}: {plan_text(rec['plan'])} on {rec['hardware']['gpus']} x {rec['hardware']['gpu']}"
-              f" ({rec['hardware']['system']})", show_header=True, header_style="bold")
+def metric_table(title: str, plan_label: str, hw: Mapping[str, Any]) -> Table:
+    """The two-column metric / value table of one plan, titled 'TITLE: PLAN on N x GPU (SYSTEM)' (every family)."""
+    t = Table(title=f"{title}: {plan_label} on {hw['gpus']} x {hw['gpu']} ({hw['system']})", header_style="bold")
     t.add_column("metric")
     t.add_column("value", justify="right")
+    return t
+
+
+def evaluation_table(rec: TrainingRecord, title: str = "plan") -> Table:
+    t = metric_table(title, plan_text(rec["plan"]), rec["hardware"])
     if not rec["feasible"]:
         t.add_row("[red]infeasible[/red]", rec["infeasible_reason"])
     t.add_row("step time (ms)", _ms(rec["step_time_s"]))

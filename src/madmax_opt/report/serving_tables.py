@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from madmax_opt.model.plan_settings import plan_text
+from madmax_opt.report.report import metric_table
 
 
 def _ms(x: float) -> str:
@@ -16,12 +17,7 @@ def _ms(x: float) -> str:
 
 def record_table(rec: dict[str, Any], title: str = "plan") -> Table:
     hw = rec["hardware"]
-    t = Table(
-        title=f"{title}: {plan_text(rec['plan'])} on {hw['gpus']} x {hw['gpu']} ({hw['system']})",
-        header_style="bold",
-    )
-    t.add_column("metric")
-    t.add_column("value", justify="right")
+    t = metric_table(title, plan_text(rec["plan"]), hw)
     if not rec["feasible"]:
         t.add_row("[red]infeasible[/red]", str(rec["infeasible_reason"]))
     t.add_row("TTFT (ms)", _ms(rec["ttft_s"]))
