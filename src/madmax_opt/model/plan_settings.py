@@ -74,12 +74,6 @@ def settings(model: type[BaseModel] = Plan) -> tuple[Setting, ...]:
 
 
 @cache
-def column_settings(model: type[BaseModel] = Plan) -> tuple[str, ...]:
-    """Scalar settings (no per-stage lists): the columns of tables and CSV files."""
-    return tuple(s.name for s in settings(model) if s.kind != "list")
-
-
-@cache
 def degree_settings(model: type[BaseModel] = Plan) -> tuple[str, ...]:
     """Settings that are integer array columns of a training plan (degrees, modes, flags; not names or lists)."""
     return tuple(s.name for s in settings(model) if s.kind in ("int", "bool", "choice") and s.default is not None)

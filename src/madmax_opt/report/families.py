@@ -62,7 +62,8 @@ class Family:
 # ---------------------------------------------------------------------------------------------- training
 
 
-def _training_solve(path: Path, opts: SolveOptions) -> dict[str, Any]:
+def _problem_solve(path: Path, opts: SolveOptions) -> dict[str, Any]:
+    """Training and serving: search.result.solve_result routes by the task (uniform, steady or online serving)."""
     from madmax_opt.io.problem import load_problem
     from madmax_opt.search.result import solve_result
 
@@ -93,7 +94,7 @@ def _training_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None
         print_evaluations(records, console)
 
 
-def _training_verify(path: Path, opts: SolveOptions) -> dict[str, Any]:
+def _problem_verify(path: Path, opts: SolveOptions) -> dict[str, Any]:
     from madmax_opt.io.problem import load_problem
     from madmax_opt.search.verify import verify_problem
 
@@ -101,10 +102,6 @@ def _training_verify(path: Path, opts: SolveOptions) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- serving
-
-
-def _serving_solve(path: Path, opts: SolveOptions) -> dict[str, Any]:
-    return _training_solve(path, opts)  # report.solve_result routes inference tasks to the serving search
 
 
 def _serving_show(result: dict[str, Any], console: Console) -> None:
@@ -154,9 +151,9 @@ def _dlrm_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None, co
     dlrm_report.evaluate_command(path, plan, json_out, console)
 
 
-TRAINING = Family("training", _training_solve, _training_show, _training_evaluate, _training_verify,
+TRAINING = Family("training", _problem_solve, _training_show, _training_evaluate, _problem_verify,
                   sensitivity=True, timeline=True, ops=True)
-SERVING = Family("serving", _serving_solve, _serving_show, _serving_evaluate, _training_verify,
+SERVING = Family("serving", _problem_solve, _serving_show, _serving_evaluate, _problem_verify,
                  sensitivity=True, timeline=True, pareto=True)
 RECOMMENDER = Family("recommender", _dlrm_solve, _dlrm_show, _dlrm_evaluate)
 FAMILIES: dict[str, Family] = {f.name: f for f in (TRAINING, SERVING, RECOMMENDER)}
