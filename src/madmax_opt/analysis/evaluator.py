@@ -1,7 +1,8 @@
 """Exact evaluator: the cost model in floating point for any plan(s), with derived metrics and JSON output.
 
-``evaluate_arrays`` is vectorised (it is also the brute-force engine); ``evaluate`` takes public ``Plan`` objects
-and returns one :class:`Evaluation` per plan.
+``Model`` prepares a problem once; ``metrics`` evaluates plan arrays vectorised (it is also the brute-force engine)
+and ``to_records`` turns them into JSON records; ``evaluate`` takes public ``Plan`` objects (uneven pipelines stage by
+stage) and returns one :class:`~madmax_opt.analysis.records.TrainingRecord` per plan.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Workload: a model lowered to per-layer operations (FLOPs, bytes, parameters, activations).
 
 All quantities are per token of one sequence and per transformer layer unless the name says otherwise; the cost
-model (``madmax_opt.cost``) scales them by tokens per GPU and divides by the parallel degrees. Nothing here depends
+model (``madmax_opt.model.training`` and its op table ``madmax_opt.model.ops``) scales them by tokens per GPU and divides by the parallel degrees. Nothing here depends
 on a plan or on hardware.
 
 Conventions (Megatron / Korthikanti et al. 2022, "Reducing Activation Recomputation", Sec. 4):

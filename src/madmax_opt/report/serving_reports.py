@@ -1,8 +1,7 @@
 """Inference reports: validation against measured serving runs, the MAD-Max inference study, Pareto tables and
 plots, and the CLI commands that write them (``validate-inference``, ``pareto``; the study is ``paper inference``).
 
-Importing this module is cheap (the CLI registers its commands at start-up); the model, solver and matplotlib are
-imported inside the functions that need them.
+The model, solver and matplotlib are imported inside the functions that need them.
 """
 
 from __future__ import annotations
