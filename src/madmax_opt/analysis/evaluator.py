@@ -25,6 +25,7 @@ from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.io import calibration
 from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareTable
+from madmax_opt.model.objectives import usd_per_million_units
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
 from madmax_opt.model.training import (
@@ -138,7 +139,7 @@ class Metrics:
 
     @cached_property
     def usd_per_million_tokens(self) -> Arr:
-        return self.cost_per_hour / SECONDS_PER_HOUR / self.tokens_per_s * 1e6
+        return usd_per_million_units(self.cost_per_hour, self.tokens_per_s)
 
     @cached_property
     def feasible(self) -> NDArray[np.bool_]:
@@ -314,7 +315,7 @@ def _mixed_hardware(model: Model, plan: Plan, stage_hw: list[int], rec: Training
     rec["hardware"] = {"system": "+".join(dict.fromkeys(plan.stage_systems or [])),
                        "gpu": "+".join(use), "gpus": plan.gpus, "gpus_by_type": use}
     rec["cost_per_hour_usd"] = hourly
-    rec["usd_per_million_tokens"] = hourly / SECONDS_PER_HOUR / rec["tokens_per_s"] * 1e6
+    rec["usd_per_million_tokens"] = usd_per_million_units(hourly, rec["tokens_per_s"])
     if "time_to_train" in rec:
         tt = rec["time_to_train"]
         tt["cost_usd"] = tt["hours"] * hourly

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -51,6 +51,11 @@ def _throughput(r: Rates) -> Arr:
 
 def _cost(r: Rates) -> Arr:
     return r.usd_per_hour / SECONDS_PER_HOUR * r.seconds_per_unit  # $/unit = ($/h / 3600 s/h) x s/unit
+
+
+def usd_per_million_units(usd_per_hour: Any, units_per_s: Any) -> Any:
+    """US$ per million tokens (or samples), the cost objective in reports: $/h / 3600 s/h / (units/s) x 1e6."""
+    return usd_per_hour / SECONDS_PER_HOUR / units_per_s * 1e6
 
 
 def _time_to_train(r: Rates) -> Arr:

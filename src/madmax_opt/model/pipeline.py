@@ -7,13 +7,9 @@ import numpy as np
 from madmax_opt.core.numeric import Arr
 
 
-def pipeline_time_s(n_micro: Arr, pp: Arr, vpp: Arr, t_max: Arr, t_mean: Arr) -> Arr:
-    """1F1B / interleaved: T = m * t_max + (p - 1)/v * t_mean (Narayanan et al. 2021, bubble (p-1)/(v m))."""
-    return n_micro * t_max + bubble_time_s(pp, vpp, t_mean)
-
-
 def bubble_time_s(pp: Arr, vpp: Arr, t_mean: Arr) -> Arr:
-    """Idle time of the warm-up and cool-down phases: (p - 1)/v micro-batch times of an average stage."""
+    """Idle time of the warm-up and cool-down phases: (p - 1)/v micro-batch times of an average stage; the step is
+    m x t(bottleneck) + this (1F1B / interleaved, Narayanan et al. 2021), kept per term by training.stage_terms."""
     return (pp - 1) / vpp * t_mean
 
 

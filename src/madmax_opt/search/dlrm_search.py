@@ -34,7 +34,7 @@ from madmax_opt.model.dlrm_embedding import (
     shards_from_plan,
 )
 from madmax_opt.model.dlrm_spec import DensePlan, DLRMPlan
-from madmax_opt.model.objectives import Rates, objective_values
+from madmax_opt.model.objectives import Rates, objective_values, usd_per_million_units
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.placement import (
@@ -97,7 +97,7 @@ def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, 
         "step_time_s": step,
         "samples_per_s": samples_s,
         "cost_per_hour_usd": price,
-        "usd_per_million_samples": price / SECONDS_PER_HOUR / samples_s * 1e6,
+        "usd_per_million_samples": usd_per_million_units(price, samples_s),
         "exposed_a2a_share": float(exposed_a2a / step),
         "time_breakdown_s": {k: float(v[0]) for k, v in t.items()},
         "overlapped_comm_s": {k: float(v[0]) for k, v in hidden.items()},

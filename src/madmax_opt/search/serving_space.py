@@ -21,7 +21,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.numeric import Arr, IntArr
-from madmax_opt.core.units import NS, SECONDS_PER_HOUR, US
+from madmax_opt.core.units import NS, US
 from madmax_opt.io.problem_file import Problem
 from madmax_opt.io.serving_catalog import calibration_columns, serving_framework
 from madmax_opt.io.validate import validate
@@ -37,7 +37,7 @@ from madmax_opt.model.inference import (
     memory_bytes,
     serving_workload,
 )
-from madmax_opt.model.objectives import Rates
+from madmax_opt.model.objectives import Rates, usd_per_million_units
 from madmax_opt.model.serving_calibration import CalibrationColumns, ServingCatalog
 from madmax_opt.model.spec import InferencePrecision, InferenceTask, Plan
 from madmax_opt.search.assemble import IntObjective, Limit, admissible_mask, brute_force, cluster_limits
@@ -314,7 +314,7 @@ class ServingCandidates:
 
     @property
     def usd_per_million_tokens(self) -> Arr:
-        return self.cost_per_hour / SECONDS_PER_HOUR / np.maximum(self.terms.output_tokens_per_s, 1e-30) * 1e6
+        return usd_per_million_units(self.cost_per_hour, np.maximum(self.terms.output_tokens_per_s, 1e-30))
 
     @property
     def valid(self) -> NDArray[np.bool_]:
