@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def timeline(plan: ServingPlan, gpus: int = 8, model: str = "llama3-70b", **task: Any) -> ServingTimeline:
+    shape = {} if "mix" in task else {"prompt_len": 1024, "output_len": 256}
     model_ = ServingModel(problem_from_dict({
         "model": model, "hardware": {"system": "dgx-h100", "gpus": gpus},
-        "task": {"kind": "inference", "prompt_len": 1024, "output_len": 256, **task}}))
+        "task": {"kind": "inference", **shape, **task}}))
     return simulate_serving(model_.workload, model_.task, model_.problem.stack, model_.table, model_.cal,
                             model_.arrays([plan]), plan.model_dump(exclude_none=True))
 
@@ -44,6 +45,46 @@ def test_simulated_serving_step_matches_the_closed_form(plan: ServingPlan, task:
     assert set(tl.differences) == {"decode_round_s", "prefill_s", "tpot_s"}
     for name, diff in tl.differences.items():
         assert abs(diff) <= TRACE_TOLERANCE, (name, diff)
+
+
+MIX = [{"prompt_len": 4096, "output_len": 256, "weight": 3}, {"prompt_len": 512, "output_len": 512, "weight": 1}]
+
+
+def _pass_s(tl: ServingTimeline, prompt_tokens: float, pid: int = 0) -> float:
+    """Busy time of the drawn prefill pass of ``prompt_tokens``-token prompts on one stage (pp = 1: compute)."""
+    return sum(e.dur_s for e in tl.events if e.pid == pid and e.args.get("prompt_tokens") == prompt_tokens
+               and e.stream != "kv")
+
+
+def test_request_mix_amortises_every_shapes_prefill_by_its_share() -> None:
+    """serve-llama2-70b-mix's shapes, tp 4, B 24 (all running): E[o] = (3 x 256 + 512) / 4 = 320 output tokens,
+    passes of k = 8192 // 4096 = 2 and 8192 // 512 = 16 prompts, so by hand
+    TPOT = round + 24 / 320 x (3/4 x pass(4096) / 2 + 1/4 x pass(512) / 16),
+    not the longest prompt's pass for every request (round + 24 / 320 x pass(4096) / 2: +14 % on the example)."""
+    tl = timeline(ServingPlan(tp=4, batch=24, precision="fp8"), gpus=4, model="llama2-70b", mix=MIX)
+    long_, short = _pass_s(tl, 4096.0), _pass_s(tl, 512.0)
+    assert 0 < short < long_
+    round_s = tl.simulated["decode_round_s"]
+    by_hand = round_s + 24 / 320 * (0.75 * long_ / 2 + 0.25 * short / 16)
+    assert tl.simulated["tpot_s"] == pytest.approx(by_hand, rel=1e-12)
+    assert round_s + 24 / 320 * long_ / 2 > 1.1 * by_hand  # the old pricing, far off
+    for name, diff in tl.differences.items():
+        assert abs(diff) <= 1e-6, (name, diff)
+
+
+def test_disaggregated_mix_ships_every_shapes_kv_cache_by_its_share() -> None:
+    """TPOT = round + (3/4 KV(4096) + 1/4 KV(512)) / 320 on the decode replica; the 4096-token prompt's KV shard
+    is 8x the 512-token one's, its transfer no shorter; prefill_s is the longer prompt's lone latency."""
+    tl = timeline(ServingPlan(tp=4, dp=2, batch=24, precision="fp8", prefill_replicas=1), gpus=8,
+                  model="llama2-70b", mix=MIX, disaggregated=True)
+    kv = {e.args["bytes"]: e.dur_s for e in tl.events if e.cat == "kv_transfer"}
+    (small, kv_short), (big, kv_long) = sorted(kv.items())
+    assert big == pytest.approx(8 * small) and kv_long >= kv_short > 0
+    by_hand = tl.simulated["decode_round_s"] + (0.75 * kv_long + 0.25 * kv_short) / 320
+    assert tl.simulated["tpot_s"] == pytest.approx(by_hand, rel=1e-12)
+    assert tl.simulated["prefill_s"] == pytest.approx(_pass_s(tl, 4096.0, pid=100), rel=1e-12)
+    for name, diff in tl.differences.items():
+        assert abs(diff) <= 1e-6, (name, diff)
 
 
 def test_chrome_trace_is_valid_json_with_complete_events() -> None:

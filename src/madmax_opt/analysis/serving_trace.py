@@ -4,18 +4,23 @@ The simulation replays the closed-form serving model's per-layer costs (``infere
 ``head_pass_s``, ``collectives.p2p_s``; no cost formula is repeated) on one GPU per pipeline stage (the TP ranks of a
 stage run the same program): ``ROUNDS`` decode rounds of the running batch in min(B, pp) micro-batches, each stage
 taking a micro-batch when it is free and its input has arrived, sends synchronous (the sender waits), the last
-stage running the LM head and handing the token back to the first; then one batched prefill pass of k prompts
-(k = 8192 // prompt tokens, as the model batches them), or, for a disaggregated plan, a lone prompt's prefill on a
-prefill replica followed by the KV-cache transfer to the decode replica.
+stage running the LM head and handing the token back to the first; then, for every request shape of the mix, one
+batched prefill pass of k prompts (k = 8192 // prompt tokens, as the model batches them) and its fixed cost
+(``prefill_overhead_s``), or, for a disaggregated plan, a lone prompt's prefill on a prefill replica followed by the
+KV-cache transfer to the decode replica.
 
 Streams per stage: compute, TP all-reduce, EP all-to-all (MoE with ep > 1), pipeline p2p, KV transfer. Inside a
 layer the terms are placed in Megatron order (display only; the layer total is the model's): attention + half the
 dense GEMMs, TP all-reduce, EP dispatch, the other GEMMs + expert GEMMs, EP combine, TP all-reduce, norms and
 launch overhead.
 
-Cross-check (same style as the training trace): the simulated steady-state decode round, a lone prompt's prefill
-latency and TPOT = round + (B / E[o]) x (prefill pass / k) (+ KV transfer / E[o] disaggregated) against the closed
-form's ``decode_step_s``, ``prefill_s`` and ``tpot_s``.
+Cross-check (same style as the training trace): the simulated steady-state decode round, the longest lone prompt's
+prefill latency and TPOT = round + (B / E[o]) sum_r w_r pass_r / k_r (disaggregated: round + sum_r w_r KV_r / E[o]),
+w_r the shares of the mix's request shapes, against the closed form's ``decode_step_s``, ``prefill_s`` and
+``tpot_s``. One term differs by construction with pp > 1: the closed form's stage occupancy of a batched prefill pass
+puts the LM head and the p2p send of the activations on one stage, while here the last stage runs the head and sends
+nothing on and the others send, so a pass holds a stage max(head, send), not head + send; the simulated TPOT is
+lower by (B / E[o]) sum_r w_r min(head_r, send_r) / k_r (-0.14 % on serve-llama3-70b's pp 5 optimum).
 """
 
 from __future__ import annotations
@@ -165,46 +170,58 @@ def simulate_serving(sw: ServingWorkload, task: InferenceTask, stack: Stack, tab
         round_end.append(max(token_back))
     decode_round = round_end[-1] - round_end[-2]
 
-    # prefill: the longest prompt of the mix (the closed form's prefill_s is the longest's latency)
-    req = max(sw.requests, key=lambda q: q.prompt_len)
-    p = float(req.prompt_len)
+    # prefill, one pass per request shape of the mix, priced as the closed form prices it (inference_terms):
+    #   TPOT = round + (B / E[o]) sum_r w_r occupancy_r / k_r  (+ sum_r w_r KV_r / E[o] disaggregated),
+    #   prefill_s = max_r lone latency_r,
+    # w_r the shape's share, k_r = 8192 // p_r prompts a batched pass (1 disaggregated). Not the longest prompt
+    # alone: with a mix its pass is not the mean prefill per request (serve-llama2-70b-mix: +14 % TPOT).
     disagg = int(plan.prefill_dp[0]) > 0
-    k = 1.0 if disagg else max(1.0, float(np.floor(PREFILL_PASS_TOKENS / p)))
-    pre_ops = _layer_ops(_scalars(layer_pass_s(sw, dev, k * p * one, p / 2.0 * one, k * p * one)))
-    pre_head = float(head_pass_s(sw, dev, k * one)[0])
     base = PREFILL_PID if disagg else 0
-    t0 = 0.0 if disagg else max(free)
-    arrive, stage_busy = t0, []
-    for s in range(pp):
-        start = max(t0 if disagg else free[s], arrive)
+    fixed = float(dev.prefill_overhead_s[0])
+    pre_free = [0.0] * pp if disagg else free  # the prefill replica's stages, or the decode replica's after the rounds
+
+    def run_pass(bld: _Builder, pid0: int, stage_free: list[float], ready: float, p: float, k: float,
+                 fixed_each_stage: bool) -> tuple[float, float]:
+        """A prefill pass of k prompts of p tokens through the stages from ``pid0``, stage 0 starting at ``ready``,
+        stage s when it is free and its input has arrived; the pass's fixed cost (``prefill_overhead_s``) on every
+        stage (a batched pass: the closed form's stage occupancy) or once, on the last (a lone prompt: the closed
+        form's latency). Returns (the end on the last stage, the longest occupancy of a stage)."""
+        ops = _layer_ops(_scalars(layer_pass_s(sw, dev, k * p * one, p / 2.0 * one, k * p * one)))
+        head = float(head_pass_s(sw, dev, k * one)[0])
         args = {"prompts": k, "prompt_tokens": p}
-        end = b.stage_pass(base + s, start, pre_ops, pre_head if s == pp - 1 else 0.0, f"prefill x{k:g}", args,
-                           s * layers)
-        last = s == pp - 1
-        after = end if last else b.send(base + s, end, hop_s(k * p), f"p2p prefill to stage {s + 1}", "pp_comm",
-                                        "pp", args)
-        stage_busy.append(after - start)  # the pass's occupancy of the stage
-        arrive = after
-    occupancy = max(stage_busy) / k
-    if disagg:
-        prefill_latency = arrive - t0
-    else:  # a lone prompt through an idle replica (not drawn)
-        lone = _Builder(layers)
-        lone_ops = _layer_ops(_scalars(layer_pass_s(sw, dev, p * one, p / 2.0 * one, p * one)))
-        t = 0.0
+        arrive, busy = ready, 0.0
         for s in range(pp):
-            t = lone.stage_pass(s, t, lone_ops, float(head_pass_s(sw, dev, one)[0]) if s == pp - 1 else 0.0,
-                                "prefill", {}, s * layers)
-            t = t if s == pp - 1 else lone.send(s, t, hop_s(p), "p2p", "pp_comm", "pp", {})
-        prefill_latency = t
-    kv = 0.0
-    if disagg:  # each GPU sends its KV shard of the prompt to the decode replica
-        shard = req.prompt_len * layers * float(kv_values_per_gpu(m, dev.tp)[0]) * float(dev.kv_bytes[0])
-        kv = float(p2p_s(shard * one, dev.tp * dev.pp, dev.tiers)[0])
-        for s in range(pp):
-            b.send(base + s, arrive, kv, "KV cache to the decode replica", "kv_transfer", "kv", {"bytes": shard})
+            last = s == pp - 1
+            start = max(stage_free[s], arrive)
+            end = bld.stage_pass(pid0 + s, start, ops, head if last else 0.0, f"prefill {k:g} x {p:g}", args,
+                                 s * layers)
+            if fixed_each_stage or last:
+                end = bld.send(pid0 + s, end, fixed, f"prefill {k:g} x {p:g} fixed cost (scheduling, host sync)",
+                               "overhead", "compute", args)
+            after = end if last else bld.send(pid0 + s, end, hop_s(k * p), f"p2p prefill to stage {s + 1}",
+                                              "pp_comm", "pp", args)
+            busy = max(busy, after - start)  # the pass's occupancy of the stage
+            stage_free[s] = arrive = after
+        return arrive, busy
+
+    occupancy = kv = prefill_latency = 0.0
+    for w, req in zip(sw.share, sw.requests, strict=True):
+        p = float(req.prompt_len)
+        k = 1.0 if disagg else max(1.0, float(np.floor(PREFILL_PASS_TOKENS / p)))
+        ready = max(pre_free)  # drawn one after another (a disaggregated prompt on an idle prefill replica)
+        end, busy = run_pass(b, base, pre_free, ready, p, k, not disagg)
+        occupancy += float(w) * busy / k
+        lone = end - ready if disagg else run_pass(_Builder(layers), 0, [0.0] * pp, 0.0, p, 1.0, False)[0]
+        prefill_latency = max(prefill_latency, lone)
+        if disagg:  # each GPU sends its KV shard of the prompt to the decode replica
+            shard = req.prompt_len * layers * float(kv_values_per_gpu(m, dev.tp)[0]) * float(dev.kv_bytes[0])
+            kv_r = float(p2p_s(shard * one, dev.tp * dev.pp, dev.tiers)[0])
+            kv += float(w) * kv_r
+            for s in range(pp):
+                b.send(base + s, end, kv_r, f"KV cache of {p:g} tokens to the decode replica", "kv_transfer", "kv",
+                       {"bytes": shard})
     mean_out = sw.mean_output
-    tpot = decode_round + (0.0 if disagg else batch / mean_out * occupancy) + (kv / mean_out if disagg else 0.0)
+    tpot = decode_round + (kv / mean_out if disagg else batch / mean_out * occupancy)
     closed = {"decode_round_s": float(terms.decode_step_s[0]), "prefill_s": float(terms.prefill_s[0]),
               "tpot_s": float(terms.tpot_s[0])}
     simulated = {"decode_round_s": decode_round, "prefill_s": prefill_latency, "tpot_s": tpot}
