@@ -16,6 +16,8 @@ Raw space: (number of compositions of L into p parts) x R^p, e.g. 10^25 for 126 
 Bases are explored best-first by a valid lower bound, (m + (p - 1)/v)/p * (L * c_layer + extras): tmax is at least
 the mean, recomputation and exposed ZeRO-3 traffic only add. A base whose bound is not below the incumbent
 (initially the best uniform plan) cannot improve it, so the search is exact when it finishes within its budget.
+Without mixed stages a second bound per base (``stage_bounds.py``: memory, the layer split, DP sync and optimizer),
+computed for all bases at once, skips the bases it proves cannot improve the incumbent before their rows are built.
 
 Objectives (model/objectives.py): at fixed hardware every objective is rate x T (rate: integer objective units per
 us of step time, from the registry). A base on one hardware option has one rate, so CP-SAT minimises T under
@@ -46,6 +48,9 @@ from madmax_opt.search.cpsat import CpSatOptions, has_solution
 from madmax_opt.search.cpsat import run as cpsat_run
 from madmax_opt.search.objectives import rate_per_second, training_units
 from madmax_opt.search.space import enumerate_plans
+from madmax_opt.search.stage_bounds import strong_bounds
+
+Composition = tuple[dict[int, int] | None, float]  # stages per hardware choice (None: not fixed), rate
 
 
 @dataclass(frozen=True)
@@ -137,16 +142,16 @@ def _composition_bound_us(model: Model, base: PlanArrays, hws: list[int], counts
     return (m * tau + (p - 1) / (v * p) * total) * US
 
 
-def _lower_bounds_us(model: Model, bases: PlanArrays) -> NDArray[np.float64]:
+def _lower_bounds_us(model: Model, bases: PlanArrays) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """(m + (p - 1)/v)/p * sum of the cheapest possible stage times (T = m tmax + (p - 1)/(v p) sum_s t_s and
-    tmax >= the mean); per component minimum over stage hardware."""
+    tmax >= the mean), and that sum (us); per component minimum over stage hardware."""
     p = model.problem
     hw_choices = stage_hardware(model, bases.take([0])) if p.space.mixed_stages else [None]
     parts = [_layer_parts(model, bases, hw) for hw in hw_choices]
     per_layer, emb, head, p2p, n_micro = (np.min([x[i] for x in parts], axis=0) for i in range(5))
     pp = bases.pp.astype(np.float64)
     total = model.workload.layers * per_layer + emb + head + pp * p2p
-    return (n_micro + (pp - 1) / bases.vpp) / pp * total * US
+    return (n_micro + (pp - 1) / bases.vpp) / pp * total * US, total * US
 
 
 def _candidates(
@@ -278,7 +283,7 @@ def _stage_supply(model: Model, base: PlanArrays, hw_choices: list[int]) -> list
 
 def _compositions(
     model: Model, base: PlanArrays, hws: list[int], supply: list[tuple[list[int], int]], objective: str
-) -> list[tuple[dict[int, int] | None, float]]:
+) -> list[Composition]:
     """(stages per hardware choice, objective units per us of step time), cheapest rate first. A single entry with
     no fixed counts when the rate does not depend on where the stages run (one option, or time objectives)."""
     pr = model.problem
@@ -327,13 +332,17 @@ def solve_uneven(
     bases = _bases(model)
     if len(bases) == 0:
         return UnevenResult(None, None, "no-improvement", 0, 0, time.perf_counter() - t0, 0)
-    lb_us = _lower_bounds_us(model, bases)
+    lb_us, total_us = _lower_bounds_us(model, bases)
     jobs = []  # per base: its hardware choices, supply and compositions (cheapest rate first)
-    for j in range(len(bases)):
-        base = bases.take([j])
-        hws = stage_hardware(model, base)
-        supply = _stage_supply(model, base, hws)
-        jobs.append((hws, supply, _compositions(model, base, hws, supply, objective)))
+    shared: dict[tuple[int, int, int], tuple[list[int], list[tuple[list[int], int]], list[Composition]]] = {}
+    for j in range(len(bases)):  # they depend on the base's option, pp and GPUs per stage only
+        key = (int(bases.hw[j]), int(bases.pp[j]), int(bases.dp[j] * bases.tp[j] * bases.cp[j]))
+        if key not in shared:
+            base = bases.take([j])
+            hws = stage_hardware(model, base)
+            supply = _stage_supply(model, base, hws)
+            shared[key] = (hws, supply, _compositions(model, base, hws, supply, objective))
+        jobs.append(shared[key])
     bound_obj = [  # per base: (objective lower bound, counts, rate) per composition, best bound first
         sorted(((rate * (lb_us[j] if counts is None else max(lb_us[j], _composition_bound_us(
             model, bases.take([j]), hws, counts))), counts, rate) for counts, rate in comps), key=lambda x: x[0])
@@ -342,13 +351,27 @@ def solve_uneven(
     lb = np.array([b[0][0] if b else np.inf for b in bound_obj])
     order = np.lexsort((np.arange(len(bases)), lb))
     modes = sorted(set(np.unique(enumerate_plans(pr).recompute).tolist()))
+    # one option per base: a bound on p v T per base that sees memory and the layer split (stage_bounds.py)
+    strong = np.full(len(bases), -np.inf)
+    if not pr.space.mixed_stages:
+        live = np.flatnonzero(lb < incumbent)
+        strong[live] = strong_bounds(model, bases.take(live), total_us[live], modes)
+    n_micro = pr.training_task.global_batch / (bases.dp * bases.mbs)
     best_plan, best_obj, best_us, exact, solved, booleans = None, float(incumbent), None, True, 0, 0
     pruned, out_of_time = 0, False
     open_bound = np.inf  # lowest lower bound of the bases / compositions not solved to optimality
     for pos, j in enumerate(order):
         if lb[j] >= best_obj:
-            pruned = len(order) - pos
+            pruned += len(order) - pos
             break
+        if strong[j] == np.inf or (np.isfinite(strong[j]) and np.isfinite(best_obj)):
+            # the threshold of _solve_base (one composition: counts None); inf: no split fits in memory
+            rate = bound_obj[int(j)][0][2]
+            pv = int(bases.pp[j] * bases.vpp[j])
+            margin = 0.0 if best_plan is not None else 0.5 / rate + (n_micro[j] + int(bases.pp[j]) + 2) * 0.5
+            if strong[j] == np.inf or strong[j] > int(np.ceil((best_obj / rate - margin) * pv)) - 1:
+                pruned += 1
+                continue
         base = bases.take([int(j)])
         hws, supply, _ = jobs[int(j)]
         cand = _candidates(model, base, modes, hws)

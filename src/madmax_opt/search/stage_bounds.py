@@ -1,0 +1,184 @@
+"""Lower bounds on the uneven-stage search's bases, for all bases at once (exact pruning before CP-SAT).
+
+A base of the uneven search (``stages.py``) fixes (hardware, dp, tp, pp, cp, vpp, mbs, zero, sp, ep); CP-SAT picks
+one row (layers n_s, recompute r_s) per stage s and minimises
+
+    p v T = p v m tmax + (p - 1) sum_s t_s + p v (dpmax + optmax)      (integer microseconds per row).
+
+Bases that differ only in vpp (a *shape* is a base without its vpp) share every stage cost but two: the p2p time
+per micro-batch (2 v x the p2p of one chunk boundary, ``training.layer_costs``) and the activations a stage holds
+(``pipeline.stage_in_flight``). So the stage costs are evaluated once per shape at vpp = 1, for every (first /
+middle / last stage, layers, recompute), and each base's rows are derived from them: t_v = t_1 + (v - 1) x the vpp = 1
+p2p time, memory = memory without stored activations + n x in-flight(s, v) x activations per layer.
+
+Per base, every term of the objective is bounded over every split of the L layers (so their sum bounds it):
+
+- tmax >= the least tau such that rows <= tau (fitting in memory, at least ``spec.min_stage_layers`` layers) can
+  hold the model: sum_s (most layers stage s can hold) >= L >= sum_s (fewest layers it may hold); no such tau:
+  no split fits, the base is infeasible;
+- dpmax and optmax likewise over their own rows (memory and the fewest-layers rule relaxed);
+- sum_s t_s >= the linear stage total of ``stages._lower_bounds_us`` (no recompute, no exposed ZeRO-3 traffic).
+
+Derived values differ from the exact ones (``stages._candidates``) by float rounding only: times are taken 1 us
+below their rounded value and the memory test is relaxed by 1e-9, so each bound is a relaxation of the exact rows
+(``tests/test_stage_bounds.py`` checks this on sampled bases). A base whose bound is not below p v x the incumbent
+has no strictly better split: CP-SAT would prove it infeasible, so skipping it changes no result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from madmax_opt.analysis.evaluator import Model
+from madmax_opt.core.numeric import Arr, IntArr
+from madmax_opt.core.units import US
+from madmax_opt.model.collectives import Tiers
+from madmax_opt.model.pipeline import stage_in_flight
+from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.training import LayerCosts, layer_costs, stage_costs
+
+MEMORY_SLACK = 1e-9  # relative: derived memory vs the exact sum of its terms
+KINDS = 3  # stage kinds: first (embedding), middle, last (head)
+CHUNK = 1 << 22  # derived rows (bases x stages x layers x modes) per batch
+
+
+def _take_lc(lc: LayerCosts, idx: IntArr) -> LayerCosts:
+    """``lc`` for the plans ``idx`` (per-plan arrays indexed; scalars kept)."""
+    n = len(lc.plans)
+
+    def pick(value: Any) -> Any:
+        if isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == n:
+            return value[idx]
+        if isinstance(value, dict):
+            return {k: pick(v) for k, v in value.items()}
+        return value
+
+    fields = {f.name: pick(getattr(lc, f.name)) for f in dataclasses.fields(lc)}
+    fields["plans"] = lc.plans.take(idx)
+    fields["tiers"] = Tiers(*(getattr(lc.tiers, f.name)[:, idx] for f in dataclasses.fields(Tiers)))
+    return LayerCosts(**fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeRows:
+    """Stage costs of every shape at vpp = 1, indexed [shape, kind, layers, mode] (layers 0..L; 0 and more than
+    L - p + 1 layers are not rows: time inf)."""
+
+    t_s: Arr  # time per micro-batch
+    mem0: Arr  # memory per GPU without stored activations
+    dp_s: Arr  # exposed DP sync per step
+    opt_s: Arr  # optimizer step
+    act: Arr  # [shape, mode] activation bytes one layer keeps per micro-batch in flight
+    p2p_s: Arr  # [shape] p2p time per micro-batch at vpp = 1
+    capacity: Arr  # [shape] usable bytes per GPU
+
+
+def shape_rows(model: Model, shapes: PlanArrays, modes: list[int]) -> ShapeRows:
+    """``ShapeRows`` of ``shapes`` (all with the same pp; their vpp is ignored)."""
+    pr = model.problem
+    layers, k, r = model.workload.layers, len(shapes), len(modes)
+    p = int(shapes.pp[0])
+    base = PlanArrays(**{**shapes.__dict__, "vpp": np.ones(k, dtype=np.int64)})
+    sm = np.repeat(np.arange(k), r)  # one layer_costs row per (shape, mode)
+    per_mode = PlanArrays(**{**base.take(sm).__dict__, "recompute": np.tile(np.array(modes, dtype=np.int64), k)})
+    lc = layer_costs(model.workload, pr.training_task, pr.stack, model.table, per_mode)
+    most = layers - p + 1
+    sh, kind, n, mode = np.meshgrid(np.arange(k), np.arange(KINDS), np.arange(1, most + 1), np.arange(r),
+                                    indexing="ij")
+    rows = _take_lc(lc, (sh * r + mode).ravel())
+    kind = kind.ravel()
+    sc = stage_costs(rows, pr.stack, model.table.hbm_bw[rows.plans.hw], n.ravel().astype(np.float64),
+                     (kind == 0) * 1.0, (kind == KINDS - 1) * 1.0, np.zeros(len(kind)))
+
+    def grid(values: Arr) -> Arr:
+        out = np.full((k, KINDS, layers + 1, r), np.inf)
+        out[:, :, 1 : most + 1, :] = values.reshape(k, KINDS, most, r)
+        return out
+
+    cap = model.table.hbm_bytes[shapes.hw] * (1.0 - pr.stack.memory_reserve_fraction)
+    return ShapeRows(grid(sc.per_micro_batch_s), grid(sc.memory.total), grid(sc.dp_exposed_s),
+                     grid(sc.optimizer_s), lc.act_stored_bytes.reshape(k, r), lc.pp_comm_s[::r], cap)
+
+
+def least_max(g: Arr, layers: int, weight: Arr | None = None) -> Arr:
+    """Per item (axis 0): the least tau such that every stage (axis 1, ``weight`` stages alike) has a row (axis 2:
+    layers 0..L, inf where none) <= tau and those rows can make up ``layers``: sum_s max n_s >= layers >= sum_s
+    min n_s; inf when no tau can. ``g`` holds integers (rounded microseconds)."""
+    w = np.ones(g.shape[1]) if weight is None else np.asarray(weight, dtype=np.float64)
+    suffix = np.minimum.accumulate(g[..., ::-1], axis=2)[..., ::-1]  # nondecreasing: most layers within tau
+    prefix = np.minimum.accumulate(g, axis=2)  # nonincreasing: fewest layers within tau
+    finite = np.where(np.isfinite(g), g, -np.inf).max(axis=(1, 2))
+    hi = np.where(np.isfinite(finite), finite, 0.0)
+    lo = np.where(np.isfinite(g), g, np.inf).min(axis=(1, 2))
+    lo = np.where(np.isfinite(lo), lo, 0.0)
+
+    def fits(tau: Arr) -> Arr:
+        most = (suffix <= tau[:, None, None]).sum(axis=2) - 1  # -1: no row within tau
+        fewest = (prefix > tau[:, None, None]).sum(axis=2)
+        has = np.all((most >= 0) | (w == 0), axis=1)
+        return has & (most @ w >= layers) & (fewest @ w <= layers)
+
+    ok = fits(hi)
+    while np.any(lo < hi):
+        mid = np.floor((lo + hi) / 2.0)
+        good = fits(mid)
+        hi, lo = np.where(good, mid, hi), np.where(good, lo, mid + 1.0)
+    return np.where(ok, hi, np.inf)
+
+
+def _rounded_low(seconds: Arr) -> Arr:
+    """Integer microseconds at most the exact rows' (rounded once, ``stages._candidates``)."""
+    return np.rint(seconds * US) - 1.0
+
+
+def strong_bounds(model: Model, bases: PlanArrays, total_us: Arr, modes: list[int]) -> Arr:
+    """Lower bound on p v T (``stages._solve_base``'s objective) per base, inf where no split fits; one hardware
+    option per base (not mixed stages). ``total_us``: the linear stage total per base (``stages._stage_total_us``)."""
+    out = np.full(len(bases), np.inf)
+    layers = model.workload.layers
+    key = np.stack([bases.hw, bases.dp, bases.tp, bases.pp, bases.cp, bases.mbs, bases.zero, bases.sp, bases.ep], 1)
+    _, first, shape_of = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    shape_of = shape_of.ravel()
+    for p in np.unique(bases.pp[first]).tolist():
+        in_p = np.flatnonzero(bases.pp[first] == p)
+        rows = shape_rows(model, bases.take(first[in_p]), modes)
+        local = np.full(len(first), -1)
+        local[in_p] = np.arange(len(in_p))
+        kinds = stage_kinds(p)
+        weight = np.array([1.0, p - 2.0, 1.0])
+        dp = least_max(_rounded_low(rows.dp_s.min(axis=3)), layers, weight)
+        opt = least_max(_rounded_low(rows.opt_s.min(axis=3)), layers, weight)
+        members = np.flatnonzero(bases.pp == p)
+        step = max(1, CHUNK // (p * (layers + 1) * len(modes)))
+        for start in range(0, len(members), step):
+            j = members[start : start + step]
+            sh = local[shape_of[j]]
+            v = bases.vpp[j].astype(np.float64)
+            m = model.problem.training_task.global_batch / (bases.dp[j] * bases.mbs[j])
+            tmax = least_max(stage_times_us(rows, sh, kinds, v, m, p), layers)
+            pv = p * v
+            out[j] = pv * np.rint(m) * tmax + (p - 1) * (total_us[j] - p) + pv * (dp[sh] + opt[sh])
+    return out
+
+
+def stage_kinds(p: int) -> IntArr:
+    """Kind of each of ``p`` stages: 0 first, 1 middle, 2 last."""
+    return np.minimum(np.arange(p), 1) + (np.arange(p) == p - 1)
+
+
+def stage_times_us(rows: ShapeRows, sh: IntArr, kinds: IntArr, v: Arr, m: Arr, p: int) -> Arr:
+    """[base, stage, layers]: the least rounded time (minus 1 us) of a row of that stage that fits in memory and
+    holds at least ``spec.min_stage_layers`` layers; inf where none."""
+    s = np.arange(p, dtype=np.float64)
+    flight = stage_in_flight(s[None, :], m[:, None], float(p), v[:, None])  # [base, stage]
+    n = np.arange(rows.t_s.shape[2], dtype=np.float64)
+    mem0 = rows.mem0[sh[:, None], kinds[None, :]]  # [base, stage, layers, mode]
+    stored = n[None, None, :, None] * flight[:, :, None, None] * rows.act[sh][:, None, None, :]
+    fits = mem0 + stored <= rows.capacity[sh][:, None, None, None] * (1.0 + MEMORY_SLACK)
+    fewest = np.maximum(1.0, v[:, None] - (s == 0) - (s == p - 1))  # spec.min_stage_layers
+    fits &= n[None, None, :, None] >= fewest[:, :, None, None]
+    t = np.where(fits, rows.t_s[sh[:, None], kinds[None, :]], np.inf).min(axis=3)
+    return _rounded_low(t + ((v - 1.0) * rows.p2p_s[sh])[:, None, None])
