@@ -24,8 +24,8 @@ from madmax_opt.studies.modern_report import render_modern
 MODEL: dict[str, Any] = {"name": "toy", "layers": 8, "hidden": 2048, "heads": 16, "ffn": 8192, "vocab": 32000}
 
 
-def _run(name: str, precision: str, seq: int, mbs: int, measured: float = 1.0) -> F.Run:
-    problem = problem_from_dict({"model": MODEL, "hardware": {"gpu": "h100-sxm", "gpus": 8},
+def _run(name: str, precision: str, seq: int, mbs: int, measured: float = 1.0, gpu: str = "h100-sxm") -> F.Run:
+    problem = problem_from_dict({"model": MODEL, "hardware": {"gpu": gpu, "gpus": 8},
                                  "task": {"seq_len": seq, "global_batch": 8 * mbs * 4, "precision": precision}})
     return F.Run(name, "synthetic", problem, Plan(dp=8, mbs=mbs, zero=1), measured)
 
@@ -43,6 +43,22 @@ def test_fit_recovers_the_parameters_that_generated_the_runs() -> None:
     truth = {"gemm_eff": 0.55, "fp8_gemm_eff": 0.45, "attn_eff": 0.35}
     result = F.fit(_synthetic(truth), ["gemm_eff", "fp8_gemm_eff", "attn_eff"])
     assert result.params == truth  # on the grid, and the L1 objective has its kink at the truth
+    assert np.max(np.abs(result.error)) < 1e-9
+
+
+def test_pooled_fit_recovers_factors_shared_by_two_gpus() -> None:
+    # runs on H100 (prior gemm 0.70, attn 0.35) and B200 (prior gemm 0.49, attn 0.70) generated with one factor per
+    # parameter; the grid is FIT_GRID on the first GPU's (b200's) prior, so factors 0.40/0.49 and 0.56/0.70 are on it
+    truth = {"gemm_eff": 0.40 / 0.49, "attn_eff": 0.56 / 0.70}
+    shapes = [("bf16", 2048, 2), ("bf16", 4096, 1), ("bf16", 65536, 1), ("bf16", 131072, 1)]
+    runs = [_run(f"{g}{i}", p, s, b, gpu=g) for g in ("h100-sxm", "b200") for i, (p, s, b) in enumerate(shapes)]
+    bases = F.priors(runs)
+    t = F.predict_scaled(runs, [truth], bases)[:, 0]
+    runs = [F.Run(r.name, r.source, r.problem, r.plan, float(x)) for r, x in zip(runs, t, strict=True)]
+    result = F.fit(runs, ["gemm_eff", "attn_eff"])
+    assert result.factors == pytest.approx(truth, rel=1e-12)
+    assert result.values("h100-sxm") == pytest.approx({"gemm_eff": 0.70 * 0.40 / 0.49, "attn_eff": 0.35 * 0.8})
+    assert result.values("b200") == pytest.approx({"gemm_eff": 0.40, "attn_eff": 0.56})
     assert np.max(np.abs(result.error)) < 1e-9
 
 
@@ -101,6 +117,23 @@ def test_modern_report_lists_every_case_with_in_sample_and_loso() -> None:
     assert s.loso_s[i] == pytest.approx(expected, rel=1e-12)
 
 
+def test_loso_prices_a_pair_left_without_runs_with_its_family_fit() -> None:
+    # foundry is the only pytorch-fsdp source: left out, its cases are priced with the PyTorch-FSDP family's fit on
+    # the remaining family runs, here AutoModel's three torchtitan runs on the same GPU (so that family fit is
+    # AutoModel's own pair fit)
+    cases = [c for c in vm.modern_cases() if c.run.source in ("foundry", "automodel")]
+    s = vm.summarize_modern(cases)
+    automodel = [c.run for c in cases if c.run.source == "automodel"]
+    pair = F.fit(automodel).params
+    for i, c in enumerate(s.cases):
+        if c.run.source == "foundry":
+            assert s.loso_level[i] == "family"
+            assert s.loso_s[i] == pytest.approx(F.predict([c.run], [pair])[0, 0], rel=1e-9)
+    fam = vm.family_calibrations(s)["pytorch-fsdp"]
+    assert fam.frameworks == ["pytorch-fsdp", "torchtitan"] and fam.fit.runs == 15
+    assert fam.fit.loso_median_err == pytest.approx(float(np.median(s.family_loso("pytorch-fsdp"))), abs=1e-4)
+
+
 def test_catalog_block_round_trip() -> None:
     s = _small_summary()
     blocks = vm.catalog_yaml(s)
@@ -115,8 +148,10 @@ def test_catalog_block_round_trip() -> None:
 @pytest.mark.slow
 def test_catalog_holds_the_documented_fit() -> None:
     s = vm.summarize_modern()
-    text = (Path(catalog.__file__).parent.parent / "data" / "gpus.yaml").read_text()
+    data = Path(catalog.__file__).parent.parent / "data"
+    text = (data / "gpus.yaml").read_text()
     assert vm.update_catalog_text(text, vm.catalog_yaml(s)) == text
+    assert (data / "training_families.yaml").read_text() == vm.families_yaml(s)
 
 
 # --------------------------------------------------------------------------------- madmax-opt calibrate

@@ -129,9 +129,32 @@ def test_framework_selects_its_calibration_and_flags_uncalibrated_pairs() -> Non
         assert gpu.calibration.gemm_eff == fitted.gemm_eff or fitted.gemm_eff is None
         rec = calibration.record(gpu, framework)
         assert rec.status == "calibrated" and rec.runs == fitted.fit.runs
+    # MI300X has no fit: its datasheet prior moved by the Megatron family's pooled factors, flagged uncalibrated
     mi = _problem("bf16", gpu="mi300x").hardware[0].gpu
-    assert mi.calibration == catalog.gpus()["mi300x"].calibration  # the prior
-    assert calibration.record(mi, "megatron-core").status == "uncalibrated"
+    prior, family = catalog.gpus()["mi300x"].calibration, catalog.families()["megatron"]
+    assert mi.calibration.gemm_eff == pytest.approx(min(1.0, prior.gemm_eff * family.factors["gemm_eff"]), rel=1e-12)
+    assert mi.calibration.attn_eff == pytest.approx(min(1.0, prior.attn_eff * family.factors["attn_eff"]), rel=1e-12)
+    rec = calibration.record(mi, "megatron-core")
+    assert (rec.status, rec.level, rec.runs) == ("uncalibrated", "family:megatron", family.fit.runs)
+
+
+def test_scaled_calibration_by_hand() -> None:
+    # h100 prior: gemm_eff 0.70, attn_eff 0.35, layer_overhead_s 0, fp8_gemm_eff unset (= gemm_eff)
+    prior = catalog.gpus()["h100-sxm"].calibration
+    moved = prior.scaled({"gemm_eff": 0.5, "attn_eff": 4.0, "layer_overhead_s": 2e-4})
+    assert moved.gemm_eff == pytest.approx(0.35, rel=1e-12)
+    assert moved.attn_eff == 1.0  # capped at the peak
+    assert moved.layer_overhead_s == pytest.approx(2e-4, rel=1e-12)
+    assert moved.fp8_gemm_eff is None and moved.value("fp8_gemm_eff") == pytest.approx(0.35)  # unset: follows gemm
+    assert prior.scaled({"gemm_eff": 0.5, "fp8_gemm_eff": 1.0}).fp8_gemm_eff == pytest.approx(0.70)  # own factor
+
+
+def test_a_fitted_prior_is_never_moved_by_a_family() -> None:
+    # the A100 prior is the 2022 Megatron fit (prior_kind fitted): a framework without a pair fit keeps it
+    gpu = _problem("bf16", "torchtitan", gpu="a100-80gb").hardware[0].gpu
+    assert gpu.calibration == catalog.gpus()["a100-80gb"].calibration
+    rec = calibration.record(gpu, "torchtitan")
+    assert (rec.status, rec.level) == ("uncalibrated", "prior")
 
 
 def test_every_modern_gpu_resolves() -> None:
@@ -153,3 +176,13 @@ def test_bad_precision_or_framework_is_one_line(section: str, value: dict[str, A
     with pytest.raises(ProblemError) as exc:
         problem_from_dict(data, source="p.yaml")
     assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_uncalibrated_text_names_the_family_that_priced_it() -> None:
+    from madmax_opt.report.report import calibration_text
+
+    gpu = _problem("bf16", gpu="h200-sxm").hardware[0].gpu
+    runs = catalog.families()["megatron"].fit.runs
+    text = calibration_text({"calibration": calibration.record_dict(gpu, "megatron-core")})  # type: ignore[typeddict-item]
+    assert text == f"[yellow]uncalibrated[/yellow] (h200-sxm / megatron-core: family:megatron fit on {runs} runs of " \
+                   "other GPUs/frameworks)"

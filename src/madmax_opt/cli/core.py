@@ -126,13 +126,20 @@ def catalog_cmd(
 @app.command("validate")
 def validate_cmd(
     out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/validation"),
+    write_catalog: Annotated[bool, typer.Option(
+        "--write-catalog", help="also write the modern fits into the package catalog (gpus.yaml frameworks blocks, "
+        "training_families.yaml): for developers refitting after a data or model change")] = False,
 ) -> None:
     """Predicted vs measured on the validation data shipped with the package; writes Markdown tables."""
+    from madmax_opt.studies import validation_modern
     from madmax_opt.studies.modern_report import write_modern_report
     from madmax_opt.studies.validation import write_training_report
 
     console().print(f"wrote {write_training_report(out)}")
-    console().print(f"wrote {write_modern_report(out)}")  # H100 / B200 / GB200: in-sample and leave-one-source-out
+    summary = validation_modern.summarize_modern()  # H100 / B200 / GB200: in-sample and leave-one-source-out
+    console().print(f"wrote {write_modern_report(out, summary)}")
+    for path in validation_modern.write_catalog(summary) if write_catalog else []:
+        console().print(f"wrote {path}")
 
 
 @app.command()

@@ -1,9 +1,13 @@
-"""Which calibration prices a plan: the GPU's fit for the problem's framework, an overlay file, or the prior.
+"""Which calibration prices a plan: an overlay file, the GPU's fit for the problem's framework, the framework
+family's pooled fit, or the prior.
 
 A GPU's catalog entry holds a prior ``calibration`` (datasheet-based initial values, or the A100 fit) and fitted
 ``frameworks.<name>`` overrides with the record of their fit. A problem file may name an overlay written by
 ``madmax-opt calibrate`` (``calibration: cluster.yaml``, relative to the problem file) whose entries replace the
-catalog's fit for their (GPU, framework). A pair with no fit is priced with the prior and flagged ``uncalibrated``.
+catalog's fit for their (GPU, framework). A pair with no fit is flagged ``uncalibrated`` and priced with its
+framework family's fit pooled over the measured GPUs (``data/training_families.yaml``: factors on the datasheet
+prior; level ``family``), or with the prior itself (level ``prior``) where the family has no fit or the prior is a
+fit of its own (``prior_kind: fitted``, the A100s).
 """
 
 from __future__ import annotations
@@ -16,7 +20,15 @@ from pydantic import BaseModel, Field
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.model.hardware import HardwareOption
-from madmax_opt.model.spec import GPU, Calibration, Framework, FrameworkCalibration, Strict
+from madmax_opt.model.spec import (
+    FRAMEWORK_FAMILY,
+    GPU,
+    Calibration,
+    FamilyCalibration,
+    Framework,
+    FrameworkCalibration,
+    Strict,
+)
 
 OVERLAY_KIND = "madmax-opt calibration overlay"
 
@@ -41,6 +53,7 @@ class CalibrationRecord(BaseModel):
     gpu: str
     framework: str
     status: Literal["calibrated", "uncalibrated"]
+    level: str | None = Field(None, description="what priced it: calibrated (the pair's fit), family:NAME, prior")
     runs: int = 0
     sources: list[str] = Field(default_factory=list)
     in_sample_median_err: float | None = None
@@ -80,7 +93,9 @@ def with_framework(gpu: GPU, framework: str, overlay: Overlay | None = None) -> 
             frameworks[e.framework] = FrameworkCalibration(**e.model_dump(exclude={"gpu", "framework"}))
     fitted = frameworks.get(framework)  # type: ignore[call-overload]
     if fitted is None:
-        return gpu.model_copy(update={"frameworks": frameworks})
+        family = family_fit(gpu, framework)
+        calibration = gpu.calibration if family is None else gpu.calibration.scaled(family.factors)
+        return gpu.model_copy(update={"calibration": calibration, "frameworks": frameworks})
     # the prior the fit started from: the catalog entry (a derived GPU is named base+change, io/derive.py)
     base = catalog.gpus().get(gpu.name.split("+", 1)[0])
     prior = base.calibration if base is not None else gpu.calibration
@@ -93,15 +108,24 @@ def apply(options: list[HardwareOption], framework: str, overlay: Overlay | None
     return [HardwareOption(o.system, with_framework(o.gpu, framework, overlay), o.gpus, o.supply) for o in options]
 
 
+def family_fit(gpu: GPU, framework: str) -> FamilyCalibration | None:
+    """The pooled fit of ``framework``'s family that prices ``gpu`` when the pair has no fit (None: the prior)."""
+    if gpu.calibration.prior_kind == "fitted":
+        return None
+    return catalog.families().get(FRAMEWORK_FAMILY.get(framework, ""))
+
+
 def record(gpu: GPU, framework: str) -> CalibrationRecord:
     """The trust record of a prediction on ``gpu`` under ``framework``."""
     fitted = gpu.frameworks.get(framework)  # type: ignore[call-overload]
-    if fitted is None:
-        return CalibrationRecord(gpu=gpu.name, framework=framework, status="uncalibrated")
-    f = fitted.fit
-    return CalibrationRecord(gpu=gpu.name, framework=framework, status="calibrated", runs=f.runs,
-                             sources=list(f.sources), in_sample_median_err=f.in_sample_median_err,
-                             loso_median_err=f.loso_median_err)
+    family = family_fit(gpu, framework) if fitted is None else None
+    if fitted is None and family is None:
+        return CalibrationRecord(gpu=gpu.name, framework=framework, status="uncalibrated", level="prior")
+    f = fitted.fit if fitted is not None else family.fit  # type: ignore[union-attr]
+    return CalibrationRecord(gpu=gpu.name, framework=framework, runs=f.runs, sources=list(f.sources),
+                             status="calibrated" if fitted is not None else "uncalibrated",
+                             level="calibrated" if family is None else f"family:{family.name}",
+                             in_sample_median_err=f.in_sample_median_err, loso_median_err=f.loso_median_err)
 
 
 def record_dict(gpu: GPU, framework: str) -> dict[str, Any]:

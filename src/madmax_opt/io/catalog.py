@@ -10,13 +10,13 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.model.spec import GPU, System, TransformerModel
+from madmax_opt.model.spec import GPU, FamilyCalibration, System, TransformerModel
 
 T = TypeVar("T", bound=BaseModel)
 
 def _load(filename: str, cls: type[T]) -> dict[str, T]:
     text = resources.files("madmax_opt").joinpath("data").joinpath(filename).read_text()
-    raw: dict[str, dict[str, Any]] = yaml.safe_load(text)
+    raw: dict[str, dict[str, Any]] = yaml.safe_load(text) or {}
     out: dict[str, T] = {}
     for name, fields in raw.items():
         try:
@@ -45,6 +45,12 @@ def systems() -> dict[str, System]:
             raise ProblemError(f"system {g.standard_system!r} holds {out[g.standard_system].gpu}, not {g.name}",
                                file="catalog gpus.yaml", field=f"{g.name}.standard_system")
     return out
+
+
+@cache
+def families() -> dict[str, FamilyCalibration]:
+    """Training calibration pooled per framework family (data/training_families.yaml, `madmax-opt validate`)."""
+    return _load("training_families.yaml", FamilyCalibration)
 
 
 @cache

@@ -6,6 +6,7 @@ Everything here is SI units (bytes, seconds, FLOP/s, bytes/s). Catalog names are
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
@@ -50,11 +51,36 @@ class Calibration(Strict):
     mxfp8_gemm_ratio: Fraction = Field(
         1.0, description="MXFP8 (block-scaled) GEMM throughput relative to per-tensor-scaled FP8 GEMMs"
     )
+    prior_kind: Literal["datasheet", "fitted"] = Field(
+        "datasheet",
+        description="datasheet: initial values (moved by a framework family's pooled fit where the GPU has no fit "
+        "of its own); fitted: the prior is itself a fit on measured runs (the A100 sets) and is used as it is",
+    )
     source: str
+
+    def value(self, name: str) -> float:
+        """A fitted field's value (fp8_gemm_eff unset follows gemm_eff)."""
+        v = getattr(self, name)
+        return float(self.gemm_eff if v is None else v)
+
+    def scaled(self, factors: Mapping[str, float]) -> Calibration:
+        """Moved by a fit's factors: value = own value x factor (capped at 1), layer_overhead_s + increment (s).
+        An unset fp8_gemm_eff without a factor of its own keeps following gemm_eff."""
+        update: dict[str, float] = {}
+        for name, f in factors.items():
+            own = self.value(name)
+            update[name] = max(0.0, own + f) if name == "layer_overhead_s" else min(1.0, own * f)
+        return self.model_copy(update=update)
 
 
 Framework = Literal["megatron-core", "torchtitan", "pytorch-fsdp"]
 FRAMEWORKS: tuple[str, ...] = ("megatron-core", "torchtitan", "pytorch-fsdp")
+# Software family of each training framework, whose pooled fit prices a GPU without a fit of its own: Megatron-Core
+# (Transformer Engine kernels, distributed optimizer) vs PyTorch-native FSDP (torchtitan: FSDP2; pytorch-fsdp: FSDP1
+# as in llm-foundry; eager PyTorch / torch.compile kernels and SDPA attention).
+FRAMEWORK_FAMILY: dict[str, str] = {
+    "megatron-core": "megatron", "torchtitan": "pytorch-fsdp", "pytorch-fsdp": "pytorch-fsdp"
+}
 # serving runtimes (inference tasks; default vllm there): priced by data/serving_calibration.yaml
 ServingFrameworkName = Literal["vllm", "tensorrt-llm", "sglang"]
 
@@ -85,6 +111,15 @@ class FrameworkCalibration(Strict):
 
     def overrides(self) -> dict[str, float]:
         return {k: v for k, v in self.model_dump(exclude={"fit"}).items() if v is not None}
+
+
+class FamilyCalibration(Strict):
+    """A framework family's fit pooled over its GPUs and frameworks: factors on each GPU's datasheet prior."""
+
+    name: str
+    frameworks: list[Framework]
+    factors: dict[str, float] = Field(description="per fitted field: factor on the prior (layer_overhead_s: + s)")
+    fit: FrameworkFit
 
 
 class GPU(Strict):

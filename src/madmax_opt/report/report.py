@@ -23,7 +23,9 @@ def calibration_text(rec: TrainingRecord) -> str:
     if not cal:
         return "-"
     if cal["status"] != "calibrated":
-        return f"[yellow]uncalibrated[/yellow] ({cal['gpu']} / {cal['framework']}: prior efficiencies)"
+        level = cal.get("level") or "prior"
+        how = "prior efficiencies" if level == "prior" else f"{level} fit on {cal['runs']} runs of other GPUs/frameworks"
+        return f"[yellow]uncalibrated[/yellow] ({cal['gpu']} / {cal['framework']}: {how})"
     loso = cal.get("loso_median_err")
     held = f", held-out median error {loso:.1%}" if loso is not None else ""
     return f"{cal['gpu']} / {cal['framework']}: {cal['runs']} runs{held}"

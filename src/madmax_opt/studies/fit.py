@@ -1,15 +1,18 @@
-"""Fit one calibration per (GPU, framework) to measured training runs, and say which parameters the runs determine.
+"""Fit calibrations to measured training runs, and say which parameters the runs determine.
 
 The parameters are the efficiency fields of :class:`madmax_opt.model.spec.Calibration` that the step-time model
-prices with (``FIT_PARAMS``). A fit starts from the GPU's prior (the catalog ``calibration`` block, never a previous
-fit), keeps the parameters the runs cannot determine at that prior, and minimises the mean |ln(predicted /
-measured)| over the runs by coordinate descent on fixed grids (deterministic: the first minimum wins). The same code
-fits the catalog (``validation_modern``) and a user's runs (``calibrate``).
+prices with (``FIT_PARAMS``). A fit moves each run's *base* calibration (per GPU: the prior, or the pooled
+calibration a pair fit starts from) by one factor per parameter shared by all its runs: efficiencies x factor
+(capped at 1), ``layer_overhead_s`` + an increment. It keeps the parameters the runs cannot determine at the base,
+and minimises the mean |ln(predicted / measured)| over the runs plus a shrinkage penalty toward the base, by
+coordinate descent on fixed grids (deterministic: the first minimum wins). On runs of one GPU the factors are
+values on ``FIT_GRID``; on runs of several GPUs (the pooled fits of ``validation_modern``) they are ratios to each
+GPU's base. The same code fits the catalog (``validation_modern``) and a user's runs (``calibrate``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -34,16 +37,20 @@ FIT_GRID: dict[str, tuple[float, ...]] = {
     "mxfp8_gemm_ratio": tuple(round(0.60 + 0.01 * i, 2) for i in range(41)),  # 0.60 .. 1.00
     "grouped_gemm_ratio": tuple(round(0.20 + 0.01 * i, 2) for i in range(81)),  # 0.20 .. 1.00 of dense
 }
+OVERHEAD = "layer_overhead_s"  # the one additive parameter (seconds); the others are fractions moved by factors
 MIN_SENSITIVITY = 0.10  # a run "depends" on a parameter: its ln(step time) moves >= 0.1 per unit ln(parameter)
 MIN_DEPENDENT_RUNS = 2  # one run cannot separate a parameter from that run's own idiosyncrasies
 MIN_SINGULAR_RATIO = 0.05  # condition-number bound (20) of the normalised sensitivity matrix
 MAX_SWEEPS = 4
-# Shrinkage toward the prior: each parameter pays PRIOR_WEIGHT x |ln(value / prior)| (layer_overhead_s: x |value -
-# prior| / 1 ms) in the objective, so a few runs cannot drag a weakly determined parameter far from its prior.
+# Shrinkage toward the base: each parameter pays PRIOR_WEIGHT x |ln(value / base)| (layer_overhead_s: x |value -
+# base| / 1 ms) in the objective, so a few runs cannot drag a weakly determined parameter far from its base.
 # 0.05 was chosen among {0, 0.02, 0.05, 0.1} by the leave-one-source-out error on the modern data (so that error
 # is slightly optimistic): 0 / 0.02 let a handful of fp8-only runs drag the bf16 efficiency away (LOSO 24 / 21 %).
 PRIOR_WEIGHT = 0.05
 OVERHEAD_SCALE_S = 1e-3
+
+Bases = Mapping[str, Calibration]  # GPU name -> the calibration a fit starts from and shrinks toward
+Factors = dict[str, float]  # parameter -> factor on the base (layer_overhead_s: increment in seconds)
 
 
 @dataclass(frozen=True)
@@ -65,99 +72,108 @@ class Run:
         return self.problem.stack.framework
 
 
+def prior(gpu: str) -> Calibration:
+    """The GPU's prior calibration (catalog ``calibration`` block: datasheet-based initial values or the A100 fit)."""
+    return catalog.gpus()[gpu].calibration
+
+
+def priors(runs: Sequence[Run]) -> dict[str, Calibration]:
+    """Each run's GPU prior: the bases of a fit that starts from the catalog priors."""
+    return {r.gpu: prior(r.gpu) for r in runs}
+
+
 @dataclass(frozen=True)
 class Fit:
-    """A fitted calibration: the parameter values, which were fitted, which were left at the prior and why."""
+    """A fit: factors on the bases, which parameters were fitted, which were left at the base and why."""
 
-    params: dict[str, float]  # fitted values only
+    factors: Factors  # fitted parameters only
+    bases: dict[str, Calibration]
     left_out: dict[str, str]  # parameter -> reason it was not fitted
     predicted_s: Arr  # in-sample predictions
     error: Arr  # predicted / measured - 1
+
+    def values(self, gpu: str) -> dict[str, float]:
+        """The fitted parameters' values on ``gpu`` (its base moved by the factors)."""
+        cal = self.bases[gpu].scaled(self.factors)
+        return {n: round(cal.value(n), 6) for n in self.factors}
+
+    @property
+    def params(self) -> dict[str, float]:
+        """The fitted values of a one-GPU fit."""
+        (gpu,) = self.bases
+        return self.values(gpu)
 
     @property
     def median_abs_err(self) -> float:
         return float(np.median(np.abs(self.error))) if len(self.error) else float("nan")
 
 
-def prior(gpu: str) -> Calibration:
-    """The GPU's prior calibration (catalog ``calibration`` block: datasheet-based initial values or the A100 fit)."""
-    return catalog.gpus()[gpu].calibration
+def _options(o: HardwareOption, cals: Sequence[Calibration]) -> tuple[HardwareOption, ...]:
+    return tuple(HardwareOption(o.system, o.gpu.model_copy(update={"calibration": c}), o.gpus, o.supply) for c in cals)
 
 
-def _options(o: HardwareOption, params: Sequence[dict[str, float]]) -> tuple[HardwareOption, ...]:
-    base = prior(o.gpu.name)
-    return tuple(
-        HardwareOption(o.system, o.gpu.model_copy(update={"calibration": base.model_copy(update=p)}), o.gpus, o.supply)
-        for p in params
-    )
+def _predict(runs: Sequence[Run], cals_of: Callable[[Run], Sequence[Calibration]]) -> Arr:
+    """Step times of every run under each of its calibrations, shape (runs, sets)."""
+    rows = []
+    for r in runs:
+        cals = cals_of(r)
+        problem = replace(r.problem, hardware=_options(r.problem.hardware[0], cals))
+        plans = PlanArrays.from_plans([r.plan] * len(cals), list(range(len(cals))))
+        rows.append(metrics(Model(problem), plans).step_time_s)
+    return np.array(rows)
 
 
-def predict(runs: Sequence[Run], params: Sequence[dict[str, float]]) -> Arr:
-    """Step times of every run under every parameter set (prior + overrides), shape (runs, sets)."""
-    out = np.zeros((len(runs), len(params)))
-    for i, r in enumerate(runs):
-        problem = replace(r.problem, hardware=_options(r.problem.hardware[0], params))
-        model = Model(problem)
-        plans = PlanArrays.from_plans([r.plan] * len(params), list(range(len(params))))
-        out[i] = metrics(model, plans).step_time_s
-    return out
+def predict(runs: Sequence[Run], params: Sequence[Mapping[str, float]]) -> Arr:
+    """Step times of every run under every parameter set (values replacing the run's GPU prior), (runs, sets)."""
+    return _predict(runs, lambda r: [prior(r.gpu).model_copy(update=dict(p)) for p in params])
 
 
-def prior_value(cal: Calibration, name: str) -> float:
-    value = getattr(cal, name)
-    return float(cal.gemm_eff if value is None else value)  # fp8_gemm_eff defaults to gemm_eff
+def predict_scaled(runs: Sequence[Run], factor_sets: Sequence[Mapping[str, float]], bases: Bases) -> Arr:
+    """Step times of every run under every factor set applied to its GPU's base, shape (runs, sets)."""
+    return _predict(runs, lambda r: [bases[r.gpu].scaled(f) for f in factor_sets])
 
 
-def penalty(cal: Calibration, params: dict[str, float]) -> float:
-    """PRIOR_WEIGHT x (sum of |ln(value / prior)|, overheads in units of OVERHEAD_SCALE_S)."""
-    total = 0.0
-    for name, value in params.items():
-        p0 = prior_value(cal, name)
-        total += abs(value - p0) / OVERHEAD_SCALE_S if name == "layer_overhead_s" else abs(np.log(value / p0))
-    return PRIOR_WEIGHT * total
+def penalty(cal: Calibration, params: Mapping[str, float]) -> float:
+    """PRIOR_WEIGHT x (sum of |ln(value / base)|, overheads in units of OVERHEAD_SCALE_S), values on base ``cal``."""
+    factors = {n: v - cal.layer_overhead_s if n == OVERHEAD else v / cal.value(n) for n, v in params.items()}
+    return factor_penalty(factors)
 
 
-def _loss(pred: Arr, measured: Arr, cal: Calibration, sets: Sequence[dict[str, float]]) -> Arr:
-    """Mean |ln(predicted / measured)| over the runs + the prior penalty, per parameter set."""
-    misfit = np.mean(np.abs(np.log(pred / measured[:, None])), axis=0)
-    return np.asarray(misfit + np.array([penalty(cal, s) for s in sets]))
+def factor_penalty(factors: Mapping[str, float]) -> float:
+    """PRIOR_WEIGHT x (sum of |ln factor| + |overhead increment| / OVERHEAD_SCALE_S)."""
+    return PRIOR_WEIGHT * sum(abs(f) / OVERHEAD_SCALE_S if n == OVERHEAD else abs(float(np.log(f)))
+                              for n, f in factors.items())
 
 
-def sensitivities(runs: Sequence[Run], base: dict[str, float] | None = None) -> Arr:
-    """d ln(step time) / d ln(parameter) of every run at the prior (+ ``base``), central differences of +-5 %."""
-    cal = prior(runs[0].gpu)
-    # fp8_gemm_eff unset follows gemm_eff: pin it, so that gemm_eff's column measures the bf16 GEMMs alone
-    base = {"fp8_gemm_eff": prior_value(cal, "fp8_gemm_eff"), **(base or {})}
-    sets: list[dict[str, float]] = []
+def sensitivities(runs: Sequence[Run], bases: Bases | None = None) -> Arr:
+    """d ln(step time) / d ln(parameter) of every run at its base (default: prior), central differences of +-5 %."""
+    bases = priors(runs) if bases is None else bases
+    sets: list[Factors] = []
     for name in FIT_PARAMS:
-        value = base.get(name, prior_value(cal, name))
-        if name == "layer_overhead_s":  # probe at >= 1 ms: the elasticity of an overhead near 0 is near 0 whatever
-            value = max(value, OVERHEAD_SCALE_S)  # the runs say; at 1 ms it is the share of the step it would take
-        for f in (1.05, 1.0 / 1.05):
-            v = value * f
-            if name != "layer_overhead_s":  # fractions
-                v = min(v, 1.0)
-            sets.append({**base, name: v})
-    t = np.log(predict(runs, sets))
+        if name == OVERHEAD:  # probe at 1 ms: the elasticity of an overhead near 0 is near 0 whatever the runs say;
+            sets += [{"fp8_gemm_eff": 1.0, name: OVERHEAD_SCALE_S * 1.05},  # at 1 ms it is its share of the step
+                     {"fp8_gemm_eff": 1.0, name: OVERHEAD_SCALE_S / 1.05}]
+        else:  # fp8_gemm_eff pinned (factor 1), so that gemm_eff's column measures the bf16 GEMMs alone
+            sets += [{"fp8_gemm_eff": 1.0, name: 1.05}, {"fp8_gemm_eff": 1.0, name: 1.0 / 1.05}]
+    t = np.log(predict_scaled(runs, sets, bases))
     hi, lo = t[:, 0::2], t[:, 1::2]
     return np.asarray((hi - lo) / (2.0 * np.log(1.05)))
 
 
-def determined(runs: Sequence[Run], candidates: Sequence[str] = FIT_PARAMS) -> tuple[list[str], dict[str, str]]:
-    """The parameters the runs determine (priority order), and why each other one is left at the prior.
+def determined(runs: Sequence[Run], candidates: Sequence[str] = FIT_PARAMS,
+               bases: Bases | None = None) -> tuple[list[str], dict[str, str]]:
+    """The parameters the runs determine (priority order), and why each other one is left at the base.
 
     A parameter is determined when >= MIN_DEPENDENT_RUNS runs' ln(step time) move by >= MIN_SENSITIVITY per unit
-    ln(parameter),
-    it is not collinear with the parameters already chosen (smallest / largest singular value of the column-
-    normalised sensitivity matrix >= MIN_SINGULAR_RATIO), and the runs outnumber the parameters chosen so far.
+    ln(parameter), it is not collinear with the parameters already chosen (smallest / largest singular value of the
+    column-normalised sensitivity matrix >= MIN_SINGULAR_RATIO), and the runs outnumber the parameters chosen so far.
     """
-    jac = sensitivities(runs)
+    jac = sensitivities(runs, bases)
     chosen: list[int] = []
     left: dict[str, str] = {}
     for name in candidates:
         j = FIT_PARAMS.index(name)
-        col = jac[:, j]
-        dependent = int(np.sum(np.abs(col) >= MIN_SENSITIVITY))
+        dependent = int(np.sum(np.abs(jac[:, j]) >= MIN_SENSITIVITY))
         if dependent < MIN_DEPENDENT_RUNS:
             left[name] = (f"{dependent} run(s) depend on it (step-time elasticity >= {MIN_SENSITIVITY:g}), "
                           f"{MIN_DEPENDENT_RUNS} needed")
@@ -176,22 +192,37 @@ def determined(runs: Sequence[Run], candidates: Sequence[str] = FIT_PARAMS) -> t
     return [FIT_PARAMS[j] for j in chosen], left
 
 
-def fit(runs: Sequence[Run], candidates: Sequence[str] = FIT_PARAMS) -> Fit:
-    """Coordinate descent over FIT_GRID of the determined parameters, from the prior; mean |ln error| objective."""
+def _grid(name: str, bases: Bases) -> tuple[float, ...]:
+    """FIT_GRID as factors (increments) on the first GPU's base: on runs of one GPU exactly the grid's values."""
+    base = bases[min(bases)]
+    if name == OVERHEAD:  # increments that put the first GPU's overhead on the grid's values
+        return tuple(v - base.layer_overhead_s for v in FIT_GRID[name])
+    ref = base.value(name)
+    return tuple(v / ref for v in FIT_GRID[name])
+
+
+def fit(runs: Sequence[Run], candidates: Sequence[str] = FIT_PARAMS, bases: Bases | None = None) -> Fit:
+    """Coordinate descent over the grids of the determined parameters, from the bases (default: the GPU priors);
+    objective mean |ln(predicted / measured)| + factor_penalty."""
+    bases = dict(priors(runs) if bases is None else {r.gpu: bases[r.gpu] for r in runs})
     measured = np.array([r.measured_s for r in runs])
-    names, left = determined(runs, candidates)
-    cal = prior(runs[0].gpu)
-    params = {n: prior_value(cal, n) for n in names}
-    best = float(_loss(predict(runs, [params]), measured, cal, [params])[0])
+    names, left = determined(runs, candidates, bases)
+
+    def loss(sets: Sequence[Factors]) -> Arr:
+        misfit = np.mean(np.abs(np.log(predict_scaled(runs, sets, bases) / measured[:, None])), axis=0)
+        return np.asarray(misfit + np.array([factor_penalty(s) for s in sets]))
+
+    factors: Factors = {n: 0.0 if n == OVERHEAD else 1.0 for n in names}
+    best = float(loss([factors])[0])
     for _ in range(MAX_SWEEPS):
         moved = False
         for n in names:
-            sets = [{**params, n: v} for v in FIT_GRID[n]]
-            loss = _loss(predict(runs, sets), measured, cal, sets)
-            k = int(np.argmin(loss))
-            if loss[k] < best - 1e-12:
-                best, params, moved = float(loss[k]), sets[k], True
+            sets = [{**factors, n: v} for v in _grid(n, bases)]
+            trial = loss(sets)
+            k = int(np.argmin(trial))
+            if trial[k] < best - 1e-12:
+                best, factors, moved = float(trial[k]), sets[k], True
         if not moved:
             break
-    pred = predict(runs, [params])[:, 0]
-    return Fit(params, left, pred, pred / measured - 1.0)
+    pred = predict_scaled(runs, [factors], bases)[:, 0]
+    return Fit(factors, bases, left, pred, pred / measured - 1.0)

@@ -13,6 +13,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,13 @@ from numpy.typing import NDArray
 
 from madmax_opt.core.numeric import Arr
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.model.spec import FrameworkCalibration, FrameworkFit, Plan
+from madmax_opt.model.spec import (
+    FRAMEWORK_FAMILY,
+    FamilyCalibration,
+    FrameworkCalibration,
+    FrameworkFit,
+    Plan,
+)
 from madmax_opt.studies import fit as fit_mod
 from madmax_opt.studies.fit import Run
 
@@ -196,25 +203,53 @@ def key_of(run: Run) -> Key:
 
 
 def fit_by_key(runs: Sequence[Run]) -> dict[Key, fit_mod.Fit]:
-    """One fit per (GPU, framework) over ``runs``."""
+    """One fit per (GPU, framework) over ``runs``, from the GPU prior."""
     groups: dict[Key, list[Run]] = {}
     for r in runs:
         groups.setdefault(key_of(r), []).append(r)
     return {k: fit_mod.fit(v) for k, v in groups.items()}
 
 
-def predict_with(runs: Sequence[Run], fits: dict[Key, fit_mod.Fit]) -> Arr:
-    """Each run predicted with its pair's fit (the prior where the pair has none)."""
-    return np.array([fit_mod.predict([r], [fits[key_of(r)].params if key_of(r) in fits else {}])[0, 0]
-                     for r in runs])
+def family_of(run: Run) -> str:
+    return FRAMEWORK_FAMILY[run.framework]
+
+
+def fit_by_family(runs: Sequence[Run]) -> dict[str, fit_mod.Fit]:
+    """One fit per framework family pooled over its GPUs and frameworks: factors on each GPU's prior."""
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        if fit_mod.prior(r.gpu).prior_kind == "datasheet":
+            groups.setdefault(family_of(r), []).append(r)
+    return {k: fit_mod.fit(v) for k, v in sorted(groups.items())}
+
+
+LEVELS = ("calibrated", "family", "prior")  # what prices a case: its pair's fit, its family's pooled fit, the prior
+
+
+def predict_with(runs: Sequence[Run], fits: dict[Key, fit_mod.Fit],
+                 families: dict[str, fit_mod.Fit]) -> tuple[Arr, list[str]]:
+    """Each run predicted as io.calibration prices a problem: its pair's fit, else its family's pooled fit (on a
+    datasheet prior), else the prior; and the level that priced it."""
+    out, levels = np.zeros(len(runs)), []
+    for i, r in enumerate(runs):
+        factors, level = {}, "prior"
+        if key_of(r) in fits:
+            factors, level = fits[key_of(r)].factors, "calibrated"
+        elif family_of(r) in families and fit_mod.prior(r.gpu).prior_kind == "datasheet":
+            factors, level = families[family_of(r)].factors, "family"
+        out[i] = fit_mod.predict_scaled([r], [factors], fit_mod.priors([r]))[0, 0]
+        levels.append(level)
+    return out, levels
 
 
 @dataclass(frozen=True)
 class ModernSummary:
     cases: list[ModernCase]
     fits: dict[Key, fit_mod.Fit]  # the catalog fit: all fitted cases
+    families: dict[str, fit_mod.Fit]  # the catalog's family fits: all fitted cases of each family
     in_sample_s: Arr  # every case with its pair's fit
     loso_s: Arr  # every case with its pair refitted without the case's source (NaN for unfitted cases)
+    loso_level: list[str]  # per case, what priced its LOSO prediction (LEVELS; "" for unfitted cases)
 
     @property
     def measured_s(self) -> Arr:
@@ -232,34 +267,45 @@ class ModernSummary:
     def fitted(self) -> NDArray[np.bool_]:
         return np.array([c.fitted for c in self.cases])
 
-    @property
-    def pair_kept(self) -> NDArray[np.bool_]:
-        """Per case: its (GPU, framework) keeps runs of other sources when its own source is left out."""
-        sources: dict[Key, set[str]] = {}
-        for c in self.cases:
-            if c.fitted:
-                sources.setdefault(key_of(c.run), set()).add(c.run.source)
-        return np.array([c.fitted and len(sources[key_of(c.run)] - {c.run.source}) > 0 for c in self.cases])
+    def at_level(self, level: str) -> NDArray[np.bool_]:
+        """Per case: its LOSO prediction was priced at ``level``."""
+        return np.array([lv == level for lv in self.loso_level])
 
     def loso_median(self, key: Key) -> float:
         idx = [i for i, c in enumerate(self.cases) if c.fitted and key_of(c.run) == key]
         return float(np.median(np.abs(self.loso_err[idx])))
 
+    def family_in_sample(self, family: str) -> Arr:
+        """|in-sample error| of the family fit on its runs (each run with its GPU prior moved by the factors)."""
+        return np.abs(self.families[family].error)
+
+    def family_loso(self, family: str) -> Arr:
+        """|LOSO error| of the cases of ``family`` that its pooled fit priced (their pair left without runs)."""
+        idx = [i for i, c in enumerate(self.cases)
+               if self.loso_level[i] == "family" and family_of(c.run) == family]
+        return np.abs(self.loso_err[idx])
+
 
 def summarize_modern(cases: list[ModernCase] | None = None) -> ModernSummary:
-    """The catalog fit on every fitted case, in-sample predictions, and leave-one-source-out predictions."""
+    """The catalog fits on every fitted case, in-sample predictions, and leave-one-source-out predictions: each
+    source left out in turn, the pair and family fits refitted on the other sources, then the source predicted."""
     cases = cases if cases is not None else modern_cases()
     fitted = [c.run for c in cases if c.fitted]
-    fits = fit_by_key(fitted)
-    in_sample = predict_with([c.run for c in cases], fits)
+    fits, families = fit_by_key(fitted), fit_by_family(fitted)
+    in_sample, _ = predict_with([c.run for c in cases], fits, families)
     loso = np.full(len(cases), np.nan)
+    levels = [""] * len(cases)
     for source in sorted({r.source for r in fitted}):
         held = [i for i, c in enumerate(cases) if c.fitted and c.run.source == source]
         rest = [r for r in fitted if r.source != source]
         keys = {key_of(cases[i].run) for i in held}
+        fams = {family_of(cases[i].run) for i in held}
         refit = fit_by_key([r for r in rest if key_of(r) in keys])
-        loso[held] = predict_with([cases[i].run for i in held], refit)
-    return ModernSummary(cases, fits, in_sample, loso)
+        refam = fit_by_family([r for r in rest if family_of(r) in fams])
+        loso[held], lv = predict_with([cases[i].run for i in held], refit, refam)
+        for i, level in zip(held, lv, strict=True):
+            levels[i] = level
+    return ModernSummary(cases, fits, families, in_sample, loso, levels)
 
 
 # --------------------------------------------------------------------------------------------- catalog
@@ -284,6 +330,45 @@ def framework_calibrations(s: ModernSummary) -> dict[Key, FrameworkCalibration]:
         )
         out[key] = FrameworkCalibration(**f.params, fit=record)
     return out
+
+
+FAMILY_METHOD = (
+    "madmax_opt.studies.fit.fit on the family's runs of data/validation/modern/training.yaml (`madmax-opt validate`), "
+    "pooled over GPUs and frameworks: one factor per parameter on each GPU's datasheet prior, objective and grids as "
+    "the pair fits; loso_median_err = median |error| of the cases this fit priced when their source was left out "
+    "(their pair then had no runs)"
+)
+FAMILIES_FILE = ("data", "training_families.yaml")
+
+
+def family_calibrations(s: ModernSummary) -> dict[str, FamilyCalibration]:
+    """The catalog entries (data/training_families.yaml) this summary's family fits stand for."""
+    out: dict[str, FamilyCalibration] = {}
+    for family, f in s.families.items():
+        runs = [c.run for c in s.cases if c.fitted and family_of(c.run) == family
+                and fit_mod.prior(c.run.gpu).prior_kind == "datasheet"]
+        loso = s.family_loso(family)
+        record = FrameworkFit(
+            runs=len(runs), sources=sorted({r.source for r in runs}), fitted=list(f.factors),
+            in_sample_median_err=round(float(np.median(s.family_in_sample(family))), 4),
+            loso_median_err=round(float(np.median(loso)), 4) if len(loso) else None, method=FAMILY_METHOD,
+        )
+        frameworks = sorted({r.framework for r in runs})
+        factors = {k: round(v, 6) for k, v in f.factors.items()}
+        out[family] = FamilyCalibration(name=family, frameworks=frameworks, factors=factors,
+                                        fit=record)
+    return out
+
+
+def families_yaml(s: ModernSummary) -> str:
+    """The text of data/training_families.yaml."""
+    body = {name: fc.model_dump(mode="json", exclude={"name"}, exclude_none=True)
+            for name, fc in family_calibrations(s).items()}
+    return ("# Training calibration pooled per framework family (io.calibration.family_fit prices a (GPU, framework)\n"
+            "# without a fit of its own with it: factors on the GPU's datasheet prior). Written by\n"
+            "# madmax_opt.studies.validation_modern.families_yaml from data/validation/modern/training.yaml; do not\n"
+            "# edit by hand (results/validation/modern.md shows the fit).\n"
+            + yaml.safe_dump(body, sort_keys=False, width=110))
 
 
 def catalog_yaml(s: ModernSummary) -> dict[str, str]:
@@ -327,3 +412,12 @@ def update_catalog_text(text: str, blocks: dict[str, str]) -> str:
         if not skipping:
             out.append(line)
     return "\n".join(out)
+
+
+def write_catalog(s: ModernSummary) -> list[Path]:
+    """Write the fits into the package's catalog: gpus.yaml ``frameworks:`` blocks and training_families.yaml."""
+    data = Path(str(resources.files("madmax_opt").joinpath("data")))
+    gpus_path, families_path = data / "gpus.yaml", data.joinpath(*FAMILIES_FILE[1:])
+    gpus_path.write_text(update_catalog_text(gpus_path.read_text(), catalog_yaml(s)))
+    families_path.write_text(families_yaml(s))
+    return [gpus_path, families_path]
