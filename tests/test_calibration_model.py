@@ -184,5 +184,4 @@ def test_uncalibrated_text_names_the_family_that_priced_it() -> None:
     gpu = _problem("bf16", gpu="h200-sxm").hardware[0].gpu
     runs = catalog.families()["megatron"].fit.runs
     text = calibration_text({"calibration": calibration.record_dict(gpu, "megatron-core")})  # type: ignore[typeddict-item]
-    assert text == f"[yellow]uncalibrated[/yellow] (h200-sxm / megatron-core: family:megatron fit on {runs} runs of " \
-                   "other GPUs/frameworks)"
+    assert text == f"[yellow]uncalibrated[/yellow] (h200-sxm / megatron-core: family:megatron, pooled fit on {runs} runs)"

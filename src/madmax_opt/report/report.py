@@ -24,7 +24,7 @@ def calibration_text(rec: TrainingRecord) -> str:
         return "-"
     if cal["status"] != "calibrated":
         level = cal.get("level") or "prior"
-        how = "prior efficiencies" if level == "prior" else f"{level} fit on {cal['runs']} runs of other GPUs/frameworks"
+        how = "prior efficiencies" if level == "prior" else f"{level}, pooled fit on {cal['runs']} runs"
         return f"[yellow]uncalibrated[/yellow] ({cal['gpu']} / {cal['framework']}: {how})"
     loso = cal.get("loso_median_err")
     held = f", held-out median error {loso:.1%}" if loso is not None else ""
