@@ -21,7 +21,6 @@ from numpy.typing import NDArray
 from madmax_opt.analysis.evaluator import (
     Metrics,
     Model,
-    concat_chunks,
     invalid_reason,
     metrics,
     staged_record,
@@ -35,7 +34,7 @@ from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.objectives import Rates
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import Plan
-from madmax_opt.model.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS, TrainingTerms
+from madmax_opt.model.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS
 from madmax_opt.search.assemble import (
     IntObjective,
     Limit,
@@ -49,10 +48,9 @@ from madmax_opt.search.assemble import (
 from madmax_opt.search.cpsat import INT_LIMIT, CpSatOptions, time_limit_error, to_int
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.objectives import UUSD, integer_objective, training_units  # noqa: F401 (UUSD: re-export)
-from madmax_opt.search.space import empty_space_reason, enumerate_plans, memory_rounds
+from madmax_opt.search.prune import ROUNDING_TOLERANCE_S, space_candidates
+from madmax_opt.search.space import empty_space_reason
 from madmax_opt.search.stages import UnevenResult, solve_uneven
-
-ROUNDING_TOLERANCE_S = len(STEP_TERMS) * 0.5 / US  # each term is rounded once to 1 us
 
 
 @dataclass
@@ -96,61 +94,6 @@ def candidates(model: Model, plans: PlanArrays | None = None, keep_best: int = 1
         return Candidates(plans, metrics(model, plans))
     plans, met = space_candidates(model, keep_best)
     return Candidates(plans, met)
-
-
-def space_candidates(model: Model, keep_best: int = 1) -> tuple[PlanArrays, Metrics]:
-    """The space, evaluated, less plans proven infeasible or proven slower than ``keep_best`` others on their
-    hardware option (within one option every objective and constraint is monotone in the step time, so such plans
-    are in no top-``keep_best``). Two exact facts (``space.memory_rounds``):
-
-    - memory per GPU is nondecreasing in vpp and in mbs: plans are evaluated in rounds, each only when its parent
-      (next smaller mbs; the vpp = 1 sibling) fits in memory;
-    - vpp only adds p2p per micro-batch (2 v sends per stage) and divides the bubble, so a vpp > 1 plan takes at
-      least its vpp = 1 sibling's step time less that sibling's bubble: it is skipped when that exceeds the
-      option's ``keep_best``-th best step (plus the rounding tolerance twice).
-
-    The plan of least memory of every group is kept (for ``explain_infeasible``); ``verify`` checks the result
-    against the whole space."""
-    plans = enumerate_plans(model.problem)
-    rounds, parent = memory_rounds(plans)
-    last = int(rounds.max(initial=0))
-    fits = np.zeros(len(plans), dtype=bool)  # evaluated and within capacity
-    floor_s = np.full(len(plans), np.inf)  # evaluated: step time less bubble (a lower bound for vpp > 1)
-    taken: list[NDArray[np.int64]] = []
-    terms: list[TrainingTerms] = []
-    for r in range(last + 1):
-        idx = np.flatnonzero((rounds == r) & ((parent < 0) | fits[np.maximum(parent, 0)]))
-        if r == last and np.any(plans.vpp[idx] > 1):  # the vpp > 1 round: bound by the vpp = 1 plans' best
-            idx = idx[floor_s[np.maximum(parent[idx], 0)] <= _kth_best_s(plans, taken, terms, keep_best)[
-                plans.hw[idx]] + 2 * ROUNDING_TOLERANCE_S]
-        if len(idx) == 0:
-            continue
-        t = model.terms(plans.take(idx))
-        fits[idx] = t.memory.total <= t.capacity_bytes
-        floor_s[idx] = t.step_time_s - t.time["bubble"]
-        taken.append(idx)
-        terms.append(t)
-    if not taken:
-        return plans, metrics(model, plans)
-    kept = plans.take(np.concatenate(taken))
-    return kept, metrics(model, kept, concat_chunks(terms) if len(terms) > 1 else terms[0])
-
-
-def _kth_best_s(
-    plans: PlanArrays, taken: list[NDArray[np.int64]], terms: list[TrainingTerms], k: int
-) -> NDArray[np.float64]:
-    """Per hardware option, the k-th smallest step time of the valid plans evaluated so far (inf if fewer)."""
-    best = np.full(int(plans.hw.max(initial=0)) + 1, np.inf)
-    if not taken:
-        return best
-    idx = np.concatenate(taken)
-    step = np.concatenate([t.step_time_s for t in terms])
-    valid = np.concatenate([t.invalid == 0 for t in terms])
-    for h in np.unique(plans.hw[idx]):
-        s = np.sort(step[valid & (plans.hw[idx] == h)])
-        if len(s) >= k:
-            best[h] = s[k - 1]
-    return best
 
 
 def limits(model: Model, c: Candidates) -> list[Limit]:
@@ -221,12 +164,17 @@ def solve(
     cpsat: CpSatOptions | None = None,
     model: Model | None = None,
     plans: PlanArrays | None = None,
+    prune: bool = False,
 ) -> SolveOutcome:
-    """Find the optimal plan (and hardware option) for ``problem``; raise InfeasibleError with the reason."""
+    """Find the optimal plan (and hardware option) for ``problem``; raise InfeasibleError with the reason.
+
+    ``plans``: search these plans of the space instead (``top`` indexes them); with ``prune`` they are first pruned
+    like the space (``prune.space_candidates``; ``top`` then indexes ``candidates.plans``)."""
     t0 = time.perf_counter()
     opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
     model = model or Model(problem)
-    c = candidates(model, plans, keep_best=top_k)
+    c = candidates(model, plans, keep_best=top_k) if plans is None or not prune else Candidates(
+        *space_candidates(model, top_k, plans))
     lims = limits(model, c)
 
     def label(i: int) -> str:
@@ -287,7 +235,7 @@ def solve_records(
     opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
     model = Model(problem)
     try:
-        outcome = solve(problem, model=model, top_k=top_k, cpsat=opts, plans=plans)
+        outcome = solve(problem, model=model, top_k=top_k, cpsat=opts, plans=plans, prune=True)
     except InfeasibleError:
         if not problem.space.uneven_stages:
             raise
