@@ -22,17 +22,19 @@ Analytic approximations (each checked against the simulation in ``tests/test_onl
    An arrival lands in a length-biased iteration (weight T_K), waits its uniform residual, then its own iteration
    of t_dec + P (1 + J) with J ~ Poisson(lambda T_K) others. An idle replica (probability e^-n, n Poisson) starts
    at once: TTFT = P + delta.
-3. Queue when all c slots are busy: c servers with slot holding time S = (E[o] - 1) E[T_c]. Prefill bursts make the
-   running count over-dispersed (Var n = D n, D = G^2 with G the burst gain of note 4), so the waiting probability
-   is Erlang C of c / D servers under load lambda S / D; the wait is exponential with the heavy-traffic rate
-   2 (c/S - lambda) / (D + cv^2) (Kingman 1962 with arrival variability D; cv = coefficient of variation of o - 1);
-   TTFT = wait + the no-queue TTFT. This regime is the least accurate (see the module's tests and README).
+3. Queue when all c slots are busy: a waiting request meets a saturated replica, where every freed slot is refilled
+   at once, so a slot of shape j turns over in S_j = m_j T_sat (E[S] = c / lambda_max). P(wait) = Erlang C of c
+   slots under load c lambda / lambda_max (delay probability taken insensitive to the holding-time law); the wait
+   given a wait is exponential with the M/G/c asymptotic decay rate eta = lambda (E[e^(eta S / c)] - 1), exact for
+   M/M/c and M/D/c (``mgc_tail_rate``); TTFT = wait + the no-queue TTFT. This regime is the least accurate
+   (results/validation/online_serving.md).
 4. TPOT of a request of o tokens: t_dec averaged over its o - 1 iterations plus the prefills admitted meanwhile.
    Other requests are an M/G/infinity shot noise (each overlapping iteration adds t_dec' / (o - 1), each admitted
    prompt P / (o - 1)). A burst slows every iteration and lets more arrivals in: the noise comes in branching
    cascades (gain G = 1 / (1 - lambda P - lambda E[m] t_dec'), Borel cluster sizes), which scale the second
    cumulant by G^2 and the third by the Borel third moment; a shifted gamma with those three cumulants
-   (Wilson-Hilferty for its CDF) per request shape, mixed by share, gives the percentiles.
+   (Wilson-Hilferty for its CDF) per request shape, mixed by share, gives the percentiles, cut at the hard bound
+   t_dec(c) + (c - 1) ceil(m_j / o_min) P / m_j (the other slots admit at most that many prompts meanwhile).
 """
 
 from __future__ import annotations
@@ -193,13 +195,23 @@ def erlang_c(servers: Arr, load: Arr) -> Arr:
     return out
 
 
-def _erlang_c_scaled(servers: Arr, load: Arr, dispersion: Arr) -> Arr:
-    """Erlang C of c / D servers under load a / D, linear between the neighbouring whole server counts."""
-    x = np.maximum(servers / dispersion, 1.0)
-    lo = np.floor(x)
-    frac = x - lo
-    a = load / dispersion
-    return np.asarray((1.0 - frac) * erlang_c(lo, a) + frac * erlang_c(lo + 1.0, a))
+def mgc_tail_rate(lam: Arr, servers: Arr, service: Arr, shares: Arr) -> Arr:
+    """Decay rate eta of the M/G/c wait, P(W > t) ~ e^(-eta t): the positive root of eta = lam (E[e^(eta S / c)] - 1)
+    (service (N, S) times with probabilities shares); exact for exponential S (eta = c mu - lam, Erlang C) and for
+    deterministic S (Crommelin 1932: the M/D/c queue-length tail z0^-n, z0^c = e^(lam S (z0 - 1)), eta = c ln z0 / S),
+    heavy-traffic limit 2 (c / E[S] - lam) / (1 + cs^2) (Kingman 1962; Tijms 2003, sec. 9.2.3)."""
+    w = shares / np.sum(shares)
+    mean_s, mean_s2 = service @ w, service**2 @ w
+    lam = np.maximum(lam, 1e-12)
+    # f(eta) = lam (E[e^(eta S / c)] - 1) - eta is convex with f(0) = 0, f'(0) < 0 below saturation; since
+    # e^y >= 1 + y + y^2 / 2, f >= 0 at hi = 2 c^2 (1 - lam E[S] / c) / (lam E[S^2]): bisect on [0, hi]
+    hi = 2.0 * servers**2 * np.maximum(1.0 - lam * mean_s / servers, 1e-12) / (lam * mean_s2)
+    lo = np.zeros_like(hi)
+    for _ in range(48):
+        mid = 0.5 * (lo + hi)
+        f = lam * (np.exp(np.minimum(mid[:, None] * service / servers[:, None], 700.0)) @ w - 1.0) - mid
+        lo, hi = np.where(f < 0.0, mid, lo), np.where(f < 0.0, hi, mid)
+    return np.asarray(np.maximum(0.5 * (lo + hi), 1e-12))
 
 
 def _bisect_quantile(cdf: object, lo: Arr, hi: Arr, p: float) -> Arr:
@@ -264,17 +276,15 @@ def latency(st: ServiceTable, rate_per_replica: Arr, only: Collection[str] | Non
     t_dec, slope = st.decode_s(n_busy)
     iteration = st.decode_s(np.maximum(n, 1.0))[0] / (1.0 - busy_prefill)
 
-    # 3. queue: M/D/c with holding time S = (E[o] - 1) E[T_c]
+    # 3. queue: a request that waits meets a saturated replica (c slots turning over at lambda_max in all); the
+    # delay probability is taken insensitive to the holding-time law: M/M/c Erlang C at c slots, offered load
+    # c lambda / lambda_max (the M/G/c "Erlang C" approximation, Tijms 2003 sec. 9.2; Whitt 1993)
     t_cap, _ = st.decode_s(c)
-    hold = m_mean * t_cap / (1.0 - busy_prefill)
-    # the running count is over-dispersed: Var n = n G^2, G the burst gain of note 4; a system of c / G^2 slots
-    # under load a / G^2 has that dispersion (Erlang C interpolated between whole numbers of slots)
-    dispersion = 1.0 / np.maximum(1.0 - busy_prefill - lam_s * m_mean * slope, 0.05) ** 2
-    wait_p = np.where(stable, _erlang_c_scaled(c, lam_s * hold, dispersion), 1.0)
+    wait_p = np.where(stable, erlang_c(c, c * lam_s / lam_max), 1.0)
     mo = np.maximum(st.outputs - 1.0, 0.0)
-    cv2 = float(np.sum(st.shares * mo**2) / max(m_mean, 1e-12) ** 2 - 1.0) if m_mean > 0 else 0.0
-    # Kingman heavy traffic: rate 2 (c/S - lambda) / (ca^2 + cs^2), arrivals into the slots as bursty as n (ca^2 = D)
-    theta = 2.0 * np.maximum(c / hold - lam_s, 1e-12) / (dispersion + cv2)
+    # a waiting request is served by a saturated replica: every freed slot is refilled at once, so a slot turns over
+    # in S_j = m_j T_sat (T_sat = t_dec(c) + c P / E[m], the iteration at the cap; E[S] = c / lambda_max)
+    theta = mgc_tail_rate(lam_s, c, mo[None, :] * (c / (lam_max * max(m_mean, 1e-12)))[:, None], st.shares)
 
     # 2. TTFT without queue: Y = residual of a length-biased iteration + prefill of the others it admits with
     iota = lam_s * t_dec
@@ -350,10 +360,14 @@ def latency(st: ServiceTable, rate_per_replica: Arr, only: Collection[str] | Non
     # unit of total arrivals (mean 1/(1-b)) the cumulants scale by G^2 and by the factor below
     b = 1.0 - 1.0 / gain
     skew_gain = b * (1.0 + 2.0 * b) * gain**4 + 3.0 * b * gain**3 + gain**2
-    mus, sds, gammas = [], [], []
+    mus, sds, gammas, bounds = [], [], [], []
+    o_min = float(np.min(st.outputs))
     for j, mj in enumerate(mo):
         if mj <= 0:
             continue
+        # hard bound from the iteration rules: each of the other c - 1 slots admits at most ceil(m_j / o_min)
+        # prompts during the m_j iterations, and t_dec(n) <= t_dec(c): TPOT <= t_dec(c) + (c - 1) ceil(m_j/o_min) P/m_j
+        bounds.append(t_cap + (c - 1.0) * np.ceil(mj / o_min) * big_p / mj)
         pm = big_p / mj
         beta = slope * free
         k2 = np.zeros_like(lam_s)
@@ -374,7 +388,7 @@ def latency(st: ServiceTable, rate_per_replica: Arr, only: Collection[str] | Non
 
     def tpot_cdf(x: Arr) -> Arr:
         total = np.zeros_like(x)
-        for w, mu, sd, g in zip(w_t, mus, sds, gammas, strict=True):
+        for w, mu, sd, g, bound in zip(w_t, mus, sds, gammas, bounds, strict=True):
             # shifted gamma with the three cumulants (shape k = 4 / g^2, scale sd g / 2), its CDF by the
             # Wilson-Hilferty cube-root normal approximation; a normal when the skew is negligible
             skewed = g > 1e-3
@@ -383,7 +397,7 @@ def latency(st: ServiceTable, rate_per_replica: Arr, only: Collection[str] | Non
             y = np.maximum(x - (mu - k * scale), 0.0) / np.maximum(k * scale, 1e-300)
             z_gamma = (np.cbrt(y) - 1.0 + 1.0 / (9.0 * k)) * 3.0 * np.sqrt(k)
             z = np.where(skewed, z_gamma, (x - mu) / np.maximum(sd, 1e-300))
-            total += w * np.where(sd > 0, normal_cdf(z), (x >= mu).astype(np.float64))
+            total += w * np.where(x >= bound, 1.0, np.where(sd > 0, normal_cdf(z), (x >= mu).astype(np.float64)))
         return total
 
     spread = np.max(np.stack(sds), axis=0)
