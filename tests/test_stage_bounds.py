@@ -99,7 +99,7 @@ def test_bounds_change_no_result_and_bound_the_cp_sat_models(
     assert out.uneven is not None and out.search == search
     bases = out.uneven.bases_solved + out.uneven.bases_pruned
     assert bases > 100 and out.uneven.bases_solved <= 5
-    monkeypatch.setattr(stages, "strong_bounds", lambda model, b, total, modes: np.full(len(b), -np.inf))
+    monkeypatch.setattr(stages, "strong_bounds", lambda model, b, total, modes, **_: np.full(len(b), -np.inf))
     ref_out, ref = solve_records(problem_from_dict(data))
     assert ref_out.uneven is not None and ref_out.uneven.bases_solved > 50
     assert rec[0]["plan"] == ref[0]["plan"] and rec[0]["step_time_s"] == ref[0]["step_time_s"]

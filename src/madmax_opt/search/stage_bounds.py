@@ -19,6 +19,11 @@ Per base, every term of the objective is bounded over every split of the L layer
 - dpmax and optmax likewise over their own rows (memory and the fewest-layers rule relaxed);
 - sum_s t_s >= the linear stage total of ``stages._lower_bounds_us`` (no recompute, no exposed ZeRO-3 traffic).
 
+Mixed stages (each stage on any listed system, within each GPU type's supply): a row's costs depend on its own
+hardware only, so the rows of every hardware option are derived alike and each (stage, layers) entry above takes
+its least over them (dp, optimizer); tmax keeps each GPU type's stage limit (``least_max_mixed``). Both only relax
+the exact rows, so the bound stays valid.
+
 Derived values differ from the exact ones (``stages._candidates``) by float rounding only: times are taken 1 us
 below their rounded value and the memory test is relaxed by 1e-9, so each bound is a relaxation of the exact rows
 (``tests/test_stage_bounds.py`` checks this on sampled bases). A base whose bound is not below p v x the incumbent
@@ -28,6 +33,7 @@ has no strictly better split: CP-SAT would prove it infeasible, so skipping it c
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -110,10 +116,6 @@ def least_max(g: Arr, layers: int, weight: Arr | None = None) -> Arr:
     w = np.ones(g.shape[1]) if weight is None else np.asarray(weight, dtype=np.float64)
     suffix = np.minimum.accumulate(g[..., ::-1], axis=2)[..., ::-1]  # nondecreasing: most layers within tau
     prefix = np.minimum.accumulate(g, axis=2)  # nonincreasing: fewest layers within tau
-    finite = np.where(np.isfinite(g), g, -np.inf).max(axis=(1, 2))
-    hi = np.where(np.isfinite(finite), finite, 0.0)
-    lo = np.where(np.isfinite(g), g, np.inf).min(axis=(1, 2))
-    lo = np.where(np.isfinite(lo), lo, 0.0)
 
     def fits(tau: Arr) -> Arr:
         most = (suffix <= tau[:, None, None]).sum(axis=2) - 1  # -1: no row within tau
@@ -121,6 +123,16 @@ def least_max(g: Arr, layers: int, weight: Arr | None = None) -> Arr:
         has = np.all((most >= 0) | (w == 0), axis=1)
         return has & (most @ w >= layers) & (fewest @ w <= layers)
 
+    return _bisect(g.reshape(len(g), -1), fits)
+
+
+def _bisect(flat: Arr, fits: Callable[[Arr], Arr]) -> Arr:
+    """Per item: the least integer tau in the range of the finite values of ``flat`` (axis 1) where ``fits`` (which
+    must be nondecreasing in tau) holds; inf where it holds nowhere."""
+    finite = np.where(np.isfinite(flat), flat, -np.inf).max(axis=1)
+    hi = np.where(np.isfinite(finite), finite, 0.0)
+    lo = np.where(np.isfinite(flat), flat, np.inf).min(axis=1)
+    lo = np.where(np.isfinite(lo), lo, 0.0)
     ok = fits(hi)
     while np.any(lo < hi):
         mid = np.floor((lo + hi) / 2.0)
@@ -129,39 +141,90 @@ def least_max(g: Arr, layers: int, weight: Arr | None = None) -> Arr:
     return np.where(ok, hi, np.inf)
 
 
+def least_max_mixed(g: Arr, layers: int, supply: list[tuple[list[int], IntArr]]) -> Arr:
+    """``least_max`` for stages on any of several hardware options (axis 1 of ``g``: [item, option, stage, layers])
+    with stage limits: ``supply`` holds (options of one GPU type, stages it may hold per item). Monotone upper bounds
+    on the layers the stages can hold within tau (so the least tau found is a lower bound): sum_s max_h most_sh, and
+    per limited type G with at most a stages, sum_s max_{h not in G} most_sh plus the a largest gains of moving a
+    stage onto G (every split puts at most a stages on G: a maximum over such sets, nondecreasing in tau)."""
+    suffix = np.minimum.accumulate(g[..., ::-1], axis=3)[..., ::-1]
+    prefix = np.minimum.accumulate(g, axis=3)
+    items, options, stages = g.shape[:3]
+    rows = np.arange(items)
+    placed = np.ones(items, dtype=bool)  # every option limited: the limits must hold every stage
+    if {h for group, _ in supply for h in group} >= set(range(options)):
+        placed = np.sum([allowed for _, allowed in supply], axis=0) >= stages
+
+    def fits(tau: Arr) -> Arr:
+        most = (suffix <= tau[:, None, None, None]).sum(axis=3) - 1  # [item, option, stage]; -1: none within tau
+        fewest = (prefix > tau[:, None, None, None]).sum(axis=3).min(axis=1)
+        best = most.max(axis=1)
+        ok = placed & np.all(best >= 0, axis=1) & (fewest.sum(axis=1) <= layers)
+        cap = best.sum(axis=1)
+        for group, allowed in supply:
+            rest = [h for h in range(options) if h not in group]
+            other = most[:, rest].max(axis=1) if rest else np.full_like(best, -1)
+            gain = -np.sort(other - best, axis=1)  # largest first, >= 0
+            top = np.concatenate([np.zeros((items, 1)), np.cumsum(gain, axis=1)], axis=1)
+            cap = np.minimum(cap, other.sum(axis=1) + top[rows, np.clip(allowed, 0, stages)])
+            ok &= (other < 0).sum(axis=1) <= allowed  # stages with no row off G within tau must be on G
+        return ok & (cap >= layers)
+
+    return _bisect(g.reshape(items, -1), fits)
+
+
 def _rounded_low(seconds: Arr) -> Arr:
     """Integer microseconds at most the exact rows' (rounded once, ``stages._candidates``)."""
     return np.rint(seconds * US) - 1.0
 
 
-def strong_bounds(model: Model, bases: PlanArrays, total_us: Arr, modes: list[int]) -> Arr:
-    """Lower bound on p v T (``stages._solve_base``'s objective) per base, inf where no split fits; one hardware
-    option per base (not mixed stages). ``total_us``: the linear stage total per base (``stages._stage_total_us``)."""
+def strong_bounds(
+    model: Model,
+    bases: PlanArrays,
+    total_us: Arr,
+    modes: list[int],
+    hw_choices: list[int] | None = None,
+    supply: list[tuple[list[int], IntArr]] | None = None,
+) -> Arr:
+    """Lower bound on p v T (``stages._solve_base``'s objective) per base, inf where no split fits. ``total_us``: the
+    linear stage total per base (``stages._lower_bounds_us``, per component least over the stage hardware).
+    ``hw_choices`` (mixed stages): the hardware options every stage may use, ``supply`` per GPU type with a supply
+    its options and the stages it may hold per base (``least_max_mixed``); dp and optimizer take their least over
+    the options. None: each base's own option."""
     out = np.full(len(bases), np.inf)
+    systems: list[int | None] = list(hw_choices) if hw_choices else [None]
+    groups = [([systems.index(h) for h in hws], allowed) for hws, allowed in supply or []]
     layers = model.workload.layers
     key = np.stack([bases.hw, bases.dp, bases.tp, bases.pp, bases.cp, bases.mbs, bases.zero, bases.sp, bases.ep], 1)
     _, first, shape_of = np.unique(key, axis=0, return_index=True, return_inverse=True)
     shape_of = shape_of.ravel()
     for p in np.unique(bases.pp[first]).tolist():
         in_p = np.flatnonzero(bases.pp[first] == p)
-        rows = shape_rows(model, bases.take(first[in_p]), modes)
+        per_hw = [shape_rows(model, _on(bases.take(first[in_p]), hw), modes) for hw in systems]
         local = np.full(len(first), -1)
         local[in_p] = np.arange(len(in_p))
         kinds = stage_kinds(p)
         weight = np.array([1.0, p - 2.0, 1.0])
-        dp = least_max(_rounded_low(rows.dp_s.min(axis=3)), layers, weight)
-        opt = least_max(_rounded_low(rows.opt_s.min(axis=3)), layers, weight)
+        dp = least_max(np.min([_rounded_low(r.dp_s.min(axis=3)) for r in per_hw], axis=0), layers, weight)
+        opt = least_max(np.min([_rounded_low(r.opt_s.min(axis=3)) for r in per_hw], axis=0), layers, weight)
         members = np.flatnonzero(bases.pp == p)
-        step = max(1, CHUNK // (p * (layers + 1) * len(modes)))
+        step = max(1, CHUNK // (p * (layers + 1) * len(modes) * len(systems)))
         for start in range(0, len(members), step):
             j = members[start : start + step]
             sh = local[shape_of[j]]
             v = bases.vpp[j].astype(np.float64)
             m = model.problem.training_task.global_batch / (bases.dp[j] * bases.mbs[j])
-            tmax = least_max(stage_times_us(rows, sh, kinds, v, m, p), layers)
+            g = np.stack([stage_times_us(r, sh, kinds, v, m, p) for r in per_hw], axis=1)  # [base, hw, stage, n]
+            tmax = least_max(g[:, 0], layers) if len(systems) == 1 else least_max_mixed(
+                g, layers, [(pos, allowed[j]) for pos, allowed in groups])
             pv = p * v
             out[j] = pv * np.rint(m) * tmax + (p - 1) * (total_us[j] - p) + pv * (dp[sh] + opt[sh])
     return out
+
+
+def _on(plans: PlanArrays, hw: int | None) -> PlanArrays:
+    """``plans`` on hardware option ``hw`` (None: unchanged)."""
+    return plans if hw is None else PlanArrays(**{**plans.__dict__, "hw": np.full(len(plans), hw, dtype=np.int64)})
 
 
 def stage_kinds(p: int) -> IntArr:

@@ -16,8 +16,10 @@ Raw space: (number of compositions of L into p parts) x R^p, e.g. 10^25 for 126 
 Bases are explored best-first by a valid lower bound, (m + (p - 1)/v)/p * (L * c_layer + extras): tmax is at least
 the mean, recomputation and exposed ZeRO-3 traffic only add. A base whose bound is not below the incumbent
 (initially the best uniform plan) cannot improve it, so the search is exact when it finishes within its budget.
-Without mixed stages a second bound per base (``stage_bounds.py``: memory, the layer split, DP sync and optimizer),
-computed for all bases at once, skips the bases it proves cannot improve the incumbent before their rows are built.
+A second bound per base (``stage_bounds.py``: memory, the layer split, DP sync and optimizer; with mixed stages the
+least over the systems a stage may use), computed for all bases at once, skips the bases it proves cannot improve
+the incumbent before their rows are built. The visiting order stays the first bound's, so every base that reaches
+CP-SAT sees the same incumbent, hence builds the same model and returns the same split, as without the second bound.
 
 Objectives (model/objectives.py): at fixed hardware every objective is rate x T (rate: integer objective units per
 us of step time, from the registry). A base on one hardware option has one rate, so CP-SAT minimises T under
@@ -351,11 +353,18 @@ def solve_uneven(
     lb = np.array([b[0][0] if b else np.inf for b in bound_obj])
     order = np.lexsort((np.arange(len(bases)), lb))
     modes = sorted(set(np.unique(enumerate_plans(pr).recompute).tolist()))
-    # one option per base: a bound on p v T per base that sees memory and the layer split (stage_bounds.py)
+    # a bound on p v T per base that sees memory and the layer split (stage_bounds.py; mixed: least over systems)
     strong = np.full(len(bases), -np.inf)
-    if not pr.space.mixed_stages:
-        live = np.flatnonzero(lb < incumbent)
-        strong[live] = strong_bounds(model, bases.take(live), total_us[live], modes)
+    live = np.flatnonzero(lb < incumbent)
+    if len(live):
+        mixed_hws: list[int] | None = None
+        limits: list[tuple[list[int], NDArray[np.int64]]] | None = None
+        if pr.space.mixed_stages:  # every base: the same GPU types with a supply, its own stages per type
+            mixed_hws = jobs[int(live[0])][0]
+            limits = [(hws, np.array([jobs[int(j)][1][i][1] for j in live])) for i, (hws, _) in
+                      enumerate(jobs[int(live[0])][1])]
+        strong[live] = strong_bounds(model, bases.take(live), total_us[live], modes, hw_choices=mixed_hws,
+                                     supply=limits)
     n_micro = pr.training_task.global_batch / (bases.dp * bases.mbs)
     best_plan, best_obj, best_us, exact, solved, booleans = None, float(incumbent), None, True, 0, 0
     pruned, out_of_time = 0, False
@@ -365,11 +374,13 @@ def solve_uneven(
             pruned += len(order) - pos
             break
         if strong[j] == np.inf or (np.isfinite(strong[j]) and np.isfinite(best_obj)):
-            # the threshold of _solve_base (one composition: counts None); inf: no split fits in memory
-            rate = bound_obj[int(j)][0][2]
+            # the thresholds of _solve_base (one per composition: its rate); inf: no split fits in memory
             pv = int(bases.pp[j] * bases.vpp[j])
-            margin = 0.0 if best_plan is not None else 0.5 / rate + (n_micro[j] + int(bases.pp[j]) + 2) * 0.5
-            if strong[j] == np.inf or strong[j] > int(np.ceil((best_obj / rate - margin) * pv)) - 1:
+            extra = (n_micro[j] + int(bases.pp[j]) + 2) * 0.5
+            if strong[j] == np.inf or strong[j] > max(
+                int(np.ceil((best_obj / rate - (0.0 if best_plan is not None else 0.5 / rate + extra)) * pv)) - 1
+                for _, _, rate in bound_obj[int(j)]
+            ):
                 pruned += 1
                 continue
         base = bases.take([int(j)])
