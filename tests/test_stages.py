@@ -217,7 +217,8 @@ def test_llama3_405b_interleaved_uneven_is_expressible_priced_and_searched(pp: i
 def test_interleaved_uneven_plan_simulates_like_its_closed_form() -> None:
     """The step timeline (trace) runs an uneven pipeline's layers as v chunks per stage and agrees with the
     closed-form step time within the trace tolerance."""
-    from madmax_opt.analysis.trace import TRACE_TOLERANCE, simulate
+    from madmax_opt.analysis.trace import simulate
+    from madmax_opt.analysis.trace_setup import TRACE_TOLERANCE
     from madmax_opt.model.spec import Plan
 
     problem = problem_from_dict({

@@ -19,8 +19,10 @@ import pytest
 
 from conftest import ProblemFactory, toy_model, toy_system
 from madmax_opt.analysis.evaluator import Model, evaluate
-from madmax_opt.analysis.trace import SharedLink, Simulation, schedule, simulate, simulate_setup
+from madmax_opt.analysis.trace import schedule, simulate, simulate_setup
 from madmax_opt.analysis.trace_export import chrome_trace, rerank
+from madmax_opt.analysis.trace_link import SharedLink
+from madmax_opt.analysis.trace_result import Simulation
 from madmax_opt.analysis.trace_setup import TRACE_TOLERANCE
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import problem_from_dict

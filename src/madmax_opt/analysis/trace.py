@@ -38,32 +38,22 @@ gradient-norm all-reduce over the model-parallel group) and takes ``stage_costs`
 
 Identical layers are aggregated: the passes of a chunk's layers that issue no step-level traffic (no ZeRO-3
 gather, no gradient bucket) while none is in flight on their tiers advance in O(1) as n copies of the layer
-template; the others go layer by layer, op by op on a contended tier. The trace expands templates on export."""
+template; the others go layer by layer, op by op on a contended tier. The trace expands templates on export.
+
+Modules: this one schedules and runs the engine; ``trace_setup`` prepares the per-stage work from the closed form,
+``trace_link`` models a shared tier (processor sharing), ``trace_result`` holds the :class:`Simulation` with its
+summary and trace events, ``trace_export`` writes Chrome traces and re-ranks plans."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from madmax_opt.analysis.evaluator import Model
-from madmax_opt.analysis.trace_setup import (
-    AG,
-    COMPUTE,
-    COMPUTE_CATS,
-    DP,
-    PP,
-    TRACE_TOLERANCE,
-    Setup,
-    Unit,
-    setup,
-)
-from madmax_opt.core.errors import ProblemError
+from madmax_opt.analysis.trace_link import LinkOp, SharedLink
+from madmax_opt.analysis.trace_result import Simulation, StageResult
+from madmax_opt.analysis.trace_setup import AG, COMPUTE_CATS, DP, PP, Setup, Unit, setup
 from madmax_opt.model.spec import Plan
 from madmax_opt.model.training import STEP_TERMS
 
@@ -98,203 +88,6 @@ def schedule(p: int, v: int, m: int, stage: int) -> list[tuple[int, int, int]]:
 
 
 # ---------------------------------------------------------------------------------------------- simulation
-
-
-@dataclass
-class StageResult:
-    """One stage's step: busy time per stream and where its compute stream's time went."""
-
-    busy_s: list[float]  # per stream
-    breakdown_s: dict[str, float]  # STEP_TERMS: compute-stream busy by category + idle by cause; sums to step
-
-
-@dataclass
-class Simulation:
-    setup: Setup
-    step_time_s: float
-    stages: list[StageResult]
-    records: list[tuple[Any, ...]] = field(repr=False)
-    wall_s: float = 0.0
-
-    @property
-    def streams(self) -> tuple[str, ...]:
-        return self.setup.streams
-
-    @property
-    def closed_form_step_s(self) -> float:
-        return float(self.setup.closed_form["step_time_s"])
-
-    @property
-    def difference(self) -> float:
-        """Simulated / closed-form step time - 1."""
-        return self.step_time_s / self.closed_form_step_s - 1.0
-
-    @property
-    def critical_stage(self) -> int:
-        """The stage with the most compute-stream work (the pipeline's bottleneck)."""
-        busy = [sum(r.breakdown_s[k] for k in ("compute", "recompute", "overhead")) for r in self.stages]
-        return int(np.argmax(busy))
-
-    def exposed_comm_s(self, stage: int) -> float:
-        return sum(v for k, v in self.stages[stage].breakdown_s.items() if k.endswith("_comm"))
-
-    def summary(self) -> dict[str, Any]:
-        """The JSON summary of ``madmax-opt timeline --json``."""
-        step = self.step_time_s
-        crit = self.critical_stage
-        su = self.setup
-        return {
-            "plan": su.closed_form["plan"],
-            "hardware": su.closed_form["hardware"],
-            "step_time_s": step,
-            "closed_form_step_time_s": self.closed_form_step_s,
-            "difference": self.difference,
-            "tolerance": TRACE_TOLERANCE,
-            "within_tolerance": abs(self.difference) <= TRACE_TOLERANCE,
-            "micro_batches": su.n_micro,
-            "schedule": "interleaved 1F1B" if su.vpp > 1 else "1F1B",
-            "critical_stage": crit,
-            "breakdown_s": self.stages[crit].breakdown_s,
-            "closed_form_breakdown_s": su.closed_form["time_breakdown_s"],
-            "exposed_comm_s": self.exposed_comm_s(crit),
-            "stages": [
-                {
-                    "stage": s,
-                    "layers": su.stages[s].layers,
-                    "busy_s": dict(zip(self.streams, r.busy_s, strict=True)),
-                    "idle_s": {k: step - b for k, b in zip(self.streams, r.busy_s, strict=True)},
-                    "links": {k: su.stages[s].links.get(k, "gpu") for k in self.streams},
-                    "breakdown_s": r.breakdown_s,
-                    "exposed_comm_s": self.exposed_comm_s(s),
-                }
-                for s, r in enumerate(self.stages)
-            ],
-            "simulation_wall_s": self.wall_s,
-        }
-
-    def events(self, detail: str = "ops") -> list[TraceEvent]:
-        """Every op as a :class:`TraceEvent` (``detail="layers"``: one compute event per layer pass)."""
-        if detail not in ("ops", "layers"):
-            raise ProblemError(f"unknown trace detail {detail!r}; allowed: ops, layers", field="--detail")
-        return list(expand_events(self, detail == "ops"))
-
-    def event_count(self, detail: str = "ops") -> int:
-        n = 0
-        for rec in self.records:
-            if rec[0] == "units":
-                units, count = rec[3], rec[5]
-                n += count * (sum(len(u.ops) for u in units) if detail == "ops" else len(units))
-            else:
-                n += 1
-        return n
-
-
-@dataclass(frozen=True)
-class TraceEvent:
-    id: int
-    stage: int
-    stream: str
-    name: str
-    cat: str
-    start_s: float
-    dur_s: float
-    deps: tuple[int, ...]  # events that must end before this one starts
-    args: dict[str, Any]
-
-    @property
-    def end_s(self) -> float:
-        return self.start_s + self.dur_s
-
-
-class LinkOp:
-    """A collective on a shared link: ``work_s`` at the link's full bandwidth; start/end known once served."""
-
-    __slots__ = ("end_s", "issue_s", "queue", "rem_s", "start_s", "work_s")
-
-    def __init__(self, queue: int, issue_s: float, work_s: float) -> None:
-        self.queue = queue
-        self.issue_s = issue_s
-        self.work_s = work_s
-        self.rem_s = work_s
-        self.start_s = -1.0
-        self.end_s = -1.0
-
-
-class SharedLink:
-    """The streams of one GPU on one network tier: each stream runs its ops in issue order, and the busy streams
-    split the tier's bandwidth equally (processor sharing).
-
-    E.g. ZeRO-3 all-gathers and gradient reduce-scatters run on separate CUDA streams (FSDP) over the same NIC:
-    neither waits behind the other, and together they never move more bytes per second than the link. Evaluated
-    lazily: ``finish(op)`` advances the link until ``op`` is done, which is exact because the engine issues every
-    op no earlier than the link's current time and never before an op it has already waited for ends.
-    """
-
-    def __init__(self) -> None:
-        self.queues: dict[int, deque[LinkOp]] = {}
-        self.t = 0.0
-        self.busy_s: dict[int, float] = {}
-
-    def issue(self, queue: int, issue_s: float, work_s: float) -> LinkOp:
-        op = LinkOp(queue, max(issue_s, self.t), work_s)
-        if queue not in self.queues:
-            self.queues[queue] = deque()
-            self.busy_s[queue] = 0.0
-        self.queues[queue].append(op)
-        return op
-
-    def idle_at(self, t: float) -> bool:
-        """Advance to ``t``; whether nothing is left in flight."""
-        self.finish(until_s=t)
-        return not any(self.queues.values())
-
-    def finish(self, op: LinkOp | None = None, until_s: float = math.inf) -> float:
-        """Advance until ``op`` ends (default: until every op has ended, or to ``until_s``)."""
-        queues = self.queues
-        while op is None or op.end_s < 0.0:
-            heads = [q[0] for q in queues.values() if q]
-            if not heads or self.t >= until_s:
-                break
-            t = self.t
-            if len(heads) == 1:  # one busy stream: its head runs alone at full bandwidth
-                h = heads[0]
-                start = max(t, h.issue_s)
-                if h.start_s < 0.0:
-                    if start >= until_s:
-                        self.t = until_s
-                        break
-                    h.start_s = start
-                end = start + h.rem_s
-                if end > until_s:
-                    h.rem_s = end - until_s
-                    self.t = until_s
-                    break
-                h.rem_s = 0.0
-                h.end_s = self.t = end
-                self.busy_s[h.queue] += end - h.start_s
-                queues[h.queue].popleft()
-                continue
-            active = [h for h in heads if h.issue_s <= t]
-            if not active:
-                self.t = min(min(h.issue_s for h in heads), until_s)
-                continue
-            k = len(active)
-            for h in active:
-                if h.start_s < 0.0:
-                    h.start_s = t
-            dt = min(h.rem_s for h in active) * k
-            for h in heads:
-                if t < h.issue_s < t + dt:
-                    dt = h.issue_s - t
-            dt = min(dt, until_s - t)
-            self.t = t + dt
-            for h in active:
-                h.rem_s -= dt / k
-                if h.rem_s <= 1e-12 * (h.work_s + 1e-9):
-                    h.end_s = self.t
-                    self.busy_s[h.queue] += h.end_s - h.start_s
-                    queues[h.queue].popleft()
-        return self.t
 
 
 class _Stage:
@@ -641,49 +434,3 @@ class _Engine:
                 breakdown[k] = breakdown.get(k, 0.0) + x
             results.append(StageResult(list(st.busy), breakdown))
         return Simulation(self.su, step, results, self.recs)
-
-
-def expand_events(sim: Simulation, ops: bool) -> Iterator[TraceEvent]:
-    """Records -> events with ids; dependencies point at the exit event of the record they name."""
-    streams = sim.streams
-    exit_of: list[int] = []
-    next_id = 0
-    for rec in sim.records:
-        if rec[0] in ("op", "link"):
-            if rec[0] == "op":
-                _, s, stream, name, cat, start, dur, deps, args = rec
-            else:
-                _, s, stream, name, cat, op, deps, args = rec
-                start, dur = op.start_s, op.end_s - op.start_s
-            ev = TraceEvent(next_id, s, streams[stream], name, cat, start, dur,
-                            tuple(exit_of[d] for d in deps), dict(args))
-            next_id += 1
-            exit_of.append(ev.id)
-            yield ev
-            continue
-        _, s, t0, units, span, count, layer0, step, mb, c, deps = rec
-        entry_deps = tuple(exit_of[d] for d in deps)
-        prev_exit = -1
-        for i in range(count):
-            layer = layer0 + i * step
-            t_u = t0 + i * span
-            for u in units:
-                args = {"mb": mb, "chunk": c, "layer": layer}
-                if not ops:
-                    cat = "recompute" if u.kind == "rc" else "compute"
-                    dep = entry_deps if prev_exit < 0 else ()
-                    yield TraceEvent(next_id, s, COMPUTE, f"L{layer} {u.kind}", cat, t_u, u.duration_s, dep, args)
-                    prev_exit = next_id
-                    next_id += 1
-                else:
-                    base = next_id
-                    for j, op in enumerate(u.ops):
-                        dep = tuple(base + d for d in op.deps)
-                        if j == 0:
-                            dep = dep + (entry_deps if prev_exit < 0 else ((prev_exit,) if op.stream == 0 else ()))
-                        yield TraceEvent(next_id, s, streams[op.stream], f"L{layer} {op.name}", op.cat,
-                                         t_u + op.start_s, op.dur_s, dep, args)
-                        next_id += 1
-                    prev_exit = base + u.exit
-                t_u += u.duration_s
-        exit_of.append(prev_exit)

@@ -16,7 +16,7 @@ from madmax_opt.model.plan_settings import plan_text
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from madmax_opt.analysis.trace import Simulation
+    from madmax_opt.analysis.trace_result import Simulation
 
 # step-time terms of the closed form (training.STEP_TERMS) and of the simulation, in stacking order
 TERM_LABELS: dict[str, str] = {

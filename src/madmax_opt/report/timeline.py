@@ -21,8 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 from madmax_opt.analysis.evaluator import Model, metrics
-from madmax_opt.analysis.trace import Simulation, simulate
+from madmax_opt.analysis.trace import simulate
 from madmax_opt.analysis.trace_export import chrome_trace, rerank
+from madmax_opt.analysis.trace_result import Simulation
 from madmax_opt.analysis.trace_setup import MAX_TRACE_EVENTS, TRACE_TOLERANCE
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import load_problem, problem_from_dict
