@@ -419,7 +419,8 @@ def test_cli_bad_inference_problem_exit_code_2(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_validation_and_paper_study_write_their_reports(tmp_path: Path) -> None:
-    from madmax_opt.report.serving_reports import write_inference_study, write_validation_report
+    from madmax_opt.report.serving_reports import write_inference_study
+    from madmax_opt.report.serving_validation import write_validation_report
 
     assert "median |error|" in write_validation_report(tmp_path).read_text()
     assert "speedup" in write_inference_study(tmp_path).read_text()
@@ -470,7 +471,12 @@ def test_validation_bars_on_the_shared_measurements() -> None:
     """Issue 4 bars, recomputed from the shared data: median |error| <= 15 % (throughput), <= 20 % (latency)."""
     import statistics
 
-    from madmax_opt.report.serving_reports import BAR_LATENCY, BAR_THROUGHPUT, summary_errors, validation_rows
+    from madmax_opt.report.serving_validation import (
+        BAR_LATENCY,
+        BAR_THROUGHPUT,
+        summary_errors,
+        validation_rows,
+    )
     from madmax_opt.studies.validation import shared_dir
 
     if not (shared_dir() / "validation" / "inference_measured.yaml").exists():

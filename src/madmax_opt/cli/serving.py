@@ -19,7 +19,7 @@ def pareto_command(
 ) -> None:
     """Throughput-vs-latency Pareto front of an inference problem: a Markdown table and a PNG plot."""
     from madmax_opt.report.families import family_of
-    from madmax_opt.report.serving_reports import pareto_cmd
+    from madmax_opt.report.serving_pareto import pareto_cmd
 
     family_of(problem).require("pareto", problem)
     pareto_cmd(problem=problem, out=out)

@@ -41,7 +41,7 @@ def validate_inference_command(
     out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/validation"),
 ) -> None:
     """Inference model vs the measured serving runs in shared/validation; writes results/validation/inference.md."""
-    from madmax_opt.report.serving_reports import validate_inference_cmd
+    from madmax_opt.report.serving_validation import validate_inference_cmd
 
     validate_inference_cmd(out=out)
 

@@ -116,12 +116,12 @@ def _serving_show(result: dict[str, Any], console: Console) -> None:
 
 def _serving_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None, console: Console) -> None:
     from madmax_opt.io.problem import load_problem
-    from madmax_opt.report import serving_reports
+    from madmax_opt.report.serving_tables import evaluate_command
 
     if plot is not None:
         raise ProblemError("--plot draws training plans; for serving use `madmax-opt pareto`", file=str(path),
                            field="--plot")
-    serving_reports.evaluate_command(load_problem(path), plan, json_out, console)
+    evaluate_command(load_problem(path), plan, json_out, console)
 
 
 # ------------------------------------------------------------------------------------------- recommender

@@ -1,14 +1,20 @@
-"""Serving records as rich tables: one plan, the Pareto front, a solve result."""
+"""Serving records as rich tables (one plan, the Pareto front, a solve result) and ``madmax-opt evaluate`` for an
+inference problem: its plan file read and each plan's record printed."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.report.report import metric_table
+
+if TYPE_CHECKING:
+    from madmax_opt.io.problem_file import Problem
 
 
 def _ms(x: float) -> str:
@@ -87,3 +93,50 @@ def print_result(result: dict[str, Any], console: Console) -> None:
         console.print(record_table(result["baseline"], title="baseline"))
         if result.get("speedup_vs_baseline"):
             console.print(f"[bold]speedup over baseline: {result['speedup_vs_baseline']:.2f}x[/bold]")
+
+
+# ------------------------------------------------------------------------------------------ evaluate
+
+
+def load_serving_plans(path: Path) -> tuple[list[Any], bool]:
+    """Plans of an inference problem (ServingPlan keys: + precision, prefill_replicas); whether it was a list."""
+    from madmax_opt.core.errors import ProblemError
+    from madmax_opt.io.validate import validate
+    from madmax_opt.io.yaml_files import read_yaml
+    from madmax_opt.search.serving import ServingPlan
+
+    data = read_yaml(path, what="plan file")
+    items = data if isinstance(data, list) else [data]
+    if not items or not all(isinstance(x, dict) for x in items):
+        keys = ", ".join(ServingPlan.model_fields)
+        raise ProblemError(
+            f"expected a plan; allowed: a mapping with keys {{{keys}}} or a non-empty list of them",
+            file=str(path),
+        )
+    plans = [
+        validate(ServingPlan, x, file=str(path), prefix=f"[{i}]" if isinstance(data, list) else "")
+        for i, x in enumerate(items)
+    ]
+    return plans, isinstance(data, list)
+
+
+def evaluate_command(problem: Problem, plan_file: Path, json_out: bool, out: Console) -> None:
+    """``madmax-opt evaluate`` for an inference problem."""
+    from madmax_opt.search.serving import evaluate_serving
+
+    plans, is_list = load_serving_plans(plan_file)
+    if getattr(problem.task, "arrival_rate", None) is not None:  # online serving: percentiles at the arrival rate
+        from madmax_opt.report.online_reports import print_online_records
+        from madmax_opt.search.online import evaluate_online
+
+        online = evaluate_online(problem, plans)
+        if json_out:
+            print(json.dumps(online if is_list else online[0], indent=2))
+        else:
+            print_online_records(online, out)
+        return
+    records = evaluate_serving(problem, plans)
+    if json_out:
+        print(json.dumps(records if is_list else records[0], indent=2))
+    else:
+        print_records(records, out)

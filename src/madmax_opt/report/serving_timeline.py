@@ -30,7 +30,7 @@ CATEGORY_LABELS = {"attention": "attention + QKV/O GEMMs", "gemm": "MLP / expert
 
 
 def serving_timeline(problem: Problem, plan_file: Path, index: int) -> ServingTimeline:
-    from madmax_opt.report.serving_reports import load_serving_plans
+    from madmax_opt.report.serving_tables import load_serving_plans
     from madmax_opt.search.serving_space import ServingModel
 
     plans, _ = load_serving_plans(plan_file)
