@@ -97,3 +97,20 @@ def test_emit_command_writes_one_folder_per_plan(tmp_path: Path) -> None:
 def test_bad_emit_requests_are_one_line_errors(args: list[Any], message: str) -> None:
     r = run_main(*args)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("plan", "fmt", "problem", "where"), [
+    ("[{dp: 1024, tp: 1, pp: 1, mbs: 1, zero: 2, system: dgx-h100},"
+     " {dp: 1024, tp: 1, pp: 1, mbs: 1, zero: 1, system: dgx-h100}]", "torchtitan", LLAMA, "{plan}: [1].zero: "),
+    ("{dp: 1024, tp: 1, pp: 1, mbs: 1, zero: 1, system: dgx-h100}", "torchtitan", LLAMA, "{plan}: zero: "),
+    ("{dp: 1, tp: 8, pp: 1, batch: 8}", "trtllm", ROOT / "problems/serve-deepseek-v3.yaml", "{problem}: model.moe: "),
+])
+def test_emit_refusals_name_the_file_and_field(tmp_path: Path, plan: str, fmt: str, problem: Path,
+                                               where: str) -> None:
+    """A plan setting is located in the plan file ([i] of a list), a model or task setting in the problem file."""
+    path = tmp_path / "plans.yaml"
+    path.write_text(plan + "\n")
+    r = run_main("emit", problem, fmt, "--plan", path)
+    expected = where.format(plan=path, problem=problem)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"error: {expected}{fmt} cannot express" in r.stderr, \
+        r.stderr

@@ -49,18 +49,21 @@ def emit_best(problem: Path, result: dict[str, Any], fmt: str, out: Path | None)
 
     loaded = _load(problem)
     refused: list[str] = []
+    first: ProblemError | None = None
     for rank, record in enumerate(result.get("top") or [result["best"]]):
         try:
             emitted = emit_plan(loaded, plan_of_record(loaded, record["plan"]), fmt)
         except ProblemError as exc:
             refused.append(str(exc))
+            first = first or exc
             continue
         if out is not None:
             write_emitted(emitted, out)
         return {**emitted.model_dump(), "rank": rank, "refused": refused}
     more = f" (none of the {len(refused)} returned plans; a larger --top-k may find one)" if len(refused) > 1 else \
         " (try --top-k 20: the next plans may be expressible)"
-    raise ProblemError(refused[0].removeprefix("plan: ") + more, file=str(problem), field="--emit")
+    assert first is not None
+    raise ProblemError(first.message + more, file=str(problem), field="--emit")
 
 
 def script_of(record: dict[str, Any]) -> str:
@@ -83,13 +86,19 @@ def emit_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Emit plan(s) as a framework's commands and config files; a setting it cannot express is an error (exit 2)."""
-    from madmax_opt.launch.emit import emit_plan, load_plan_file, write_emitted
+    from madmax_opt.core.errors import ProblemError
+    from madmax_opt.io.yaml_files import read_yaml
+    from madmax_opt.launch.emit import emit_plan, load_plan_file, locate_refusal, write_emitted
 
     loaded = _load(problem)
     plans = load_plan_file(plan, loaded)
+    listed = isinstance(read_yaml(plan, what="plan file"), list)
     records = []
     for i, p in enumerate(plans):
-        emitted = emit_plan(loaded, p, fmt)
+        try:
+            emitted = emit_plan(loaded, p, fmt)
+        except ProblemError as exc:  # name the plan file and field (or the problem's, for a task/model setting)
+            raise locate_refusal(exc, problem, plan, f"[{i}]" if listed else "") from None
         if out is not None:
             write_emitted(emitted, out if len(plans) == 1 else out / f"plan-{i}")
         records.append(emitted.model_dump())

@@ -13,6 +13,7 @@ class ProblemError(MadmaxError):
     """Invalid input: a problem, plan or catalog file, or a field inside one."""
 
     def __init__(self, message: str, *, file: str | None = None, field: str | None = None) -> None:
+        self.message = message  # without the location
         self.file = file
         self.field = field
         where = ": ".join(part for part in (file, field) if part)

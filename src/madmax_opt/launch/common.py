@@ -97,9 +97,23 @@ class Format:
     config: Callable[[Emitted], dict[str, Any]] = lambda e: {}  # dotted config key -> value, from its files
 
 
-def refuse(fmt: str, setting: str, why: str) -> ProblemError:
-    """The one-line error for a plan setting a format cannot express (exit 2)."""
-    return ProblemError(f"{fmt} cannot express {setting}: {why}", field="plan")
+def refuse(fmt: str, setting: str, why: str, field: str | None = None) -> ProblemError:
+    """The one-line error for a plan setting a format cannot express (exit 2).
+
+    ``field``: what is at fault, a plan field (``zero``) or a problem field (``task.precision``, ``model``); by
+    default the plan field ``setting`` starts with (``zero=1 ...``), else ``plan``. The error names no file: the
+    command that read the plan or problem adds it (``emit.locate_refusal``)."""
+    name = re.match(r"(\w+)=", setting)
+    where = field or (name.group(1) if name and name.group(1) in PLAN_FIELDS else "plan")
+    return ProblemError(f"{fmt} cannot express {setting}: {why}", field=where)
+
+
+PLAN_FIELDS = frozenset(Plan.model_fields) | {"max_num_seqs", "prefill_replicas", "batch", "precision"}
+
+
+def is_problem_field(field: str | None) -> bool:
+    """Whether a refusal's field is the problem's (``task...``, ``model...``) rather than the plan's."""
+    return field is not None and field.split(".", 1)[0] in ("task", "model")
 
 
 def node_layout(fmt: str, gpus: int, gpus_per_node: int) -> tuple[int, int]:

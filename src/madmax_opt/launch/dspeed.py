@@ -53,7 +53,9 @@ def ds_emit(ctx: Context) -> Emitted:
     ]
     for bad, setting, why in unsupported:
         if bad:
-            raise refuse(FMT, setting, why)
+            fields = {"an uneven pipeline (stage_layers)": "stage_layers", "this MoE layout": "model.moe",
+                      f"precision {task.precision}": "task.precision"}
+            raise refuse(FMT, setting, why, field=fields.get(setting))
     even_layers(m.layers, p.pp, FMT, f"pp={p.pp}")
     config = {
         "train_batch_size": task.global_batch, "train_micro_batch_size_per_gpu": p.mbs,

@@ -13,7 +13,7 @@ from madmax_opt.core.errors import InternalError, ProblemError
 from madmax_opt.io.problem_file import Problem
 from madmax_opt.io.validate import validate
 from madmax_opt.io.yaml_files import read_yaml
-from madmax_opt.launch.common import Context, Emitted, Format, parse_flags
+from madmax_opt.launch.common import Context, Emitted, Format, is_problem_field, parse_flags
 from madmax_opt.launch.dspeed import DEEPSPEED
 from madmax_opt.launch.flagsets import FORMAT_NAMES, flagset
 from madmax_opt.launch.megatron import MEGATRON, NEMO
@@ -115,6 +115,17 @@ def load_plan_file(path: Path, problem: Problem) -> list[Plan]:
     items = data if isinstance(data, list) else [data]
     return [validate(ServingPlan, x, file=str(path), prefix=f"[{i}]" if isinstance(data, list) else "")
             for i, x in enumerate(items)]
+
+
+def locate_refusal(exc: ProblemError, problem: Path, plan_file: Path, prefix: str = "") -> ProblemError:
+    """A refusal of ``emit_plan`` (no file) named where it comes from: a problem field (``task...``, ``model...``)
+    in the problem file, a plan field in the plan file, at ``prefix`` (``[i]``) when the file lists plans."""
+    if exc.file is not None:
+        return exc
+    if is_problem_field(exc.field):
+        return ProblemError(exc.message, file=str(problem), field=exc.field)
+    field = exc.field if exc.field != "plan" else None
+    return ProblemError(exc.message, file=str(plan_file), field=".".join(x for x in (prefix, field) if x) or None)
 
 
 def write_emitted(emitted: Emitted, out: Path) -> list[Path]:

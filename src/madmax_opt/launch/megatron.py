@@ -40,16 +40,19 @@ def training_checks(ctx: Context, fmt: str) -> Task:
     """Settings no training format expresses: ViT, fine-tuning recipes, a serving batch, mixed GPU types."""
     p, m, task = ctx.plan, ctx.model, ctx.problem.task
     if not isinstance(task, Task):
-        raise refuse(fmt, "an inference task", "a training format; allowed for serving: vllm, sglang, trtllm")
+        raise refuse(fmt, "an inference task", "a training format; allowed for serving: vllm, sglang, trtllm",
+                     field="task.kind")
     if m.family != "llm":
-        raise refuse(fmt, f"model family {m.family}", "only decoder LLMs are emitted; allowed: family llm")
+        raise refuse(fmt, f"model family {m.family}", "only decoder LLMs are emitted; allowed: family llm",
+                     field="model.family")
     if task.lora_rank or task.frozen_layers:
-        raise refuse(fmt, "lora_rank / frozen_layers", "fine-tuning recipes are not emitted; allowed: full training")
+        raise refuse(fmt, "lora_rank / frozen_layers", "fine-tuning recipes are not emitted; allowed: full training",
+                     field="task")
     if p.batch is not None:
-        raise refuse(fmt, "batch", "a serving setting; training plans use mbs")
+        raise refuse(fmt, "batch", "a serving setting; training plans use mbs", field="batch")
     if p.stage_systems is not None and len(set(p.stage_systems)) > 1:
         raise refuse(fmt, "mixed GPU types per pipeline stage", "one launch runs on one system; allowed: "
-                     "stage_systems all equal")
+                     "stage_systems all equal", field="stage_systems")
     return task
 
 
@@ -59,7 +62,8 @@ def uniform_recompute(p: Plan, fmt: str) -> str:
         return p.recompute
     if len(set(p.stage_recompute)) > 1:
         raise refuse(fmt, f"per-stage recompute {p.stage_recompute}",
-                     "recomputation is one setting for every stage; allowed: stage_recompute all equal")
+                     "recomputation is one setting for every stage; allowed: stage_recompute all equal",
+                     field="stage_recompute")
     return p.stage_recompute[0]
 
 
@@ -77,7 +81,7 @@ def no_uneven_interleaving(p: Plan, fmt: str) -> None:
     if p.stage_layers is not None and p.vpp > 1:
         raise refuse(fmt, f"uneven stages with vpp={p.vpp}",
                      "the emitted stage split places layers per stage, not per virtual chunk; "
-                     "allowed: uneven stages at vpp 1, or an even split with interleaving")
+                     "allowed: uneven stages at vpp 1, or an even split with interleaving", field="vpp")
 
 
 def uneven_split(stage_layers: Sequence[int] | None) -> tuple[tuple[int, int] | None, str | None]:

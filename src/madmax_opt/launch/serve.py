@@ -58,7 +58,7 @@ class Serving:
         task, p = ctx.problem.task, ctx.plan
         if not isinstance(task, InferenceTask) or not isinstance(p, ServingPlan):
             raise refuse(fmt, "a training task", "a serving format; allowed for training: megatron, nemo, "
-                         "torchtitan, deepspeed")
+                         "torchtitan, deepspeed", field="task.kind")
         if p.batch is not None and p.max_num_seqs is not None and p.max_num_seqs != p.batch:
             raise refuse(fmt, f"max_num_seqs={p.max_num_seqs} with batch={p.batch}", "one server cap carries both; "
                          "an offered batch above the cap is load, not a server setting; allowed: max_num_seqs = "
@@ -66,14 +66,15 @@ class Serving:
         cap = p.max_num_seqs or p.batch  # saturated plans size the cap by batch, online plans by max_num_seqs
         if cap is None:
             raise refuse(fmt, "a plan without batch or max_num_seqs", "the server needs its cap on running "
-                         "sequences; allowed: a batch or max_num_seqs (solve returns one)")
+                         "sequences; allowed: a batch or max_num_seqs (solve returns one)", field="batch")
         self.ctx, self.plan, self.task, self.cap = ctx, p, task, cap
         self.precision = precision_of(p, task.precisions()[0])
         kv_precision = task.kv_precision or DEFAULT_KV_PRECISION[self.precision]
         if self.precision not in weights:
-            raise refuse(fmt, f"precision {self.precision}", f"allowed: {', '.join(weights)}")
+            raise refuse(fmt, f"precision {self.precision}", f"allowed: {', '.join(weights)}", field="precision")
         if kv_precision not in kv:
-            raise refuse(fmt, f"a {kv_precision} KV cache", f"allowed: {', '.join(kv)}")
+            raise refuse(fmt, f"a {kv_precision} KV cache", f"allowed: {', '.join(kv)}",
+                         field="task.kv_precision")
         self.dtype, self.quantization = weights[self.precision]
         self.kv = kv[kv_precision]
         self.max_len = max(r.prompt_len + r.output_len for r in task.requests())
@@ -230,7 +231,8 @@ def trtllm_emit(ctx: Context) -> Emitted:
     if p.ep > 1 or ctx.model.moe is not None:
         raise refuse("trtllm", "expert parallelism (a mixture-of-experts model)", "emitted for the TensorRT engine "
                      "backend, whose build quantizes dense models; MoE serving runs on the PyTorch backend from "
-                     "pre-quantized checkpoints; allowed: dense models, ep 1")
+                     "pre-quantized checkpoints; allowed: dense models, ep 1",
+                     field="ep" if p.ep > 1 else "model.moe")
     quant = {"quant_algo": s.quantization, "kv_cache_quant_algo": s.kv}
     config = {"dtype": s.dtype, "quant_config": {k: v for k, v in quant.items() if v is not None} or None}
     text = yaml.safe_dump({k: v for k, v in config.items() if v is not None}, sort_keys=False)

@@ -79,7 +79,7 @@ def check_model(m: TransformerModel) -> None:
     for is_bad, what in bad:
         if is_bad:
             raise refuse(FMT, f"model {m.name} ({what})", "the llama3 model of torchtitan v0.2.2 is dense SwiGLU + "
-                         "RMSNorm without biases or tied embeddings")
+                         "RMSNorm without biases or tied embeddings", field="model")
 
 
 def stage_modules(stage_layers: list[int]) -> list[list[str]]:
@@ -106,7 +106,8 @@ def titan_emit(ctx: Context) -> Emitted:
         raise refuse(FMT, f"sp={p.sp} with tp={p.tp}", "torchtitan's tensor parallelism always shards the sequence;"
                      " allowed: sp true exactly when tp > 1")
     if task.precision == "fp16":
-        raise refuse(FMT, "precision fp16", "mixed precision is bfloat16 or float32; allowed: bf16, fp8, mxfp8")
+        raise refuse(FMT, "precision fp16", "mixed precision is bfloat16 or float32; allowed: bf16, fp8, mxfp8",
+                     field="task.precision")
     if task.global_batch % (p.dp * p.mbs):
         raise refuse(FMT, f"mbs={p.mbs}", f"global batch {task.global_batch} is not a multiple of dp*mbs")
     assert task.seq_len is not None
