@@ -85,6 +85,16 @@ def test_pareto_each_family(name: str, tmp_path: Path) -> None:
                       "pareto")
 
 
+def test_pareto_writes_by_default_per_problem_and_says_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No --out: results/pareto/<problem stem>.md and .png, so two problems do not overwrite each other."""
+    monkeypatch.chdir(tmp_path)
+    r = run_main("pareto", EXAMPLES["serving"])
+    assert r.returncode == 0, r.stderr
+    md = Path("results/pareto") / f"{EXAMPLES['serving'].stem}.md"
+    assert md.exists() and md.with_suffix(".png").exists()
+    assert f"wrote {md} and {md.with_suffix('.png')}" in r.stdout
+
+
 def test_a_recommender_in_a_sweep_file_is_refused_by_name(tmp_path: Path) -> None:
     sweep = yaml.safe_load((ROOT / "problems" / "sweeps" / "example.yaml").read_text())
     path = tmp_path / "sweep.yaml"

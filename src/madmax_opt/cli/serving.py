@@ -14,8 +14,10 @@ from madmax_opt.cli.app import ProblemArg, app
 def pareto_command(
     problem: ProblemArg,
     out: Annotated[
-        Path, typer.Option("--out", help="output path without suffix (.md and .png are written)")
-    ] = Path("results/pareto/serving"),
+        Path | None,
+        typer.Option("--out", help="output path without suffix, .md and .png are written (default: "
+                     "results/pareto/PROBLEM, PROBLEM the problem file's name without .yaml)"),
+    ] = None,
 ) -> None:
     """Throughput-vs-latency Pareto front of an inference problem: a Markdown table and a PNG plot."""
     from madmax_opt.report.families import family_of

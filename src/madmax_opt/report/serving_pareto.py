@@ -138,13 +138,18 @@ def write_pareto(problem: Problem, out: Path) -> tuple[Path, Path]:
 console = Console()
 
 
+PARETO_DIR = Path("results/pareto")
+
+
 def pareto_cmd(
     *,
     problem: Path,
-    out: Path,
+    out: Path | None,
 ) -> None:
-    """Throughput-vs-latency Pareto front of an inference problem: a Markdown table and a PNG plot."""
+    """Throughput-vs-latency Pareto front of an inference problem: a Markdown table and a PNG plot, by default
+    ``results/pareto/<problem file stem>.md`` and ``.png`` (one pair per problem, as ``sweep`` has one folder per
+    sweep file)."""
     from madmax_opt.io.problem import load_problem
 
-    md, png = write_pareto(load_problem(problem), out)
-    console.print(f"wrote {md} and {png}")
+    md, png = write_pareto(load_problem(problem), out or PARETO_DIR / problem.stem)
+    console.print(f"wrote {md} and {png}", soft_wrap=True)  # paths unbroken at any width
