@@ -70,9 +70,14 @@ def evaluation_table(rec: TrainingRecord, title: str = "plan") -> Table:
 
 
 def plans_table(records: list[TrainingRecord], title: str) -> Table:
+    # readable at 80 columns: numbers never cut (no_wrap, two-line headers), text columns wrap (fold a long name)
     t = Table(title=title, header_style="bold")
-    for col in ("#", "hardware", "plan", "step ms", "tokens/s", "MFU", "mem GB", "$/M tok", "feasible"):
-        t.add_column(col, justify="right" if col not in ("plan", "hardware") else "left")
+    t.add_column("#", justify="right", no_wrap=True)
+    t.add_column("hardware", overflow="fold", min_width=8)  # system names up to 8 characters stay whole
+    t.add_column("plan", overflow="fold", min_width=7)
+    for col in ("step\nms", "tokens/s", "MFU", "mem\nGB", "$/M\ntok"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("ok", no_wrap=True)  # feasible: yes or no; why not is in the caption, which wraps
     for i, r in enumerate(records):
         t.add_row(
             str(i + 1),
@@ -84,8 +89,11 @@ def plans_table(records: list[TrainingRecord], title: str) -> Table:
             f"{r['mfu']:.1%}",
             f"{r['memory_bytes_per_gpu']['total'] / GB:.1f}",
             f"{r['usd_per_million_tokens']:.3f}",
-            "yes" if r["feasible"] else f"no: {r['infeasible_reason']}",
+            "yes" if r["feasible"] else "no",
         )
+    why = [f"plan {i + 1} infeasible: {r['infeasible_reason']}" for i, r in enumerate(records) if not r["feasible"]]
+    if why:
+        t.caption, t.caption_justify = "\n".join(why), "left"
     return t
 
 
