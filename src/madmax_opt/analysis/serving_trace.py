@@ -17,10 +17,9 @@ launch overhead.
 Cross-check (same style as the training trace): the simulated steady-state decode round, the longest lone prompt's
 prefill latency and TPOT = round + (B / E[o]) sum_r w_r pass_r / k_r (disaggregated: round + sum_r w_r KV_r / E[o]),
 w_r the shares of the mix's request shapes, against the closed form's ``decode_step_s``, ``prefill_s`` and
-``tpot_s``. One term differs by construction with pp > 1: the closed form's stage occupancy of a batched prefill pass
-puts the LM head and the p2p send of the activations on one stage, while here the last stage runs the head and sends
-nothing on and the others send, so a pass holds a stage max(head, send), not head + send; the simulated TPOT is
-lower by (B / E[o]) sum_r w_r min(head_r, send_r) / k_r (-0.14 % on serve-llama3-70b's pp 5 optimum).
+``tpot_s``. With pp > 1 the last stage runs the LM head and sends nothing on and the others send, so a batched
+prefill pass holds a stage for its layers + max(head, send), as the closed form prices it (to 1e-13 on
+serve-llama3-70b's pp 5 optimum).
 """
 
 from __future__ import annotations

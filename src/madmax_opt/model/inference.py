@@ -312,10 +312,9 @@ def inference_terms(
         )
         k = max(1.0, np.floor(PREFILL_PASS_TOKENS / r.prompt_len))
         lay_k = layer_pass_s(sw, dev, k * p, p / 2.0, k * p)
-        stage_k = (
-            layers / pp * np.sum(list(lay_k.values()), axis=0) + head_pass_s(sw, dev, k * ones) + p2p(k * p)
-            + dev.prefill_overhead_s
-        )
+        # stage = layers/pp x layer + max(head, send) + fixed: the last stage runs the head, the others send
+        head_or_send = np.maximum(head_pass_s(sw, dev, k * ones), p2p(k * p))
+        stage_k = layers / pp * np.sum(list(lay_k.values()), axis=0) + head_or_send + dev.prefill_overhead_s
         occupancy.append(stage_k / k)  # pipelined: a stage takes a new pass every stage time
         shard = r.prompt_len * layers / pp * kv_values_per_gpu(m, tp) * dev.kv_bytes
         transfers.append(
