@@ -14,11 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cli_helpers import run_main
-from madmax_opt.analysis.evaluator import Model
+from madmax_opt.analysis.evaluator import Model, evaluate
 from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.model.objectives import OBJECTIVES, ObjectiveName, Rates, objective_values
+from madmax_opt.model.objectives import OBJECTIVES, ObjectiveName, Rates, energy_mwh, objective_values
+from madmax_opt.model.spec import Plan
 from madmax_opt.search.solver import (
     ROUNDING_TOLERANCE_S,
     admissible,
@@ -56,6 +57,13 @@ def test_formulas_by_hand() -> None:
 
 LLAMA = {"model": "llama2-7b", "hardware": {"system": "dgx-h100", "gpus": 8},
          "task": {"seq_len": 2048, "global_batch": 64}}
+
+
+def test_energy_mwh_by_hand_and_in_time_to_train_records() -> None:
+    assert energy_mwh(720.0, 8 * 1250.0) == pytest.approx(7.2)  # a month (720 h) at 10 kW = 7,200 kWh
+    (rec,) = evaluate(problem_from_dict({**LLAMA, "task": {**LLAMA["task"], "train_tokens": 1e9}}), [Plan(dp=8)])
+    hours = 1e9 / rec["tokens_per_s"] / 3600.0
+    assert rec["time_to_train"]["energy_mwh"] == pytest.approx(hours * 8 * POWER["dgx-h100"] / 1e6, rel=1e-12)
 
 
 def test_unknown_objective_is_one_line_listing_the_registry(tmp_path: Path) -> None:

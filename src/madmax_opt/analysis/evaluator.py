@@ -25,7 +25,7 @@ from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.io import calibration
 from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareTable
-from madmax_opt.model.objectives import usd_per_million_units
+from madmax_opt.model.objectives import energy_mwh, usd_per_million_units
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
 from madmax_opt.model.training import (
@@ -240,7 +240,7 @@ def to_records(
                     "hours": hours,
                     "gpu_hours": hours * gpus,
                     "cost_usd": hours * cols["cost_per_hour_usd"][i],
-                    "energy_mwh": hours * gpus * cols["power"][i] / 1e6,
+                    "energy_mwh": energy_mwh(hours, gpus * cols["power"][i]),
                 }
             out.append(rec)
     finally:
@@ -319,7 +319,7 @@ def _mixed_hardware(model: Model, plan: Plan, stage_hw: list[int], rec: Training
     if "time_to_train" in rec:
         tt = rec["time_to_train"]
         tt["cost_usd"] = tt["hours"] * hourly
-        tt["energy_mwh"] = tt["hours"] * sum(o.system.power_w_per_gpu * per_stage for o in options) / 1e6
+        tt["energy_mwh"] = energy_mwh(tt["hours"], sum(o.system.power_w_per_gpu * per_stage for o in options))
     for o in model.problem.hardware:
         if o.supply is not None and use.get(o.gpu.name, 0) > o.supply and rec["feasible"]:
             rec["feasible"] = False

@@ -58,6 +58,11 @@ def usd_per_million_units(usd_per_hour: Any, units_per_s: Any) -> Any:
     return usd_per_hour / SECONDS_PER_HOUR / units_per_s * 1e6
 
 
+def energy_mwh(hours: Any, watts: Any) -> Any:
+    """Wall energy in MWh of ``hours`` at ``watts`` drawn in all (every GPU's share): W x h = Wh, 1e6 Wh a MWh."""
+    return hours * watts / 1e6
+
+
 def _time_to_train(r: Rates) -> Arr:
     assert r.total_units is not None, "time_to_train needs the task's total work (checked when loading)"
     return r.total_units * r.seconds_per_unit  # s = units x s/unit
@@ -91,4 +96,7 @@ def objective_values(name: str, rates: Rates) -> Arr:
     return np.asarray(objective(name).value(rates), dtype=np.float64)
 
 
-__all__ = ["OBJECTIVES", "Objective", "ObjectiveName", "Rates", "objective", "objective_values"]
+__all__ = [
+    "OBJECTIVES", "Objective", "ObjectiveName", "Rates", "energy_mwh", "objective", "objective_values",
+    "usd_per_million_units",
+]
