@@ -133,12 +133,6 @@ def predict_scaled(runs: Sequence[Run], factor_sets: Sequence[Mapping[str, float
     return _predict(runs, lambda r: [bases[r.gpu].scaled(f) for f in factor_sets])
 
 
-def penalty(cal: Calibration, params: Mapping[str, float]) -> float:
-    """PRIOR_WEIGHT x (sum of |ln(value / base)|, overheads in units of OVERHEAD_SCALE_S), values on base ``cal``."""
-    factors = {n: v - cal.layer_overhead_s if n == OVERHEAD else v / cal.value(n) for n, v in params.items()}
-    return factor_penalty(factors)
-
-
 def factor_penalty(factors: Mapping[str, float]) -> float:
     """PRIOR_WEIGHT x (sum of |ln factor| + |overhead increment| / OVERHEAD_SCALE_S)."""
     return PRIOR_WEIGHT * sum(abs(f) / OVERHEAD_SCALE_S if n == OVERHEAD else abs(float(np.log(f)))

@@ -299,9 +299,10 @@ def summarize_modern(cases: list[ModernCase] | None = None) -> ModernSummary:
         held = [i for i, c in enumerate(cases) if c.fitted and c.run.source == source]
         rest = [r for r in fitted if r.source != source]
         keys = {key_of(cases[i].run) for i in held}
-        fams = {family_of(cases[i].run) for i in held}
         refit = fit_by_key([r for r in rest if key_of(r) in keys])
-        refam = fit_by_family([r for r in rest if family_of(r) in fams])
+        # families are refitted only for the held pairs left without runs: the others never reach that level
+        orphans = {family_of(cases[i].run) for i in held if key_of(cases[i].run) not in refit}
+        refam = fit_by_family([r for r in rest if family_of(r) in orphans])
         loso[held], lv = predict_with([cases[i].run for i in held], refit, refam)
         for i, level in zip(held, lv, strict=True):
             levels[i] = level
