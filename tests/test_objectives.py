@@ -310,6 +310,25 @@ def test_serving_optimum_is_the_brute_force_optimum_of_its_objective(data: dict[
     assert best - 1e-15 <= got <= best + 1.0 / unit  # both sides rounded once to the integer unit
 
 
+
+@pytest.mark.parametrize(("objective", "label"), [("throughput", "GPU-ns per token"),
+                                                  ("cost", "uUSD per million tokens"),
+                                                  ("energy", "uJ per output token")])
+def test_serving_summary_names_the_integer_unit_of_its_objective(objective: str, label: str) -> None:
+    """The integer column's unit, written out: J x 1e6 per output token is uJ (was labelled GPU-ns, issue 22)."""
+    from madmax_opt.search import serving
+
+    problem = problem_from_dict({
+        "model": {"layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 2, "ffn": 4096, "ffn_kind": "swiglu",
+                  "vocab": 32000},
+        "hardware": {"gpu": "h100-sxm", "gpus": [1, 2]},
+        "task": {"kind": "inference", "prompt_len": 256, "output_len": 64, "precision": "bf16"},
+        "objective": objective,
+    })
+    out = serving.solve_result(problem, top_k=1, time_limit=10.0, workers=1)
+    assert out["solver"]["objective_unit"] == label
+
+
 # ---------------------------------------------------------------------------------------- DLRM placement
 
 

@@ -217,3 +217,18 @@ def test_evaluate_ops_uneven_mixed_pipeline_one_table_per_stage_kind(tmp_path: P
     assert a100["compute"] > 2.0 * h100["compute"]  # bf16 dense peak: 312 vs 989 TFLOP/s
     assert recs[1]["terms_s"]["recompute"] == 0.0 < h100["recompute"]
 
+
+
+
+def test_misspelled_term_or_pass_fails_loudly(sample: list[tuple[str, Problem, PlanArrays]]) -> None:
+    """A typo in a term or pass name raises, never prices the cost at zero (issue 22)."""
+    _, problem, plans = sample[0]
+    ops = _ops(problem, plans)
+    assert float(np.max(ops.total_s("compute", "fwd"))) > 0.0
+    with pytest.raises(ValueError, match="unknown op term"):
+        ops.total_s("compte", "fwd")
+    with pytest.raises(ValueError, match="unknown op term"):
+        ops.total_s("compute", "forward")
+    r = ops.rows[0]
+    with pytest.raises(ValueError, match="is not one of"):
+        Op("x", "fwd", "tp-comm", "gemm", "g", r.flops_of, r.bytes_of, r.time_s)

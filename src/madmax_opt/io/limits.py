@@ -169,20 +169,3 @@ def _leaves(
         else:
             yield path, key, node
 
-
-def bounds_table() -> str:
-    """The README's Markdown table of the bounds (one row per bound, the fields that share it together)."""
-    rows: dict[tuple[float, str], list[str]] = {}
-    for name, b in BOUNDS.items():
-        rows.setdefault((b.limit, b.today), []).append(f"`{name}`")
-    lines = ["| fields | at most | today's largest |", "|---|---:|---|"]
-    lines += [f"| {', '.join(names)} | {_shown(limit)} | {today} |" for (limit, today), names in rows.items()]
-    lines += [
-        f"| GPUs of a recommender (DLRM) problem, all sizes together | {MAX_DLRM_GPUS:,} | 1,024 GPUs (ZionEX) |",
-        f"| any other integer | {MAX_INT:.0e} | |",
-        f"| cluster sizes in one `gpus` list or range | {MAX_CLUSTER_SIZES:,} | |",
-        f"| items in any other list | {MAX_LIST:,} | |",
-        f"| nesting depth of a YAML/JSON file | {MAX_DEPTH} | |",
-        f"| size of a problem, plan or sweep file | {MAX_FILE_BYTES // 2**20} MiB | |",
-    ]
-    return "\n".join(lines)

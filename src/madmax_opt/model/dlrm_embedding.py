@@ -311,11 +311,6 @@ class EmbeddingTimes:
     memory_bytes: Arr  # per GPU
     totals: Arr  # (terms, N)
 
-    @property
-    def bottleneck_s(self) -> float:
-        """Lookups + communication of one step without any overlap: what the placement minimises (training)."""
-        return self.lookup_fwd_s + self.lookup_bwd_s + self.input_s + 2 * self.output_s + self.dp_allreduce_s
-
 
 def embedding_times(opts: EmbeddingOptions, shards: ShardArrays, lay: Layout) -> EmbeddingTimes:
     totals = per_gpu_terms(opts.coef, opts.options, shards, lay)

@@ -46,6 +46,7 @@ from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
 
 PASSES: tuple[str, ...] = ("fwd", "bwd-input", "bwd-weight", "recompute")
 ROOFLINES: tuple[str, ...] = ("gemm", "grouped-gemm", "attention", "hbm", "collective")
+TERMS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm")  # LayerCosts terms rows feed
 FLASH_BWD_FACTOR = 2.5  # flash-attention backward = 2x forward + recomputed QK^T/softmax (Dao 2022, Sec. 3.1)
 
 
@@ -64,6 +65,11 @@ class Op:
     window_s: Arr | None = None  # compute a backward TP collective runs under (its exposed part is the excess)
     ranks: Arr | None = None  # collectives: the process group's size and stride (which tiers it spans)
     stride: Arr | None = None
+
+    def __post_init__(self) -> None:
+        if self.pass_ not in PASSES or self.term not in TERMS or self.roofline not in ROOFLINES:
+            raise ValueError(f"op {self.name}: pass {self.pass_!r}, term {self.term!r} or roofline {self.roofline!r} "
+                             f"is not one of {PASSES}, {TERMS}, {ROOFLINES}")
 
     @property
     def flops(self) -> Arr:
@@ -92,6 +98,9 @@ class LayerOps:
     experts: ExpertCosts
 
     def select(self, term: str | None = None, pass_: str | None = None) -> list[Op]:
+        """The rows of ``term`` in ``pass_`` (None: any); a name outside TERMS / PASSES is a bug, never zero."""
+        if term not in (None, *TERMS) or pass_ not in (None, *PASSES):
+            raise ValueError(f"unknown op term {term!r} or pass {pass_!r}; terms: {TERMS}, passes: {PASSES}")
         return [r for r in self.rows if term in (None, r.term) and pass_ in (None, r.pass_)]
 
     def total_s(self, term: str, *passes: str) -> Arr:

@@ -28,24 +28,26 @@ class Unit:
     quantity: str
     unit: str
     per_unit: float  # integer units per ``unit`` (to print the quantity)
+    integer_unit: str  # what one integer of the objective column is (solver summaries)
 
 
 def training_units(name: str, tokens_per_step: float) -> Unit:
     """Training integers are per optimizer step (every candidate processes the same tokens per step)."""
     return {
-        "throughput": Unit(tokens_per_step * US, "the step time of the best plan", "s", US),
-        "cost": Unit(tokens_per_step * NUSD, "the cost per step of the best plan", "$", NUSD),
-        "energy": Unit(tokens_per_step * 1e3, "the energy per step of the best plan", "J", 1e3),
-        "time_to_train": Unit(1e3, "the training time of the best plan", "s", 1e3),
+        "throughput": Unit(tokens_per_step * US, "the step time of the best plan", "s", US, "us per step"),
+        "cost": Unit(tokens_per_step * NUSD, "the cost per step of the best plan", "$", NUSD, "n$ per step"),
+        "energy": Unit(tokens_per_step * 1e3, "the energy per step of the best plan", "J", 1e3, "mJ per step"),
+        "time_to_train": Unit(1e3, "the training time of the best plan", "s", 1e3, "ms of training"),
     }[name]
 
 
 def serving_units(name: str) -> Unit:
     """Serving integers are per output token (the deployment's replicas and batch are searched)."""
     return {
-        "throughput": Unit(NS, "the GPU time per output token of the best plan", "s", NS),
-        "cost": Unit(1e6 * UUSD, "the cost per million output tokens of the best plan", "$", UUSD),
-        "energy": Unit(1e6, "the energy per output token of the best plan", "J", 1e6),
+        "throughput": Unit(NS, "the GPU time per output token of the best plan", "s", NS, "GPU-ns per token"),
+        "cost": Unit(1e6 * UUSD, "the cost per million output tokens of the best plan", "$", UUSD,
+                     "uUSD per million tokens"),
+        "energy": Unit(1e6, "the energy per output token of the best plan", "J", 1e6, "uJ per output token"),
     }[name]
 
 

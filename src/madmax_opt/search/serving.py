@@ -393,7 +393,7 @@ def solve_result(
         dict(r, meets_targets=bool(ok[i])) for i, r in zip(front, to_records(model, c, front), strict=True)
     ]
     summary = solver_summary(outcome.objective, outcome.best_bound, outcome.wall_s, len(c.plans), outcome.model_size)
-    summary["objective_unit"] = "uUSD per million tokens" if problem.objective == "cost" else "GPU-ns per token"
+    summary["objective_unit"] = serving_units(problem.objective).integer_unit
     summary["admissible"] = int(admissible(model, c).sum())
     return {
         "task": "inference",

@@ -41,7 +41,7 @@ from madmax_opt.model.objectives import Rates, usd_per_million_units
 from madmax_opt.model.serving_calibration import CalibrationColumns, ServingCatalog
 from madmax_opt.model.spec import InferencePrecision, InferenceTask, Plan
 from madmax_opt.search.assemble import IntObjective, Limit, admissible_mask, brute_force, cluster_limits
-from madmax_opt.search.objectives import UUSD, integer_objective, serving_units
+from madmax_opt.search.objectives import integer_objective, serving_units
 
 MAX_TP = 64
 # concurrent sequences per replica searched: 1, 2, 3, 4, 6, 8, 12, ... 4096, plus the largest batch that fits
@@ -291,7 +291,6 @@ class ServingCandidates:
     tpot_us: IntArr = field(init=False)
     tokens_per_s: IntArr = field(init=False)  # whole deployment, floored
     gpu_ns_per_token: IntArr = field(init=False)
-    uusd_per_million_tokens: IntArr = field(init=False)
     cost_cents_per_hour: IntArr = field(init=False)
 
     def __post_init__(self) -> None:
@@ -300,7 +299,6 @@ class ServingCandidates:
         self.tpot_us = _integer(np.rint(t.tpot_s * US))
         self.tokens_per_s = _integer(np.floor(np.nan_to_num(t.output_tokens_per_s, nan=0.0)))
         self.gpu_ns_per_token = _integer(np.rint(self.gpu_s_per_token * NS))
-        self.uusd_per_million_tokens = _integer(np.rint(self.usd_per_million_tokens * UUSD))
         self.cost_cents_per_hour = _integer(np.rint(self.cost_per_hour * 100))
 
     @property

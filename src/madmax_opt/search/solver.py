@@ -60,7 +60,6 @@ class Candidates:
     plans: PlanArrays
     met: Metrics
     step_us: IntArr = field(init=False)
-    cost_nusd_per_step: IntArr = field(init=False)
     cost_cents_per_hour: IntArr = field(init=False)
 
     def __post_init__(self) -> None:
@@ -68,7 +67,6 @@ class Candidates:
         step = np.sum([to_int(terms[k] * US) for k in STEP_TERMS], axis=0)  # each term rounded once
         self.step_us = np.minimum(step, INT_LIMIT)  # saturated: a step beyond the range is refused when best
         hourly = self.met.cost_per_hour
-        self.cost_nusd_per_step = self.objective("cost")
         self.cost_cents_per_hour = to_int(hourly * 100)
 
     def rates(self) -> Rates:
