@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.collectives import Tiers
 from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import (
     GPU,
     Calibration,

@@ -12,9 +12,9 @@ import numpy as np
 import yaml
 
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.training import LayerCosts, layer_costs
 from madmax_opt.model.workload import lower
 

@@ -11,11 +11,11 @@ import pytest
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import calibration, catalog
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.collectives import all_gather_s, reduce_scatter_s
 from madmax_opt.model.compute import CAST_BYTES_PER_ELEMENT, cast_time_s
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 from madmax_opt.model.training import layer_costs, stage_costs
 from madmax_opt.model.workload import lower

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.launch.common import layout_layers, layout_string, parse_flags
 from madmax_opt.launch.emit import (
     FORMATS,
@@ -30,6 +29,7 @@ from madmax_opt.launch.emit import (
 )
 from madmax_opt.launch.flagsets import FORMAT_NAMES, flagset
 from madmax_opt.launch.titan import llama_ffn
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 from madmax_opt.search.serving_space import ServingPlan
 

@@ -13,12 +13,12 @@ import pytest
 from cli_helpers import run_main
 from layer_sample import cases, costs
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model import ops as ops_module
 from madmax_opt.model import training
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.ops import LayerOps, Op, layer_ops
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 from madmax_opt.model.training import COMM_INTERFERENCE
 from madmax_opt.model.workload import lower

@@ -18,7 +18,7 @@ from madmax_opt.analysis.evaluator import Model, evaluate, metrics
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.io.derive import HARDWARE_PARAMETERS
 from madmax_opt.io.problem import load_problem, problem_from_dict
-from madmax_opt.io.problem_file import Problem
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 from madmax_opt.search.solver import ROUNDING_TOLERANCE_S, solve_records
 from madmax_opt.search.space import enumerate_plans

@@ -26,7 +26,7 @@ from madmax_opt.analysis.trace_result import Simulation
 from madmax_opt.analysis.trace_setup import TRACE_TOLERANCE
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.io.problem_file import Problem
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import MoE, Plan, Tier
 from madmax_opt.report.timeline import BENCH_BAR_S, BENCH_PROBLEM, bench_cases
 

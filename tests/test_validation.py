@@ -15,7 +15,7 @@ from madmax_opt.analysis.evaluator import evaluate
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.io.problem_file import Problem
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 from madmax_opt.model.training import COMM_INTERFERENCE
 from madmax_opt.studies import validation as v

@@ -23,10 +23,10 @@ from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.numeric import Arr
 from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.io import calibration
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.objectives import energy_mwh, usd_per_million_units
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
 from madmax_opt.model.training import (
     INVALID_REASONS,

@@ -9,7 +9,7 @@ from madmax_opt.analysis.evaluator import Model
 from madmax_opt.analysis.trace import simulate
 from madmax_opt.analysis.trace_result import Simulation
 from madmax_opt.analysis.trace_setup import AG, COMPUTE, DP, PP, TRACE_TOLERANCE
-from madmax_opt.io.problem_file import Problem
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 
 # -------------------------------------------------------------------------------------------- trace export

@@ -12,10 +12,10 @@ from numpy.typing import NDArray
 from madmax_opt.analysis.evaluator import Model, evaluate
 from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.memory import WEIGHT_BYTES
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
 from madmax_opt.model.training import MEMORY_REASON, layer_costs, stage_costs, trainable_layers
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from madmax_opt.core.errors import InfeasibleError, ProblemError, TimeLimitError
 from madmax_opt.fleet.spec import Fleet, Job, Pool
-from madmax_opt.io.problem_file import Problem
+from madmax_opt.model.problem import Problem
 from madmax_opt.search import serving
 from madmax_opt.search.solver import solve_records
 

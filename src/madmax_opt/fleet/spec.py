@@ -14,9 +14,10 @@ from pydantic import Discriminator, Field, PositiveInt, Tag
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.io.problem_file import ModelRef, Problem, SystemRef, TaskRef
+from madmax_opt.io.problem_file import ModelRef, SystemRef, TaskRef
 from madmax_opt.io.validate import validate
 from madmax_opt.io.yaml_files import read_yaml
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import GPU, Constraints, InferenceTask, Space, Stack, Strict, System, Task
 
 MAX_SYSTEMS = 32

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.io.validate import validate
 from madmax_opt.io.yaml_files import read_yaml
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import (
     Plan,
 )

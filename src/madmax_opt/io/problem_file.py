@@ -14,6 +14,7 @@ from madmax_opt.io.limits import (
     MAX_CLUSTER_SIZES,
 )
 from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import (
     Constraints,
     InferenceTask,
@@ -135,40 +136,3 @@ class ProblemFile(Strict):
         None, description="overlay file written by `madmax-opt calibrate` (relative to this file): its fitted "
         "(GPU, framework) calibrations replace the catalog's"
     )
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A resolved problem: catalog names replaced by their entries; ``hardware`` lists every option."""
-
-    model: TransformerModel
-    task: Task | InferenceTask
-    stack: Stack
-    hardware: tuple[HardwareOption, ...]
-    space: Space
-    objective: Objective
-    constraints: Constraints
-    baseline: Plan | None
-    source: str = "<inline>"
-
-    @property
-    def training_task(self) -> Task:
-        """The task of a training problem (inference problems go to ``madmax_opt.search.serving``)."""
-        if not isinstance(self.task, Task):
-            raise ProblemError("this command needs a training task (kind pretrain or finetune)", file=self.source,
-                               field="task.kind")
-        return self.task
-
-    def hw_index(self, plan: Plan) -> int:
-        """The hardware option a plan runs on: by ``system`` name and GPU count, else the only one."""
-        for i, o in enumerate(self.hardware):
-            if (plan.system in (None, o.system.name, o.name)) and o.gpus == plan.gpus:
-                return i
-        if len(self.hardware) == 1 and plan.system in (None, self.hardware[0].system.name):
-            return 0  # the evaluator reports the GPU-count mismatch as an invalid plan
-        names = ", ".join(o.name for o in self.hardware)
-        raise ProblemError(
-            f"plan uses {plan.gpus} GPUs of {plan.system or 'any system'}; hardware options are: {names}",
-            file=self.source,
-            field="plan",
-        )

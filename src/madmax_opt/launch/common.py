@@ -15,8 +15,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan, Strict, TransformerModel
 
 Kind = Literal["training", "serving"]

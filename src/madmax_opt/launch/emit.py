@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from madmax_opt.core.errors import InternalError, ProblemError
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.io.validate import validate
 from madmax_opt.io.yaml_files import read_yaml
 from madmax_opt.launch.common import Context, Emitted, Format, is_problem_field, parse_flags
@@ -19,6 +18,7 @@ from madmax_opt.launch.flagsets import FORMAT_NAMES, flagset
 from madmax_opt.launch.megatron import MEGATRON, NEMO
 from madmax_opt.launch.serve import SGLANG, TRTLLM, VLLM
 from madmax_opt.launch.titan import TORCHTITAN
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import InferenceTask, Plan
 from madmax_opt.search.serving_space import ServingPlan
 

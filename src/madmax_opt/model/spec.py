@@ -82,7 +82,7 @@ FRAMEWORK_FAMILY: dict[str, str] = {
     "megatron-core": "megatron", "torchtitan": "pytorch-fsdp", "pytorch-fsdp": "pytorch-fsdp"
 }
 # serving runtimes (inference tasks; default vllm there): priced by data/serving_calibration.yaml
-ServingFrameworkName = Literal["vllm", "tensorrt-llm", "sglang"]
+ServingFrameworkName = Literal["vllm", "tensorrt-llm", "sglang", "atom"]
 
 
 class FrameworkFit(Strict):
@@ -314,6 +314,10 @@ class InferenceTask(Strict):
     tpot_s: PositiveFloat | None = Field(None, description="target time per output token, s")
     min_throughput: PositiveFloat | None = Field(None, description="output tokens/s of the whole deployment")
     disaggregated: bool = Field(False, description="separate prefill and decode replicas, KV sent over the network")
+    speculative_tokens: int = Field(
+        0, ge=0, le=8, description="draft tokens verified per decode step (MTP / EAGLE speculative decoding); the "
+        "share accepted is the serving calibration's spec_acceptance"
+    )
     arrival_rate: PositiveFloat | None = Field(
         None, description="online serving: Poisson arrivals, requests/s the deployment must carry (instead of a "
         "saturated batch); latency targets may then be percentiles (model/queueing.py)"

@@ -10,8 +10,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.plan_settings import plan_text
+from madmax_opt.model.problem import Problem
 from madmax_opt.report.report import metric_table
 
 CURVE_PLANS = 6  # plans drawn: the best plan of each distinct (hardware, dp, tp, pp, precision), by rate per GPU

@@ -15,10 +15,10 @@ from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.units import MB, US
 from madmax_opt.io.plans import load_plans
 from madmax_opt.io.problem import load_problem
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.io.yaml_files import read_yaml
 from madmax_opt.model.ops import PASSES, Op, layer_ops
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 from madmax_opt.model.training import COMM_INTERFERENCE, LAYER_TERMS, layer_costs
 

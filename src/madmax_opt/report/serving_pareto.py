@@ -15,7 +15,7 @@ from rich.console import Console
 from madmax_opt.model.plan_settings import plan_text
 
 if TYPE_CHECKING:
-    from madmax_opt.io.problem_file import Problem
+    from madmax_opt.model.problem import Problem
     from madmax_opt.search.serving import ServingCandidates, ServingModel
 
 

@@ -16,7 +16,7 @@ from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.report.serving_pareto import plot_pareto
 
 if TYPE_CHECKING:
-    from madmax_opt.io.problem_file import Problem
+    from madmax_opt.model.problem import Problem
 
 # MAD-Max's reference inference task: tensor parallelism across 16 GPUs and DDP replicas of that group.
 BASELINE_TP = 16

@@ -14,7 +14,7 @@ from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.report.report import metric_table
 
 if TYPE_CHECKING:
-    from madmax_opt.io.problem_file import Problem
+    from madmax_opt.model.problem import Problem
 
 
 def _ms(x: float) -> str:

@@ -20,7 +20,7 @@ from madmax_opt.analysis.serving_trace import (
 )
 from madmax_opt.analysis.trace_setup import TRACE_TOLERANCE
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.problem_file import Problem
+from madmax_opt.model.problem import Problem
 
 CATEGORY_COLORS = {"attention": "#4c72b0", "gemm": "#55a868", "overhead": "#8c8c8c", "head": "#937860",
                    "tp_comm": "#c44e52", "ep_comm": "#dd8452", "pp_comm": "#8172b3", "kv_transfer": "#da8bc3"}

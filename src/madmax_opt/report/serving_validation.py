@@ -18,7 +18,7 @@ import yaml
 from rich.console import Console
 
 if TYPE_CHECKING:
-    from madmax_opt.io.problem_file import Problem
+    from madmax_opt.model.problem import Problem
     from madmax_opt.model.serving_calibration import ServingCatalog
 
 VALIDATION_FILE = "inference_measured.yaml"

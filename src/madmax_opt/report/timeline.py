@@ -27,8 +27,8 @@ from madmax_opt.analysis.trace_result import Simulation
 from madmax_opt.analysis.trace_setup import MAX_TRACE_EVENTS, TRACE_TOLERANCE
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import load_problem, problem_from_dict
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.plan_settings import plan_text
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 from madmax_opt.model.training import STEP_TERMS
 from madmax_opt.report.plots import gantt_figure, plan_figures

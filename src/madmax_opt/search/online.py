@@ -21,8 +21,8 @@ from numpy.typing import NDArray
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.core.units import US
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.inference import INVALID_REASONS, PRECISIONS, ServingArrays
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.queueing import OnlineLatency, ServiceTable, latency, max_rate, service_table
 from madmax_opt.search.assemble import admissible_mask, cluster_limits
 from madmax_opt.search.serving_space import ServingModel, enumerate_serving

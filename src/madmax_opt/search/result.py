@@ -7,7 +7,7 @@ from typing import Any
 
 from madmax_opt.analysis.evaluator import evaluate
 from madmax_opt.analysis.records import TrainingSolveResult
-from madmax_opt.io.problem_file import Problem
+from madmax_opt.model.problem import Problem
 from madmax_opt.search.cpsat import CpSatOptions
 
 

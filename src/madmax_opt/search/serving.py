@@ -16,7 +16,6 @@ from numpy.typing import NDArray
 
 from madmax_opt.core.errors import InfeasibleError, InternalError
 from madmax_opt.core.numeric import IntArr
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.inference import (
     DEFAULT_KV_PRECISION,
     INVALID_REASONS,
@@ -27,6 +26,7 @@ from madmax_opt.model.inference import (
 )
 from madmax_opt.model.objectives import Rates, objective_values
 from madmax_opt.model.plan_settings import plan_text
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.serving_calibration import ServingCatalog
 from madmax_opt.model.spec import Plan
 from madmax_opt.search.assemble import admissible_mask, pick_best, solver_summary, supplies

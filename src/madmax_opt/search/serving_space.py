@@ -22,7 +22,6 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.core.units import NS, US
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.io.serving_catalog import calibration_columns, serving_framework
 from madmax_opt.io.validate import validate
 from madmax_opt.model.hardware import HardwareTable
@@ -38,6 +37,7 @@ from madmax_opt.model.inference import (
     serving_workload,
 )
 from madmax_opt.model.objectives import Rates, usd_per_million_units
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.serving_calibration import CalibrationColumns, ServingCatalog
 from madmax_opt.model.spec import InferencePrecision, InferenceTask, Plan
 from madmax_opt.search.assemble import IntObjective, Limit, admissible_mask, brute_force, cluster_limits

@@ -30,9 +30,9 @@ from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import InfeasibleError, InternalError, ProblemError
 from madmax_opt.core.numeric import IntArr
 from madmax_opt.core.units import US
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.objectives import Rates
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 from madmax_opt.model.training import INVALID_REASONS, MEMORY_REASON, STEP_TERMS
 from madmax_opt.search.assemble import (

@@ -9,9 +9,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import KNOBS, PlanArrays
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import RECOMPUTE_MODES
 
 DEFAULT_CP = (1, 2, 4, 8)

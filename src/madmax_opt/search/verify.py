@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from madmax_opt.core.errors import InfeasibleError
-from madmax_opt.io.problem_file import Problem
+from madmax_opt.model.problem import Problem
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.cpsat import options as cpsat_options
 

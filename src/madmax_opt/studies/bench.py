@@ -26,8 +26,8 @@ import numpy as np
 
 from madmax_opt.analysis.evaluator import Model, evaluate, metrics, plan_dicts, to_records
 from madmax_opt.io.problem import load_problem
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 from madmax_opt.search.space import enumerate_plans
 

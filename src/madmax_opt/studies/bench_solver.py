@@ -20,8 +20,8 @@ import numpy as np
 
 from madmax_opt.analysis.evaluator import Model, metrics
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import RECOMPUTE_MODES
 from madmax_opt.search.solver import brute_force_order, candidates, solve_records
 from madmax_opt.search.space import enumerate_plans

@@ -19,8 +19,8 @@ from madmax_opt.analysis.records import Record
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.io.derive import HARDWARE_PARAMETERS
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.plan_settings import plan_text
+from madmax_opt.model.problem import Problem
 from madmax_opt.studies.sensitivity import (
     bottleneck,
     fixed_plan_record,

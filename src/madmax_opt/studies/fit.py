@@ -20,9 +20,9 @@ import numpy as np
 from madmax_opt.analysis.evaluator import Model, metrics
 from madmax_opt.core.numeric import Arr
 from madmax_opt.io import catalog
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Calibration, Plan
 
 # Priority order: a parameter enters the fit only if the runs determine it together with those before it.

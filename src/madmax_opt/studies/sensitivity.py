@@ -31,10 +31,10 @@ from madmax_opt.analysis.records import Record
 from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.core.units import J_PER_KWH
 from madmax_opt.io.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant, parameter_value
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.plan_settings import plan_text
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import GPU, InferenceTask, Plan, System
 from madmax_opt.model.training import MEMORY_REASON
 from madmax_opt.search.solver import solve_records

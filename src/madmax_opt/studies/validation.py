@@ -32,10 +32,10 @@ from madmax_opt.core.numeric import Arr
 from madmax_opt.core.units import GIB
 from madmax_opt.io import catalog
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.plan_settings import plan_text
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 
 SHARED_ENV = "MADMAX_SHARED"

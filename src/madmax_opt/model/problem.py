@@ -1,0 +1,56 @@
+"""The resolved problem every layer above io reads: catalog names replaced by their entries, every hardware option
+listed. io/problem.py builds it from a problem file; search, analysis and launch take it and read no files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.spec import (
+    Constraints,
+    InferenceTask,
+    Objective,
+    Plan,
+    Space,
+    Stack,
+    Task,
+    TransformerModel,
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A resolved problem: catalog names replaced by their entries; ``hardware`` lists every option."""
+
+    model: TransformerModel
+    task: Task | InferenceTask
+    stack: Stack
+    hardware: tuple[HardwareOption, ...]
+    space: Space
+    objective: Objective
+    constraints: Constraints
+    baseline: Plan | None
+    source: str = "<inline>"
+
+    @property
+    def training_task(self) -> Task:
+        """The task of a training problem (inference problems go to ``madmax_opt.search.serving``)."""
+        if not isinstance(self.task, Task):
+            raise ProblemError("this command needs a training task (kind pretrain or finetune)", file=self.source,
+                               field="task.kind")
+        return self.task
+
+    def hw_index(self, plan: Plan) -> int:
+        """The hardware option a plan runs on: by ``system`` name and GPU count, else the only one."""
+        for i, o in enumerate(self.hardware):
+            if (plan.system in (None, o.system.name, o.name)) and o.gpus == plan.gpus:
+                return i
+        if len(self.hardware) == 1 and plan.system in (None, self.hardware[0].system.name):
+            return 0  # the evaluator reports the GPU-count mismatch as an invalid plan
+        names = ", ".join(o.name for o in self.hardware)
+        raise ProblemError(
+            f"plan uses {plan.gpus} GPUs of {plan.system or 'any system'}; hardware options are: {names}",
+            file=self.source,
+            field="plan",
+        )
