@@ -63,7 +63,8 @@ def lookup(kind: str, name: str, *, file: str | None, field: str) -> Any:
     table: dict[str, Any] = loaders[kind]()
     if name not in table:
         allowed = ", ".join(sorted(table))
-        raise ProblemError(f"unknown {kind} {name!r}; allowed: {allowed}", file=file, field=field)
+        hint = ", or a Hugging Face config: {hf_config: config.json}" if kind == "model" else ""
+        raise ProblemError(f"unknown {kind} {name!r}; allowed: {allowed}{hint}", file=file, field=field)
     return table[name]
 
 

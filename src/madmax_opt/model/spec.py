@@ -200,11 +200,25 @@ class MoE(Strict):
         return self
 
 
+# dtype of a published checkpoint's (largest) weights: mxfp4 = OCP microscaling FP4 (gpt-oss experts), nvfp4 =
+# NVIDIA FP4 with 16-element FP8 scales; fp8 = e4m3 block-scaled (DeepSeek-V3/R1)
+NativePrecision = Literal["fp32", "bf16", "fp16", "fp8", "mxfp4", "nvfp4", "int4"]
+NATIVE_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8", "mxfp4", "nvfp4", "int4")
+
+
 class TransformerModel(Strict):
     """A transformer: decoder LLM (``family: llm``, dense or MoE) or encoder ViT (``family: vit``)."""
 
     family: Literal["llm", "vit"] = "llm"
     name: str = "custom"
+    hf_id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$",
+        description="Hugging Face repository id of the public checkpoint (owner/name); None for paper or synthetic "
+        "models",
+    )
+    native_precision: NativePrecision | None = Field(
+        None, description="dtype the public checkpoint ships its weights in (bf16, fp8, mxfp4, ...); None without one"
+    )
     layers: PositiveInt
     hidden: PositiveInt
     heads: PositiveInt

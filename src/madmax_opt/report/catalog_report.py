@@ -39,11 +39,12 @@ def print_catalog(kind: str, json_out: bool, console: Console) -> None:
             tiers = ", ".join(f"{x.name} {x.size or 'all'}: {x.bw / 1e9:.3g}" for x in s.tiers)
             t.add_row(s.name, s.gpu, str(s.gpus_per_node), tiers, f"{s.price_per_gpu_hour:.2f}")
     else:
-        for c in ("name", "family", "layers", "hidden", "heads/kv", "ffn", "vocab"):
+        for c in ("name", "family", "layers", "hidden", "heads/kv", "ffn", "vocab", "checkpoint (dtype)"):
             t.add_column(c)
         for m in entries.values():
+            ckpt = f"{m.hf_id} ({m.native_precision})" if m.hf_id else "-"
             t.add_row(m.name, m.family, str(m.layers), str(m.hidden), f"{m.heads}/{m.n_kv_heads}",
-                      f"{m.ffn} {m.ffn_kind}", str(m.vocab))
+                      f"{m.ffn} {m.ffn_kind}", str(m.vocab), ckpt)
     t.columns[0].no_wrap = True  # names are what users copy into problem files: never truncated
     t.columns[0].min_width = max(len(name) for name in entries)
     console.print(t)
