@@ -3,7 +3,6 @@ costs live in ``madmax_opt.model.dlrm``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -27,7 +26,7 @@ from madmax_opt.model.dlrm_spec import (
     DLRMStack,
     DLRMTask,
 )
-from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.problem import DLRMProblem
 from madmax_opt.model.spec import Strict
 
 
@@ -51,27 +50,6 @@ class DLRMProblemFile(Strict):
     objective: DLRMObjective = "throughput"
     constraints: DLRMConstraints = DLRMConstraints()
     baseline: DLRMPlan | None = None
-
-
-@dataclass(frozen=True)
-class DLRMProblem:
-    model: DLRMModel
-    task: DLRMTask
-    space: DLRMSpace
-    stack: DLRMStack
-    hardware: tuple[HardwareOption, ...]
-    objective: DLRMObjective
-    constraints: DLRMConstraints
-    baseline: DLRMPlan | None
-    source: str = "<inline>"
-
-    def hw_index(self, plan: DLRMPlan) -> int:
-        for i, o in enumerate(self.hardware):
-            if plan.system in (None, o.system.name, o.name) and plan.gpus in (None, o.gpus):
-                return i
-        names = ", ".join(o.name for o in self.hardware)
-        raise ProblemError(f"plan names {plan.system or 'any system'} x {plan.gpus or 'any size'}; hardware "
-                           f"options are: {names}", file=self.source, field="plan.system")
 
 
 @cache

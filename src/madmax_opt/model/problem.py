@@ -1,11 +1,21 @@
-"""The resolved problem every layer above io reads: catalog names replaced by their entries, every hardware option
-listed. io/problem.py builds it from a problem file; search, analysis and launch take it and read no files."""
+"""The resolved problems every layer above io reads: catalog names replaced by their entries, every hardware option
+listed. io/problem.py and io/dlrm_problem.py build them from problem files; search, analysis and launch take them
+and read no files."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.model.dlrm_spec import (
+    DLRMConstraints,
+    DLRMModel,
+    DLRMObjective,
+    DLRMPlan,
+    DLRMSpace,
+    DLRMStack,
+    DLRMTask,
+)
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.spec import (
     Constraints,
@@ -54,3 +64,26 @@ class Problem:
             file=self.source,
             field="plan",
         )
+
+
+@dataclass(frozen=True)
+class DLRMProblem:
+    """A resolved recommender (DLRM) problem: the transformer problem's shape with DLRM model, task and plans."""
+
+    model: DLRMModel
+    task: DLRMTask
+    space: DLRMSpace
+    stack: DLRMStack
+    hardware: tuple[HardwareOption, ...]
+    objective: DLRMObjective
+    constraints: DLRMConstraints
+    baseline: DLRMPlan | None
+    source: str = "<inline>"
+
+    def hw_index(self, plan: DLRMPlan) -> int:
+        for i, o in enumerate(self.hardware):
+            if plan.system in (None, o.system.name, o.name) and plan.gpus in (None, o.gpus):
+                return i
+        names = ", ".join(o.name for o in self.hardware)
+        raise ProblemError(f"plan names {plan.system or 'any system'} x {plan.gpus or 'any size'}; hardware "
+                           f"options are: {names}", file=self.source, field="plan.system")

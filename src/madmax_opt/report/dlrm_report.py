@@ -17,10 +17,11 @@ from rich.table import Table
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.core.units import GB
 from madmax_opt.io import catalog
-from madmax_opt.io.dlrm_problem import DLRMProblem, dlrm_problem_from_dict, load_dlrm_plans, load_dlrm_problem
+from madmax_opt.io.dlrm_problem import dlrm_problem_from_dict, load_dlrm_plans, load_dlrm_problem
 from madmax_opt.model.dlrm import layout_of
 from madmax_opt.model.dlrm_embedding import embedding_options, phase_weights
 from madmax_opt.model.dlrm_spec import MLP, DLRMModel, TableGroup
+from madmax_opt.model.problem import DLRMProblem
 from madmax_opt.report.report import metric_table
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.dlrm_search import dlrm_status, evaluate_dlrm, solve_dlrm

@@ -10,7 +10,6 @@ import numpy as np
 
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.core.units import NS, SECONDS_PER_HOUR
-from madmax_opt.io.dlrm_problem import DLRMProblem
 from madmax_opt.model.dlrm import Layout, layout_of, lower
 from madmax_opt.model.dlrm_dense import (
     DENSE_INVALID,
@@ -35,6 +34,7 @@ from madmax_opt.model.dlrm_embedding import (
 )
 from madmax_opt.model.dlrm_spec import DensePlan, DLRMPlan
 from madmax_opt.model.objectives import Rates, objective_values, usd_per_million_units
+from madmax_opt.model.problem import DLRMProblem
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.placement import (
