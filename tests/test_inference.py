@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.io.problem import load_problem, problem_from_dict
-from madmax_opt.model.inference import kv_bytes_per_token
+from madmax_opt.model.inference import PrecisionParts, kv_bytes_per_token, precision_parts
 from madmax_opt.search.serving import (
     ServingModel,
     ServingPlan,
@@ -149,15 +149,28 @@ def test_more_batch_raises_throughput_and_tpot() -> None:
 
 
 def test_precisions_a_gpu_cannot_run_are_one_line_errors() -> None:
-    for gpu, prec in (("a100-80gb", "fp8"), ("h100-sxm", "fp4"), ("mi300x", "fp4")):
-        with pytest.raises(ProblemError) as exc:
-            ServingModel(problem_from_dict(serve(hardware={"gpu": gpu, "gpus": 8}, precision=prec), "p.yaml"))
-        msg = str(exc.value)
-        assert "\n" not in msg and msg.startswith("p.yaml: task.precision") and "b200" in msg and gpu in msg
-    # a plan asking for fp4 on an H100 option of a problem that also offers B200
-    data = serve(hardware=[{"gpu": "h100-sxm", "gpus": 8}, {"gpu": "b200", "gpus": 8}], precision=["bf16", "fp4"])
+    with pytest.raises(ProblemError) as exc:
+        ServingModel(problem_from_dict(serve(hardware={"gpu": "a100-80gb", "gpus": 8}, precision="fp8"), "p.yaml"))
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("p.yaml: task.precision") and "h100-sxm" in msg and "a100" in msg
+    # a plan asking for fp8 on an A100 option of a problem that also offers H100
+    data = serve(hardware=[{"gpu": "a100-80gb", "gpus": 8}, {"gpu": "h100-sxm", "gpus": 8}], precision=["bf16", "fp8"])
     with pytest.raises(ProblemError, match=r"plan\.precision"):
-        record(data, tp=8, batch=1, precision="fp4", system="dgx-h100")
+        record(data, tp=8, batch=1, precision="fp8", system="dgx-a100")
+
+
+def test_fp4_weights_run_weight_only_without_fp4_tensor_cores() -> None:
+    """MXFP4 / NVFP4 weights on Hopper / MI300X: 4-bit weights, 16-bit GEMMs (W4A16), FP8 KV; W4A4 on Blackwell."""
+    gpus = catalog.gpus()
+    assert precision_parts("fp4", gpus["h100-sxm"].peak_flops, None) == PrecisionParts("fp4", "bf16", "fp8")
+    assert precision_parts("fp4", gpus["mi300x"].peak_flops, "bf16") == PrecisionParts("fp4", "bf16", "bf16")
+    assert precision_parts("fp4", gpus["b200"].peak_flops, None) == PrecisionParts("fp4", "fp4", "fp8")
+    assert precision_parts("fp8", gpus["a100-80gb"].peak_flops, None) is None
+    # weights: the 4-bit GEMM weights (4.5 bits per value with NVFP4 scales) of an H100 plan vs its bf16 plan
+    h100 = {"gpu": "h100-sxm", "gpus": 8}
+    w4 = record(serve(hardware=h100, precision="fp4"), tp=8, batch=1)
+    w16 = record(serve(hardware=h100, precision="bf16"), tp=8, batch=1)
+    assert w4["feasible"] and w4["memory_bytes_per_gpu"]["weights"] < 0.4 * w16["memory_bytes_per_gpu"]["weights"]
 
 
 def test_disaggregated_plans_are_validated_and_balance_the_pools() -> None:

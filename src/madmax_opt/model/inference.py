@@ -47,11 +47,14 @@ from madmax_opt.model.serving_workload import (  # noqa: F401  (re-exported: the
     PRECISIONS,
     PREFILL_PASS_TOKENS,
     STEP_TERMS,
+    PrecisionParts,
     ServingArrays,
     ServingWorkload,
+    gemm_precision,
     kv_bytes_per_token,
     kv_heads_per_gpu,
     kv_values_per_gpu,
+    precision_parts,
     serving_workload,
 )
 from madmax_opt.model.spec import InferenceTask, Stack
@@ -159,7 +162,7 @@ class InferenceTerms:
     ttft_s: Arr
     tpot_s: Arr
     output_tokens_per_s: Arr  # whole deployment
-    decode_step_s: Arr  # one decode round of the running batch, without interleaved prefill
+    decode_step_s: Arr  # one decode round of the running batch per token it emits, without interleaved prefill
     prefill_s: Arr  # latency of one prompt's prefill (longest prompt of the mix)
     step: dict[str, Arr]  # additive terms of TPOT (decode round + amortised prefill / KV transfer)
     max_batch: Arr  # sequences per replica whose KV cache fits
@@ -183,7 +186,8 @@ def device(
     peaks = np.full((len(PRECISIONS), len(table.options)), np.nan)
     for j, o in enumerate(table.options):
         for i, p in enumerate(PRECISIONS):
-            peaks[i, j] = o.gpu.peak_flops.get(GEMM_PRECISION[p], np.nan)  # type: ignore[call-overload]
+            gemm = gemm_precision(p, o.gpu.peak_flops)  # W8A8 / W4A4 natively, else weight-only (fp4 -> bf16)
+            peaks[i, j] = np.nan if gemm is None else o.gpu.peak_flops[gemm]  # type: ignore[index]
     peak16 = np.array([o.gpu.peak_flops.get("bf16", np.nan) for o in table.options])
     raw_bw = np.array([o.gpu.hbm_bw for o in table.options])
     kv_of = {p: task.kv_precision or DEFAULT_KV_PRECISION[p] for p in PRECISIONS}
@@ -212,6 +216,11 @@ def _scaled(tiers: Tiers, comm_eff: Arr) -> Tiers:
     """The tiers with the runtime's collective efficiency applied to every tier's bandwidth (custom all-reduce
     kernels of TensorRT-LLM / vLLM vs NCCL's bus bandwidth, RCCL on ROCm)."""
     return Tiers(size=tiers.size, bw=tiers.bw * comm_eff[None, :], latency_s=tiers.latency_s)
+
+
+def accepted_tokens(acceptance: Arr, draft_tokens: float) -> Arr:
+    """E = sum_{i=0..d} a^i: tokens a speculative round emits per sequence (1 without drafts)."""
+    return np.sum([np.power(acceptance, i) for i in range(int(draft_tokens) + 1)], axis=0)
 
 
 def memory_bytes(
@@ -283,9 +292,12 @@ def inference_terms(
     # a decode kernel without GQA reuse streams each KV head once per query head it serves (MLA: the latent once)
     gqa = stack.gqa_decode_kernel or m.mla_kv_dim is not None
     group = 1.0 if gqa else m.heads / tp / kv_heads_per_gpu(m, tp)
-    lay = layer_pass_s(sw, dev, micro, context, micro * context, group)
-    head = head_pass_s(sw, dev, micro)
-    hop = p2p(micro)
+    # speculative decoding (MTP / EAGLE, d draft tokens): a round verifies 1 + d tokens per sequence, reading each
+    # sequence's KV once, after d passes of the one-layer draft module (DeepSeek-V3 report Sec. 2.2 MTP)
+    d = float(task.speculative_tokens)
+    lay = layer_pass_s(sw, dev, micro * (1.0 + d), context, micro * context, group)
+    head = head_pass_s(sw, dev, micro * (1.0 + d))
+    hop = p2p(micro * (1.0 + d))
     t_layer = np.sum(list(lay.values()), axis=0)
     bottleneck = layers / pp * t_layer + head + hop  # the last stage (it also runs the head)
     whole = (
@@ -299,6 +311,16 @@ def inference_terms(
     step["head"] = scale_head * head
     step["pp_comm"] = scale_hop * hop
     decode_s = np.maximum(n_micro * bottleneck, whole)
+    step["draft"] = np.zeros_like(decode_s)
+    if d > 0:
+        draft_layer = layer_pass_s(sw, dev, micro, context, micro * context, group)
+        step["draft"] = d * n_micro * (np.sum(list(draft_layer.values()), axis=0) + head_pass_s(sw, dev, micro))
+        decode_s = decode_s + step["draft"]
+    # a round emits E = sum_{i=0..d} a^i tokens per sequence (draft i accepted with probability a^i: each draft
+    # given the previous with probability a; Leviathan et al. 2023, Sec. 3.1): decode terms are per emitted token
+    emitted = accepted_tokens(cal.spec_acceptance[plans.hw], d)
+    step = {k: v / emitted for k, v in step.items()}
+    decode_s = decode_s / emitted
 
     # ---- prefill per request shape: latency of one prompt, replica occupancy per prompt when batched ----------
     latencies, occupancy, transfers = [], [], []

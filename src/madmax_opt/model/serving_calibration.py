@@ -55,6 +55,10 @@ class ServingParams(_Strict):
     comm_eff: float = Field(
         gt=0.0, le=2.0, description="the runtime's collective bandwidth relative to the catalog's NCCL bus bandwidth"
     )
+    spec_acceptance: float = Field(
+        0.6, gt=0.0, le=1.0, description="speculative decoding (MTP / EAGLE): probability a draft token is accepted "
+        "given the previous one was (fitted on runs with drafts; the prior's value elsewhere)"
+    )
 
 
 class FitRecord(_Strict):
@@ -134,6 +138,7 @@ class CalibrationColumns:
     prefill_overhead_s: Arr
     grouped_gemm_ratio: Arr
     comm_eff: Arr
+    spec_acceptance: Arr
     kv_full_reservation: NDArray[np.bool_]
     default_max_num_seqs: Arr  # inf = no cap
 
@@ -152,6 +157,7 @@ class CalibrationColumns:
             prefill_overhead_s=col("prefill_overhead_s"),
             grouped_gemm_ratio=col("grouped_gemm_ratio"),
             comm_eff=col("comm_eff"),
+            spec_acceptance=col("spec_acceptance"),
             kv_full_reservation=np.full(n, framework.kv_reservation == "full"),
             default_max_num_seqs=np.full(n, cap),
         )

@@ -5,6 +5,7 @@ Shared by the serving cost model (``inference``) and the search (``search.servin
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -37,6 +38,39 @@ DEFAULT_KV_PRECISION: dict[str, str] = {
     "int4": "bf16",
     "fp4": "fp8",
 }
+# Weight-only fallback: a GPU without tensor cores for a weight format runs it dequantised into 16-bit GEMMs (W4A16:
+# vLLM's Marlin / Triton MXFP4 MoE kernels for gpt-oss on Hopper, vllm/model_executor/layers/quantization/mxfp4.py)
+WEIGHT_ONLY_GEMM: dict[str, str] = {"fp4": "bf16", "int4": "bf16"}
+
+
+@dataclass(frozen=True)
+class PrecisionParts:
+    """A serving precision in three parts: stored weights, GEMM inputs (activations and the math), KV cache. The
+    task's ``precision`` is the short form (the weights'); the GEMM part follows the GPU (``precision_parts``)."""
+
+    weights: str
+    gemm: str
+    kv: str
+
+
+def gemm_precision(precision: str, peak_flops: Collection[str]) -> str | None:
+    """The GEMM precision ``precision`` weights run at on a GPU with these peaks: W8A8 / W4A4 where the tensor cores
+    exist, else the weight-only fallback (fp4 -> bf16 math), else None (fp8 before Hopper)."""
+    native = GEMM_PRECISION[precision]
+    if native in peak_flops:
+        return native
+    fallback = WEIGHT_ONLY_GEMM.get(precision)
+    return fallback if fallback is not None and fallback in peak_flops else None
+
+
+def precision_parts(precision: str, peak_flops: Collection[str], kv_precision: str | None) -> PrecisionParts | None:
+    """(weights, GEMM, KV) of a short-form precision on a GPU; None where the GPU cannot run it."""
+    gemm = gemm_precision(precision, peak_flops)
+    if gemm is None:
+        return None
+    return PrecisionParts(weights=precision, gemm=gemm, kv=kv_precision or DEFAULT_KV_PRECISION[precision])
+
+
 LOGIT_BYTES = 4.0  # fp32 logits of the last position of each sequence (sampling)
 # Tokens of one batched prefill pass (vLLM max_num_batched_tokens / TensorRT-LLM max_num_tokens default 8192):
 # prompts shorter than this are prefilled k = floor(8192 / p) at a time for throughput.
@@ -51,6 +85,7 @@ STEP_TERMS: tuple[str, ...] = (
     "overhead",
     "head",
     "pp_comm",
+    "draft",
     "prefill",
     "kv_transfer",
 )

@@ -32,6 +32,7 @@ from madmax_opt.model.inference import (
     ServingArrays,
     ServingWorkload,
     device,
+    gemm_precision,
     inference_terms,
     memory_bytes,
     serving_workload,
@@ -159,12 +160,12 @@ def _check_precisions(problem: Problem, precisions: list[str], where: str, optio
     hw = problem.hardware if options is None else [problem.hardware[j] for j in options]
     for prec in precisions:
         need = GEMM_PRECISION[prec]
-        if not any(need in o.gpu.peak_flops for o in hw):
-            able = sorted(g for g, gpu in _gpus().items() if need in gpu.peak_flops)
+        if not any(gemm_precision(prec, o.gpu.peak_flops) for o in hw):  # fp4 runs weight-only (bf16) pre-Blackwell
+            able = sorted(g for g, gpu in _gpus().items() if gemm_precision(prec, gpu.peak_flops))
             gpus = ", ".join(dict.fromkeys(o.gpu.name for o in hw))
             raise ProblemError(
                 f"{prec} needs {need} tensor cores, which {gpus} lack; allowed on {gpus}: "
-                f"{', '.join(p for p in PRECISIONS if any(GEMM_PRECISION[p] in o.gpu.peak_flops for o in hw))} "
+                f"{', '.join(p for p in PRECISIONS if any(gemm_precision(p, o.gpu.peak_flops) for o in hw))} "
                 f"({prec} runs on {', '.join(able)})",
                 file=problem.source,
                 field=where,

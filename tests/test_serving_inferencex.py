@@ -1,0 +1,85 @@
+"""InferenceX points posed as serving problems (studies/inferencex.py), MTP in the decode round, expressibility."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from madmax_opt.io.serving_catalog import serving_catalog
+from madmax_opt.model.inference import accepted_tokens
+from madmax_opt.studies.inferencex import load_points, prepare, prepared_points, raw_rows, to_point
+
+
+def _row(key: str) -> dict[str, Any]:
+    rows = raw_rows()
+    return next(r for r in rows if r["key"] == key)
+
+
+def test_attention_dp_row_is_one_gpu_replicas_sharing_the_experts() -> None:
+    rows = raw_rows()
+    row = next(r for r in rows if r["dp_attention"] and not r["disagg"] and r["tp"] == 8)
+    p = to_point(row)
+    assert p.decode is not None and p.prefill is None and p.reason is None
+    plan = p.decode.plan
+    # SGLang / TensorRT-LLM --enable-dp-attention with tp 8: 8 attention replicas of 1 GPU, experts over all 8
+    assert (plan.dp, plan.tp, plan.ep) == (8, 1, 8)
+    assert plan.batch == math.ceil(row["concurrency"] / 8)
+    task = p.decode.data["task"]
+    # lengths uniform in [0.8 L, L]: the mean request
+    assert task["prompt_len"] == round(0.9 * row["isl"]) and task["output_len"] == round(0.9 * row["osl"])
+
+
+def test_disaggregated_row_has_a_prefill_and_a_decode_engine() -> None:
+    p = to_point(_row("dsr1-b200-dynamo-sglang-fp4-disagg-1024x1024-c64-p1x4-d6x8"))
+    assert p.decode is not None and p.prefill is not None
+    # decode: 6 workers of 8 GPUs, tp 8 ep 8, no attention DP; 64 clients over 6 workers
+    assert (p.decode.workers, p.decode.plan.dp, p.decode.plan.tp, p.decode.plan.ep) == (6, 1, 8, 8)
+    assert p.decode.plan.batch == math.ceil(64 / 6) and p.decode.data["hardware"]["gpus"] == 8
+    # prefill: 1 worker of 4 GPUs with attention DP
+    assert (p.prefill.workers, p.prefill.plan.dp, p.prefill.plan.tp, p.prefill.plan.ep) == (1, 4, 1, 4)
+
+
+def test_mtp_rows_verify_the_framework_draft_count() -> None:
+    rows = raw_rows()
+    sgl = next(r for r in rows if r["mtp"] and r["framework_key"] == "sglang")
+    point = to_point(sgl)
+    assert point.decode is not None and point.decode.data["task"]["speculative_tokens"] == 2
+
+
+def test_accepted_tokens_by_hand() -> None:
+    assert accepted_tokens(np.array([0.5]), 2)[0] == pytest.approx(1.0 + 0.5 + 0.25)
+    assert accepted_tokens(np.array([0.8]), 0)[0] == 1.0
+
+
+def test_mtp_round_time_does_not_depend_on_acceptance() -> None:
+    """decode_step_s is per emitted token: x E(a, d) it is the round (verify 1 + d tokens + d draft passes)."""
+    rows = raw_rows()
+    row = next(r for r in rows if r["mtp"] and r["framework_key"] == "trt" and not r["disagg"])
+    prepared = prepare(to_point(row))
+    assert not isinstance(prepared, str)
+    prior = serving_catalog().prior
+    params = [prior.model_copy(update={"spec_acceptance": a}) for a in (0.3, 0.9)]
+    t = prepared.decode.terms(params)
+    d = prepared.decode.model.task.speculative_tokens
+    rounds = t.decode_step_s * accepted_tokens(np.array([0.3, 0.9]), d)
+    assert d == 3 and rounds[0] == pytest.approx(rounds[1], rel=1e-12)
+    assert np.all(t.step["draft"] > 0.0) and t.decode_step_s[1] < t.decode_step_s[0]
+
+
+def test_points_name_why_they_cannot_be_posed() -> None:
+    points = load_points()
+    assert len(points) == 260
+    missing = [p for p in points if p.reason is not None]
+    # only the experimental Qwen3.5 / MiniMax rows name models outside the catalog
+    assert all("not in the catalog" in (p.reason or "") and p.source == "experimental" for p in missing)
+
+
+@pytest.mark.slow
+def test_at_least_90_percent_of_the_points_are_expressible() -> None:
+    ok, refused = prepared_points()
+    assert len(ok) + len(refused) == 260
+    assert len(ok) >= 0.9 * 260
+    assert all(why for _, why in refused)
