@@ -134,6 +134,11 @@ class Metrics:
         return self.terms.model_flops_per_step / (self.step_time_s * self.terms.gpus * self.terms.peak_flops)
 
     @cached_property
+    def hfu(self) -> Arr:
+        """Hardware FLOP utilisation: model + recomputed FLOPs over the peak of the task's precision."""
+        return self.terms.hardware_flops_per_step / (self.step_time_s * self.terms.gpus * self.terms.peak_flops)
+
+    @cached_property
     def cost_per_hour(self) -> Arr:
         return self.price_per_gpu_hour * self.terms.gpus
 
@@ -192,6 +197,7 @@ def to_records(
         "step_time_s": met.step_time_s.tolist(),
         "tokens_per_s": met.tokens_per_s.tolist(),
         "mfu": met.mfu.tolist(),
+        "hfu": met.hfu.tolist(),
         "cost_per_hour_usd": met.cost_per_hour.tolist(),
         "usd_per_million_tokens": met.usd_per_million_tokens.tolist(),
         "capacity": t.capacity_bytes.tolist(),
@@ -225,6 +231,7 @@ def to_records(
                 "tokens_per_s": tokens_per_s,
                 "samples_per_s": tokens_per_s / seq_len,
                 "mfu": cols["mfu"][i],
+                "hfu": cols["hfu"][i],
                 "model_flops_per_step": flops,
                 "cost_per_hour_usd": cols["cost_per_hour_usd"][i],
                 "usd_per_million_tokens": cols["usd_per_million_tokens"][i],

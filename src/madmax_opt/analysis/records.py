@@ -41,7 +41,8 @@ class TrainingRecord(TypedDict):
     step_time_s: float
     tokens_per_s: float
     samples_per_s: float
-    mfu: float
+    mfu: float  # model FLOPs (as the task runs them: model/workload.py) / (step time x GPUs x peak)
+    hfu: float  # the same with the recomputed forward FLOPs counted (executed FLOPs)
     model_flops_per_step: float
     cost_per_hour_usd: float
     usd_per_million_tokens: float

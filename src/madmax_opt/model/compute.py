@@ -1,6 +1,15 @@
-"""Compute-time terms: GEMMs with shape-aware efficiency, attention kernels and memory-bound ops (vectorised)."""
+"""Compute-time terms: GEMMs with shape-aware efficiency, attention kernels and memory-bound ops (vectorised), and
+the measured utilisation ceilings no compute pass exceeds."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import yaml
 
 from madmax_opt.core.numeric import Arr
 
@@ -34,3 +43,39 @@ FP8_WEIGHT_COPY_BYTES: dict[str, float] = {"fp8": 2.0, "mxfp8": 2.0 * (1.0 + 1.0
 def cast_time_s(elements: Arr, precision: str, hbm_bw_achieved: Arr) -> Arr:
     """t = elements x cast bytes per element / achieved HBM bandwidth (0 for bf16/fp16 GEMMs)."""
     return elements * CAST_BYTES_PER_ELEMENT.get(precision, 0.0) / hbm_bw_achieved
+
+
+# ---- utilisation ceilings: the best MFU / HFU measured per GPU and precision (data/utilization_ceilings.yaml) ----
+CEILINGS_FILE = ("data", "utilization_ceilings.yaml")
+UNMEASURED_PRECISIONS: dict[str, str] = {"fp16": "bf16", "tf32": "bf16", "fp32": "bf16"}  # no runs: bf16's values
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """Best measured utilisation of a (GPU, precision) over the peak: ``hfu`` (executed FLOPs: the ceiling the model
+    enforces on every compute pass) and ``mfu`` (model FLOPs; lower where the best runs recomputed activations)."""
+
+    mfu: float
+    hfu: float
+    source: str
+
+
+@cache
+def _ceiling_data() -> dict[str, Any]:
+    text = resources.files("madmax_opt").joinpath(*CEILINGS_FILE).read_text(encoding="utf-8")
+    data: dict[str, Any] = yaml.safe_load(text)
+    return data
+
+
+def utilization_ceiling(gpu: str, precision: str) -> Ceiling:
+    """The GPU's own entry (a derived GPU ``base+change`` takes its base's), else the best on any GPU at the
+    precision; HFU is never below MFU (executed FLOPs include the model's)."""
+    data = _ceiling_data()
+    prec = UNMEASURED_PRECISIONS.get(precision, precision)
+    entry = data["gpus"].get(gpu.split("+", 1)[0], {}).get(prec) or data["any"][prec]
+    return Ceiling(float(entry["mfu"]), max(float(entry["hfu"]), float(entry["mfu"])), str(entry["source"]))
+
+
+def at_ceiling_s(time_s: Arr, flops: Arr, peak_flops: Arr, ceiling: Arr) -> Arr:
+    """t = max(t, FLOPs / (peak x ceiling)): no pass runs faster than the best utilisation ever measured."""
+    return np.maximum(time_s, flops / (peak_flops * ceiling))

@@ -8,6 +8,9 @@ One row per op and pass, for one micro-batch on one GPU, vectorised over plans (
                attention:     flash: t = FLOPs x (1/2 if causal) / (peak x attn_eff); unfused: batched GEMMs
                hbm:           t = bytes / achieved HBM bandwidth (norms, residuals, activations, softmax, FP8 casts)
                collective:    alpha-beta over the network tiers the group spans (``collectives.py``)
+               ceiling:       per compute pass, max(0, FLOPs / (peak x ceiling) - the pass's time): no pass runs
+                              above the best executed-FLOP utilisation measured on its (GPU, precision)
+                              (``compute.utilization_ceiling``, data/utilization_ceilings.yaml)
     term       the LayerCosts term the row's time feeds: compute, recompute, tp_comm, cp_comm, ep_comm
 
 FLOPs are model FLOPs (MFU convention, ``workload.py``): attention counts the full s x s matrix, backward = 2 x
@@ -37,6 +40,7 @@ from madmax_opt.model.compute import (
     cast_time_s,
     gemm_time_s,
     memory_bound_time_s,
+    utilization_ceiling,
 )
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.moe import ExpertCosts, expert_costs
@@ -45,7 +49,7 @@ from madmax_opt.model.spec import Stack, Task
 from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
 
 PASSES: tuple[str, ...] = ("fwd", "bwd-input", "bwd-weight", "recompute")
-ROOFLINES: tuple[str, ...] = ("gemm", "grouped-gemm", "attention", "hbm", "collective")
+ROOFLINES: tuple[str, ...] = ("gemm", "grouped-gemm", "attention", "hbm", "collective", "ceiling")
 TERMS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm")  # LayerCosts terms rows feed
 FLASH_BWD_FACTOR = 2.5  # flash-attention backward = 2x forward + recomputed QK^T/softmax (Dao 2022, Sec. 3.1)
 
@@ -96,6 +100,7 @@ class LayerOps:
     attn_fwd_s: Arr
     attn_bwd_factor: float
     experts: ExpertCosts
+    ceiling: Arr  # executed-FLOP utilisation ceiling of the plan's (GPU, precision), fraction of the task's peak
 
     def select(self, term: str | None = None, pass_: str | None = None) -> list[Op]:
         """The rows of ``term`` in ``pass_`` (None: any); a name outside TERMS / PASSES is a bug, never zero."""
@@ -249,6 +254,15 @@ def layer_ops(
             row(r.name, "recompute", "recompute", r.roofline, r.group, _scaled(r.flops_of, full_rc),
                 _scaled(r.bytes_of, full_rc), np.where(is_full, r.time_s, 0.0))
 
+    # ---- utilisation ceiling: a row per compute pass lifting it to FLOPs / (task-precision peak x ceiling) ---------
+    ceiling = np.array([utilization_ceiling(o.gpu.name, task.precision).hfu for o in table.options])[hw]
+    for pass_, term in (("fwd", "compute"), ("bwd-input", "compute"), ("bwd-weight", "compute"),
+                        ("recompute", "recompute")):
+        in_pass = [r for r in rows if r.pass_ == pass_ and r.term == term]
+        pass_s = ordered_sum(r.time_s for r in in_pass)
+        floor_s = ordered_sum(r.flops for r in in_pass) / (mm_peak * ceiling)
+        row("utilisation ceiling", pass_, term, "ceiling", "ceiling", none, none, np.maximum(0.0, floor_s - pass_s))
+
     # ---- TP (+SP) communication ---------------------------------------------------------------------------------
     # Per layer: forward 2 all-reduces (SP: 2 all-gathers + 2 reduce-scatters), again in a full recompute. Backward
     # (Megatron LinearWithGradAccumulationAndAsyncCommunication; TE alike) at each column-parallel GEMM: without SP
@@ -300,4 +314,4 @@ def layer_ops(
         row("ep dispatch + combine", "bwd-input", "ep_comm", "collective", "ep", none, a2a_bytes,
             2.0 * ex.a2a_each_s, **ep_coll)
     return LayerOps(tuple(rows), tiers, tokens, sp_div, full_rc, peak, eff, half, hbm_bw, attn_fwd,
-                    attn_bwd_factor, ex)
+                    attn_bwd_factor, ex, ceiling)

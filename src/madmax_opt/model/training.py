@@ -24,6 +24,7 @@ from madmax_opt.model.collectives import Tiers, all_gather_s, all_reduce_s, p2p_
 from madmax_opt.model.compute import (
     FP8_WEIGHT_COPY_BYTES,
     LOW_PRECISION_GEMMS,
+    at_ceiling_s,
     gemm_time_s,
     memory_bound_time_s,
 )
@@ -115,7 +116,7 @@ def layer_costs(
     s = float(wl.seq_len)
     h = float(m.hidden)
 
-    # ---- compute: the table's rows, per pass ---------------------------------------------------------
+    # ---- compute: the table's rows, per pass (each lifted to the measured utilisation ceiling by its own row) --------
     layer_fwd = ops.total_s("compute", "fwd")
     # backward: activation-gradient GEMMs always; weight-gradient GEMMs (= forward FLOPs) in trainable layers only,
     # added per stage by the number of trainable layers it holds
@@ -145,7 +146,9 @@ def layer_costs(
     # ---- extras: embedding (first stage), LM head + loss (last stage), pipeline p2p ----------------
     if wl.vocab:
         head_dim = np.minimum(tokens, wl.vocab / tp)
-        head_gemm = gemm_time_s(tokens * wl.head_flops_per_token / tp, head_dim, peak, eff, half)
+        head_flops = tokens * wl.head_flops_per_token / tp  # no faster than the utilisation ceiling, like the layers
+        head_gemm = at_ceiling_s(gemm_time_s(head_flops, head_dim, peak, eff, half), head_flops,
+                                 table.peak_flops(task.precision)[hw], ops.ceiling)
     else:
         head_gemm = np.zeros_like(dp)
     head_time = head_gemm * 3.0 + memory_bound_time_s(tokens * wl.vocab / tp * 4.0 * 3.0, hbm_bw)
@@ -191,7 +194,7 @@ def layer_costs(
         head_params=np.where(pp > 1, head_params, wl.head_params) / tp,
         logits_bytes=tokens * wl.vocab / tp * 4.0,
         pp_comm_s=pp_comm,
-        emb_trainable=1.0 if (train_frac > 0 and wl.lora_params_per_layer == 0) else 0.0,
+        emb_trainable=1.0 if wl.trains_embedding else 0.0,
         grad_bytes=4.0 if stack.grad_reduce_dtype == "fp32" else 2.0,
         dp_group=dp * cp,  # gradients are reduced (and ZeRO shards) over dp x cp
         zero3_layer_buffers=np.where(plans.zero >= 3, 2.0 * 2.0 * (wl.params_per_layer / tp + ex.params), 0.0),
@@ -343,6 +346,12 @@ class TrainingTerms:
     model_flops_per_step: float
     gpus: NDArray[np.int64]
     peak_flops: Arr
+    recompute_flops_per_step: Arr  # forward FLOPs run again by activation recomputation (HFU - MFU numerator)
+
+    @property
+    def hardware_flops_per_step(self) -> Arr:
+        """FLOPs the GPUs execute per step: model FLOPs + recomputed forward FLOPs (the HFU numerator)."""
+        return self.model_flops_per_step + self.recompute_flops_per_step
 
     @property
     def step_time_s(self) -> Arr:
@@ -413,7 +422,13 @@ def training_terms(
     capacity = table.hbm_bytes[plans.hw] * (1.0 - stack.memory_reserve_fraction)
     invalid = invalid_codes(wl, task, table, plans, lc.n_micro, memory.total, capacity)
     peak = table.peak_flops(task.precision)[plans.hw]
-    return _step_terms(wl, task, time, hidden, memory, capacity, invalid, plans.gpus, peak)
+    rc_flops = layers * _recompute_flops(wl)[plans.recompute]
+    return _step_terms(wl, task, time, hidden, memory, capacity, invalid, plans.gpus, peak, rc_flops)
+
+
+def _recompute_flops(wl: TransformerWorkload) -> Arr:
+    """Recomputed forward FLOPs of one layer per token, indexed by recompute mode (0 none, 1 selective, 2 full)."""
+    return np.array([float(wl.recompute_flops_per_layer_token(m)) for m in range(3)])
 
 
 def _step_terms(
@@ -426,6 +441,7 @@ def _step_terms(
     invalid: NDArray[np.int64],
     gpus: NDArray[np.int64],
     peak: Arr,
+    recompute_flops_per_token: Arr,
 ) -> TrainingTerms:
     tokens_per_step = float(task.global_batch * wl.seq_len)
     return TrainingTerms(
@@ -438,6 +454,7 @@ def _step_terms(
         model_flops_per_step=tokens_per_step * wl.model_flops_per_token,
         gpus=gpus,
         peak_flops=peak,
+        recompute_flops_per_step=tokens_per_step * recompute_flops_per_token,
     )
 
 
@@ -492,7 +509,8 @@ def staged_terms(
     if sum(stage_layers) != wl.layers:
         invalid = np.where(invalid == 0, 11, invalid)
     peak = np.array([table.peak_flops(task.precision)[hw].mean()])  # equal GPUs per stage
-    return _step_terms(wl, task, time, hidden, memory, capacity, invalid, base.gpus, peak)
+    rc_flops = np.array([float(np.dot(n_layers, _recompute_flops(wl)[np.asarray(stage_recompute)]))])
+    return _step_terms(wl, task, time, hidden, memory, capacity, invalid, base.gpus, peak, rc_flops)
 
 
 def invalid_codes(

@@ -94,9 +94,27 @@ class TransformerWorkload:
         return self.layers * per_layer + self.embedding_params + self.head_params + self.final_norm_params
 
     @property
+    def trains_embedding(self) -> bool:
+        """Embedding and LM head have gradients: some base weights train and no LoRA freezes the base."""
+        return self.trainable_fraction > 0 and self.lora_params_per_layer == 0
+
+    @property
     def model_flops_per_token(self) -> int:
-        """Training model FLOPs per token: 3 x forward (fwd + 2x bwd), full s^2 attention, LM head."""
-        return 3 * (self.layers * self.layer_flops_per_token + self.head_flops_per_token)
+        """Training model FLOPs per token as the task runs them (the MFU numerator): forward + activation
+        gradients (weight GEMMs 1x forward, attention core 2x) + weight gradients (1x forward) of the trainable
+        weights only. Pre-training / full fine-tuning: 3 x forward over the full s^2 attention and the LM head
+        (Korthikanti et al. 2022 Sec. 6, Megatron's and llm-foundry's MFU); frozen layers and LoRA's frozen base
+        run no weight-gradient GEMMs (the rank-r adapters' own FLOPs, < 0.5 % at r = 16 on 70B, are not counted)."""
+        gemm = self.layer_flops_per_token - self.attn_flops_per_token  # weight GEMMs, routed experts included
+        wgrad = (self.layers - self.frozen_layers) * gemm + self.trains_embedding * self.head_flops_per_token
+        return 3 * self.layers * self.attn_flops_per_token + 2 * (self.layers * gemm + self.head_flops_per_token) + wgrad
+
+    def recompute_flops_per_layer_token(self, mode: int) -> int:
+        """Forward FLOPs one layer runs again per token under a recompute mode (HFU counts them, MFU does not):
+        full (2) = the layer's forward, selective (1) = its unfused attention core (Korthikanti et al. 2022 Sec. 5; flash
+        attention recomputes inside its own backward, priced there), none 0."""
+        selective = self.attn_flops_per_token if self.score_elementwise_bytes_per_key else 0  # flash: inside its bwd
+        return (0, selective, self.layer_flops_per_token)[mode]
 
 
 def lower(model: TransformerModel, task: Task, stack: Stack) -> TransformerWorkload:
