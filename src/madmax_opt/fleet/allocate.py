@@ -13,12 +13,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
-
-from ortools.sat.python import cp_model
+from typing import TYPE_CHECKING, Literal
 
 from madmax_opt.search import cpsat
 from madmax_opt.search.cpsat import CpSatOptions
+
+if TYPE_CHECKING:  # imported where a CP-SAT model is built (0.4 s: it pulls in pandas)
+    from ortools.sat.python import cp_model
 
 Sense = Literal["max", "min"]
 
@@ -107,6 +108,8 @@ def solve_allocation(inp: AllocationInput, opts: CpSatOptions | None = None) -> 
     """The optimal assignment (or the best found with its bound), ties broken by fewest GPUs.
 
     CP-SAT is configured by ``search.cpsat`` (deterministic by default: one worker, a fixed seed)."""
+    from ortools.sat.python import cp_model
+
     opts = opts or CpSatOptions()
     t0 = time.perf_counter()
     if not inp.options:  # nothing to choose: placing no job is the only assignment

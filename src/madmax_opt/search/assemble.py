@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from ortools.sat.python import cp_model
 
 from madmax_opt.core.errors import InternalError
 from madmax_opt.core.numeric import IntArr
@@ -146,6 +145,8 @@ def pick_best(
 
     Raises ProblemError when the kept objective values leave CP-SAT's integer range (naming the quantity) and
     TimeLimitError when the time limit runs out before any plan is found."""
+    from ortools.sat.python import cp_model
+
     obj = objective.values
     keep_list: list[int] = []
     for g in np.unique(group[ok]):
@@ -179,7 +180,7 @@ def pick_best(
         chosen = next(j for j, v in enumerate(x) if solver.value(v))
         top.append(int(keep[chosen]))
         if rank == 0:
-            status = STATUS[st]
+            status = STATUS[int(st)]
             best = round(solver.objective_value) // n  # a float in the API: never truncate
             bound = float(np.floor(solver.best_objective_bound / n))  # back to objective units
         m.add(x[chosen] == 0)

@@ -17,22 +17,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from google.protobuf import text_format
 from numpy.typing import NDArray
-from ortools.sat import sat_parameters_pb2
-from ortools.sat.python import cp_model
+from ortools.sat import cp_model_pb2, sat_parameters_pb2
 
 from madmax_opt.core.errors import InternalError, ProblemError, TimeLimitError
 from madmax_opt.core.numeric import IntArr
 
+if TYPE_CHECKING:  # the solver module itself (0.4 s: it pulls in pandas) is imported where a model is built
+    from ortools.sat.python import cp_model
+
+    Status = cp_model.CpSolverStatus  # compares and hashes as the proto enum's integer (cp_model_pb2)
+
 MAX_WORKERS = 64  # CP-SAT accepts up to 10,000; beyond the cores of any machine a search runs on
-Status = cp_model.CpSolverStatus
 INT_LIMIT = 2**50  # every coefficient and objective CP-SAT sees stays below this (CP-SAT's own limit is 2^62)
-STATUS: dict[Status, str] = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
-          cp_model.UNKNOWN: "unknown", cp_model.MODEL_INVALID: "model-invalid"}
+STATUS: dict[int, str] = {cp_model_pb2.OPTIMAL: "optimal", cp_model_pb2.FEASIBLE: "feasible",
+                          cp_model_pb2.INFEASIBLE: "infeasible", cp_model_pb2.UNKNOWN: "unknown",
+                          cp_model_pb2.MODEL_INVALID: "model-invalid"}
 
 
 def parse_params(text: str) -> sat_parameters_pb2.SatParameters:
@@ -80,6 +84,8 @@ def options(cpsat: CpSatOptions | None = None, **kwargs: Any) -> CpSatOptions:
 
 def new_solver(opts: CpSatOptions, **overrides: Any) -> cp_model.CpSolver:
     """A solver with the deterministic defaults, the search's own ``overrides``, then the user's parameters."""
+    from ortools.sat.python import cp_model
+
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.num_workers = opts.workers
@@ -109,7 +115,7 @@ def run(model: cp_model.CpModel, opts: CpSatOptions, what: str, **overrides: Any
     export(model, opts)
     solver = new_solver(opts, **overrides)
     status = solver.solve(model)
-    if status == cp_model.MODEL_INVALID:
+    if status == cp_model_pb2.MODEL_INVALID:
         problem = model.validate()
         if problem:
             raise InternalError(f"CP-SAT rejected the {what} model: {problem}")
@@ -118,7 +124,7 @@ def run(model: cp_model.CpModel, opts: CpSatOptions, what: str, **overrides: Any
 
 
 def has_solution(status: Status) -> bool:
-    return status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    return status in (cp_model_pb2.OPTIMAL, cp_model_pb2.FEASIBLE)
 
 
 def time_limit_error(opts: CpSatOptions, what: str) -> TimeLimitError:

@@ -24,11 +24,10 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
-from ortools.sat.python import cp_model
 
 from madmax_opt.core.errors import InternalError
 from madmax_opt.core.numeric import IntArr
@@ -51,6 +50,9 @@ from madmax_opt.search.cpsat import CpSatOptions, time_limit_error
 from madmax_opt.search.cpsat import gap as relative_gap
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.cpsat import run as cpsat_run
+
+if TYPE_CHECKING:  # imported where a CP-SAT model is built (0.4 s: it pulls in pandas)
+    from ortools.sat.python import cp_model
 
 MEMORY = TERM_INDEX["memory"]
 
@@ -150,6 +152,8 @@ class PlacementModel:
     """The CP-SAT model of one placement instance (see the module docstring)."""
 
     def __init__(self, it: IntTables) -> None:
+        from ortools.sat.python import cp_model
+
         self.it = it
         opts, lay = it.opts, it.layout
         self._nz = [np.flatnonzero(it.coef[:, t].any(axis=1)).tolist() for t in range(len(TERMS))]
@@ -312,6 +316,8 @@ def _phase(pm: PlacementModel, hint: ShardArrays | None, *, cpsat: CpSatOptions,
     """One CP-SAT run (through the factory: --solver-params apply last). Proof phase: one worker following the
     decision strategies with quick restarts, no presolve, full LP relaxation. Portfolio phase: CP-SAT's own
     portfolio (LNS included), interleaved in one thread when ``workers`` is 1 so that it stays deterministic."""
+    from ortools.sat.python import cp_model
+
     if hint is not None:
         pm.hint(hint)
     prm: dict[str, Any] = {"cp_model_presolve": False, "linearization_level": 2}
@@ -341,6 +347,8 @@ def solve_placement(
     deterministic with one worker) continues from the best plan so far for the rest of ``time_limit_s`` (or
     ``deterministic_limit`` units). The greedy plan is the first hint, and the result is never worse than greedy.
     """
+    from ortools.sat.python import cp_model
+
     t0 = time.perf_counter()
     opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
     time_limit_s = opts.time_limit_s
@@ -381,6 +389,8 @@ def solve_placement(
 def _better(it: IntTables, pm: PlacementModel, solver: cp_model.CpSolver, st: Any,
             best: tuple[int, ShardArrays] | None) -> tuple[int, ShardArrays] | None:
     """The better of ``best`` and the run's solution (re-evaluated: CP-SAT's value must match the integers)."""
+    from ortools.sat.python import cp_model
+
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return best
     shards = pm.solution(solver)

@@ -33,10 +33,10 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
-from ortools.sat.python import cp_model
 
 from madmax_opt.analysis.evaluator import Model
 from madmax_opt.core.errors import ProblemError
@@ -51,6 +51,9 @@ from madmax_opt.search.cpsat import run as cpsat_run
 from madmax_opt.search.objectives import rate_per_second, training_units
 from madmax_opt.search.space import enumerate_plans
 from madmax_opt.search.stage_bounds import strong_bounds
+
+if TYPE_CHECKING:  # imported where a CP-SAT model is built (0.4 s: it pulls in pandas)
+    from ortools.sat.python import cp_model
 
 Composition = tuple[dict[int, int] | None, float]  # stages per hardware choice (None: not fixed), rate
 
@@ -207,6 +210,8 @@ def _solve_base(
 ) -> tuple[str, float | None, list[int], int]:
     """CP-SAT over one base (``counts``: stages per hardware choice, when fixed); returns (status, step_us, chosen
     row indices, booleans). Only plans strictly faster than ``incumbent_us`` are of interest."""
+    from ortools.sat.python import cp_model
+
     m_int = round(float(cand["n_micro"][0]))
     pv = p * vpp  # p v T = p v m tmax + (p - 1) sum_s t_s + p v (dp + opt): integral
     stage_all = cand["stage"].astype(np.int64)
