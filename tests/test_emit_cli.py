@@ -82,7 +82,7 @@ def test_emit_command_writes_one_folder_per_plan(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     records = json.loads(r.stdout)
     assert len(records) == 2 and {p.name for p in tmp_path.iterdir()} == {"plan-0", "plan-1"}
-    assert "model.virtual_pipeline_model_parallel_size=4" in records[0]["commands"][0]["args"]
+    assert parse_emitted(Emitted.model_validate(records[0])).vpp == 4  # the plan file's first plan: vpp 4
     text = run_main("emit", LLAMA, "megatron", "--plan", plans).stdout
     assert text.count("torchrun --nnodes 128 --nproc-per-node 8 pretrain_gpt.py") == 2
 
@@ -100,9 +100,11 @@ def test_bad_emit_requests_are_one_line_errors(args: list[Any], message: str) ->
 
 
 @pytest.mark.parametrize(("plan", "fmt", "problem", "where"), [
-    ("[{dp: 1024, tp: 1, pp: 1, mbs: 1, zero: 2, system: dgx-h100},"
-     " {dp: 1024, tp: 1, pp: 1, mbs: 1, zero: 1, system: dgx-h100}]", "torchtitan", LLAMA, "{plan}: [1].zero: "),
-    ("{dp: 1024, tp: 1, pp: 1, mbs: 1, zero: 1, system: dgx-h100}", "torchtitan", LLAMA, "{plan}: zero: "),
+    ("[{dp: 128, tp: 8, pp: 1, mbs: 1, zero: 2, sp: true, recompute: full, system: dgx-h100},"
+     " {dp: 128, tp: 8, pp: 1, mbs: 1, zero: 1, sp: true, recompute: full, system: dgx-h100}]", "torchtitan", LLAMA,
+     "{plan}: [1].zero: "),
+    ("{dp: 128, tp: 8, pp: 1, mbs: 1, zero: 1, sp: true, recompute: full, system: dgx-h100}", "torchtitan", LLAMA,
+     "{plan}: zero: "),
     ("{dp: 1, tp: 8, pp: 1, batch: 8}", "trtllm", ROOT / "problems/serve-deepseek-v3.yaml", "{problem}: model.moe: "),
 ])
 def test_emit_refusals_name_the_file_and_field(tmp_path: Path, plan: str, fmt: str, problem: Path,
@@ -114,3 +116,61 @@ def test_emit_refusals_name_the_file_and_field(tmp_path: Path, plan: str, fmt: s
     expected = where.format(plan=path, problem=problem)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"error: {expected}{fmt} cannot express" in r.stderr, \
         r.stderr
+
+
+SERVE = ROOT / "problems" / "serve-llama3-70b.yaml"  # llama3-70b: 80 layers, 64 heads, 8 KV heads; 1-64 GPUs
+SERVE_128 = ROOT / "problems" / "serve-llama2-70b-dgx-h100.yaml"  # exactly 128 GPUs
+DISAGG = ROOT / "problems" / "serve-llama2-70b-disaggregated.yaml"
+
+
+@pytest.mark.parametrize(("problem", "plan", "fmt", "rule"), [
+    # global batch 1024, dp 256 x mbs 3 = 768 does not divide it
+    (LLAMA, "{dp: 256, tp: 1, pp: 1, mbs: 3, zero: 1}", "megatron", "dp*mbs must divide global_batch"),
+    (LLAMA, "{dp: 256, tp: 1, pp: 1, mbs: 64, zero: 1}", "torchtitan", "dp*mbs must divide global_batch"),
+    (LLAMA, "{dp: 128, tp: 2, pp: 1, ep: 2, mbs: 1, zero: 1}", "megatron", "ep = 1 for dense models"),
+    # llama2-70b has 80 layers; 40 + 41 = 81
+    (LLAMA, "{dp: 32, tp: 8, pp: 2, mbs: 1, zero: 1, stage_layers: [40, 41], stage_recompute: [full, full]}",
+     "nemo", "stage_layers must sum to the model's layers"),
+    (SERVE_128, "{dp: 3, tp: 4, batch: 8}", "vllm", "dp*tp*pp must equal the number of GPUs"),  # 12 of 128
+    (SERVE, "{dp: 4, tp: 3, batch: 8}", "sglang", "tp must divide heads"),  # 64 heads, 8 KV heads; tp 3
+    (DISAGG, "{dp: 2, tp: 8, batch: 8, prefill_replicas: 5}", "vllm", "below dp"),
+])
+def test_emit_refuses_a_plan_the_evaluator_calls_invalid(tmp_path: Path, problem: Path, plan: str, fmt: str,
+                                                         rule: str) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text(plan + "\n")
+    for force in ([], ["--force"]):  # --force overrides infeasibility only
+        r = run_main("emit", problem, fmt, "--plan", path, "--out", tmp_path / "out", *force)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"error: {path}: ") and rule in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_emit_refuses_a_plan_that_does_not_fit_unless_forced(tmp_path: Path) -> None:
+    """70B parameters in bf16 on one GPU: 2 bytes x 70.6e9 = 141 GB of weights alone, above an 80 GB H100."""
+    path = tmp_path / "plans.yaml"
+    path.write_text("[{dp: 1, tp: 8, batch: 8}, {dp: 1, tp: 1, batch: 1, precision: bf16}]\n")
+    r = run_main("emit", SERVE, "vllm", "--plan", path, "--out", tmp_path / "out")
+    assert r.returncode == 3 and r.stderr.count("\n") == 1, r.stderr
+    assert f"{path}: [1]: infeasible plan" in r.stderr and "GB per GPU" in r.stderr
+    assert not (tmp_path / "out").exists()  # nothing written: every plan is checked first
+    r = run_main("emit", SERVE, "vllm", "--plan", path, "--out", tmp_path / "out", "--force")
+    assert r.returncode == 0, r.stderr
+    written = sorted(p for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert sorted(line.removeprefix("wrote ") for line in r.stderr.splitlines()) == sorted(map(str, written))
+    assert len(written) == 2  # plan-0/launch.sh, plan-1/launch.sh
+
+
+def test_emit_names_the_plan_file_for_a_plan_the_evaluator_cannot_read(tmp_path: Path) -> None:
+    path = tmp_path / "plans.yaml"
+    path.write_text("[{dp: 1, tp: 8, batch: 8}, {dp: 2, tp: 4, batch: 8, ep: 2}]\n")
+    r = run_main("emit", SERVE, "sglang", "--plan", path)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {path}: [1].ep: ") and "dense" in r.stderr, r.stderr
+
+
+def test_solve_emit_out_says_what_it_wrote(tmp_path: Path) -> None:
+    r = run_main("solve", SERVE_128, "--emit", "vllm", "--out", tmp_path, "--time-limit", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    written = sorted(str(p) for p in tmp_path.iterdir())
+    assert sorted(x.removeprefix("wrote ") for x in r.stderr.splitlines() if x.startswith("wrote ")) == written
+    json.loads(r.stdout)  # stdout stays JSON

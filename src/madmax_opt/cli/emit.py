@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -58,12 +59,18 @@ def emit_best(problem: Path, result: dict[str, Any], fmt: str, out: Path | None)
             first = first or exc
             continue
         if out is not None:
-            write_emitted(emitted, out)
+            report_written(write_emitted(emitted, out))
         return {**emitted.model_dump(), "rank": rank, "refused": refused}
     more = f" (none of the {len(refused)} returned plans; a larger --top-k may find one)" if len(refused) > 1 else \
         " (try --top-k 20: the next plans may be expressible)"
     assert first is not None
     raise ProblemError(first.message + more, file=str(problem), field="--emit")
+
+
+def report_written(paths: list[Path]) -> None:
+    """``wrote PATH`` for every file written, on stderr (stdout carries the script or the JSON)."""
+    for path in paths:
+        print(f"wrote {path}", file=sys.stderr)
 
 
 def script_of(record: dict[str, Any]) -> str:
@@ -84,15 +91,22 @@ def emit_cmd(
     plan: Annotated[Path, typer.Option("--plan", help="YAML/JSON file: one plan or a list of plans")],
     out: OutOpt = None,
     json_out: JsonOpt = False,
+    force: Annotated[bool, typer.Option("--force", help="emit a plan that does not fit in memory (exit 3 without); "
+                                        "never an invalid one")] = False,
 ) -> None:
-    """Emit plan(s) as a framework's commands and config files; a setting it cannot express is an error (exit 2)."""
+    """Emit plan(s) as a framework's commands and config files. Each plan first passes the evaluator's checks: an
+    invalid plan is exit 2, one that does not fit exit 3 (--force emits it); a setting the framework cannot
+    express is exit 2."""
     from madmax_opt.core.errors import ProblemError
     from madmax_opt.io.yaml_files import read_yaml
+    from madmax_opt.launch.checks import check_before_emit
     from madmax_opt.launch.emit import emit_plan, load_plan_file, locate_refusal, write_emitted
 
     loaded = _load(problem)
     plans = load_plan_file(plan, loaded)
     listed = isinstance(read_yaml(plan, what="plan file"), list)
+    for i, p in enumerate(plans):  # every plan checked before any file is written
+        check_before_emit(loaded, p, str(plan), f"[{i}]" if listed else "", force=force)
     records = []
     for i, p in enumerate(plans):
         try:
@@ -100,7 +114,7 @@ def emit_cmd(
         except ProblemError as exc:  # name the plan file and field (or the problem's, for a task/model setting)
             raise locate_refusal(exc, problem, plan, f"[{i}]" if listed else "") from None
         if out is not None:
-            write_emitted(emitted, out if len(plans) == 1 else out / f"plan-{i}")
+            report_written(write_emitted(emitted, out if len(plans) == 1 else out / f"plan-{i}"))
         records.append(emitted.model_dump())
     if json_out:
         print(json.dumps(records[0] if len(records) == 1 else records, indent=2))
