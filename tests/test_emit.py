@@ -28,6 +28,7 @@ from madmax_opt.launch.emit import (
     parse_emitted,
 )
 from madmax_opt.launch.flagsets import FORMAT_NAMES, flagset
+from madmax_opt.launch.startup import CHECKS, violations
 from madmax_opt.launch.titan import llama_ffn
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
@@ -76,11 +77,17 @@ def training_limits(fmt: str, p: Plan, problem: Problem) -> list[str]:
             out.append("layers per chunk")
     if fmt in ("megatron", "nemo", "torchtitan") and uneven and p.vpp > 1:
         out.append("uneven stages with interleaving")  # first/last-stage flags and the layout do not split chunks
+    if fmt in ("megatron", "nemo"):  # Megatron-Core start-up checks (data/flags/startup-training.yaml)
+        out += [why for bad, why in [
+            (m.heads % p.tp != 0, "heads"), (m.n_kv_heads % p.tp != 0 and p.tp % m.n_kv_heads != 0, "groups"),
+            (task.global_batch % (p.dp * p.mbs) != 0, "batch"), (p.ep > 1 and m.moe is None, "ep"),
+            (p.cp > 1 and (task.seq_len or 0) % (2 * p.cp) != 0, "cp seq")] if bad]
     if fmt == "torchtitan":
         out += [why for bad, why in [
             (p.zero == 1, "zero 1"), (p.sp != (p.tp > 1), "sp"), (task.global_batch % (p.dp * p.mbs) != 0, "batch"),
-            (task.precision == "fp16", "fp16"), (m.ffn_kind != "swiglu" or m.norm != "rmsnorm" or m.moe, "model")]
-            if bad]
+            (task.precision == "fp16", "fp16"), (m.ffn_kind != "swiglu" or m.norm != "rmsnorm" or m.moe, "model"),
+            (p.zero == 0 and p.tp * p.pp * p.cp > 1, "DDP is 1-D only"),
+            ((task.seq_len or 0) % (p.tp * 2 * p.cp) != 0, "seq divisor")] if bad]
     if fmt == "deepspeed":
         out += [why for bad, why in [
             (p.cp > 1, "cp"), (p.vpp > 1, "vpp"), (uneven, "uneven"), (p.zero >= 2 and p.pp > 1, "zero with pp"),
@@ -115,11 +122,14 @@ def serving_limits(fmt: str, p: ServingPlan, problem: Problem) -> list[str]:
     return out
 
 
-def normalised(p: Plan) -> dict[str, Any]:
+def normalised(p: Plan, fmt: str = "") -> dict[str, Any]:
     """What a launch carries: the plan less its system name (node counts carry the hardware); an uneven plan's
     recompute is its stages' mode; stage_systems naming one system are that system; a serving plan's cap on running
-    sequences is one server flag, read back as batch (online plans give it as max_num_seqs)."""
+    sequences is one server flag, read back as batch (online plans give it as max_num_seqs). Megatron-Bridge: sp
+    without tp is not set (ModelParallelConfig refuses it; Megatron-LM turns it off itself)."""
     d = p.model_dump(exclude={"system", "stage_systems"})
+    if fmt == "nemo":
+        d["sp"] = p.sp and p.tp > 1
     if p.stage_recompute:
         d["recompute"] = p.stage_recompute[0]
     if isinstance(p, ServingPlan):
@@ -136,7 +146,9 @@ def check_emitted(fmt: str, problem: Problem, plan: Plan) -> None:
     e = emit_plan(problem, plan, fmt)
     assert emitted_names(e) <= allowed_names(fmt)
     assert e.gpus == plan.gpus and e.nodes * e.gpus_per_node >= e.gpus
-    assert normalised(parse_emitted(e)) == normalised(plan)
+    assert normalised(parse_emitted(e), fmt) == normalised(plan, fmt)
+    if fmt in CHECKS:
+        assert violations(e) == [], (fmt, plan)  # the framework's start-up rules
 
 
 # ------------------------------------------------------------------------------------------------ strategies

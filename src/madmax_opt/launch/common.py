@@ -29,13 +29,16 @@ class Command(Strict):
     program: list[str]
     args: list[str]
     role: str = Field("run", description="what this command runs (run, prefill, decode, replica 3, ...)")
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables the command needs")
 
     @property
     def argv(self) -> list[str]:
         return [*self.launcher, *self.program, *self.args]
 
     def shell(self) -> str:
-        return " ".join(shlex.quote(t) for t in self.argv)
+        """The command line; ``$VAR`` tokens (a launcher's node rank, rendezvous host) stay unquoted for the shell."""
+        words = [t if re.fullmatch(r"\$\{?\w+\}?(:\$?\{?\w+\}?)?", t) else shlex.quote(t) for t in self.argv]
+        return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), *words])
 
 
 class Emitted(Strict):

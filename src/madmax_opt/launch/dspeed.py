@@ -24,7 +24,8 @@ from madmax_opt.launch.common import (
     refuse,
 )
 from madmax_opt.launch.flagsets import flagset
-from madmax_opt.launch.megatron import BATCH, MIXED, POSITIONS, emitted, even_layers, training_checks
+from madmax_opt.launch.megatron import BATCH, MIXED, emitted, even_layers, training_checks
+from madmax_opt.launch.startup import positions_of, startup_refusal
 from madmax_opt.model.spec import Plan
 
 FMT = "deepspeed"
@@ -40,22 +41,22 @@ def ds_emit(ctx: Context) -> Emitted:
         (p.vpp > 1, f"vpp={p.vpp}", "the DeepSpeed pipeline engine has no interleaved schedule; allowed: vpp 1"),
         (p.stage_layers is not None, "an uneven pipeline (stage_layers)", "PipelineModule partitions by method "
                                                                           "(uniform, parameters), not by counts"),
-        (p.zero >= 2 and p.pp > 1, f"zero={p.zero} with pp={p.pp}", "ZeRO-2 and ZeRO-3 are incompatible with "
-                                                                    "pipeline parallelism; allowed: zero 0 or 1"),
         (task.precision in ("fp8", "mxfp8"), f"precision {task.precision}", "no FP8 training path; allowed: bf16, "
                                                                            "fp16"),
         (m.moe is not None and (m.moe.shared_experts > 0 or m.moe.expert_ffn != m.ffn), "this MoE layout",
          "DeepSpeed-MoE experts are ffn_hidden_size wide, without shared experts"),
-        (m.moe is not None and p.zero == 3, "zero=3 with a mixture-of-experts model", "native DeepSpeed MoE is not "
-                                                                                       "supported with ZeRO stage 3 "
-                                                                                       "(runtime/engine.py); allowed: "
-                                                                                       "zero 0 to 2"),
+        (positions_of(m).scaling is not None, f"model {m.name} (RoPE scaling)", "Megatron-DeepSpeed's rotary "
+         "embedding has a base and a rotated fraction, no frequency scaling (megatron/arguments.py)"),
     ]
     for bad, setting, why in unsupported:
         if bad:
             fields = {"an uneven pipeline (stage_layers)": "stage_layers", "this MoE layout": "model.moe",
                       f"precision {task.precision}": "task.precision"}
             raise refuse(FMT, setting, why, field=fields.get(setting))
+    if p.zero >= 2 and p.pp > 1:
+        raise startup_refusal(FMT, f"zero={p.zero} with pp={p.pp}", "deepspeed.pipe-zero", field="zero")
+    if m.moe is not None and p.zero == 3:
+        raise startup_refusal(FMT, "zero=3 with a mixture-of-experts model", "deepspeed.moe-zero3", field="zero")
     even_layers(m.layers, p.pp, FMT, f"pp={p.pp}")
     config = {
         "train_batch_size": task.global_batch, "train_micro_batch_size_per_gpu": p.mbs,
@@ -64,8 +65,8 @@ def ds_emit(ctx: Context) -> Emitted:
         "bf16" if task.precision == "bf16" else "fp16": {"enabled": True},
     }
     if task.global_batch % (p.dp * p.mbs):
-        raise refuse(FMT, f"mbs={p.mbs}", f"global batch {task.global_batch} is not a multiple of dp*mbs")
-    moe = m.moe
+        raise startup_refusal(FMT, f"mbs={p.mbs} with dp={p.dp}", "deepspeed.batch", field="mbs")
+    moe, pos = m.moe, positions_of(m)
     args = flag_args([
         ("--deepspeed", True), ("--deepspeed_config", CONFIG), ("--zero-stage", p.zero),
         ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp),
@@ -75,6 +76,12 @@ def ds_emit(ctx: Context) -> Emitted:
         ("--recompute-method", "uniform" if p.recompute == "full" else None),
         ("--recompute-num-layers", 1 if p.recompute == "full" else None),
         ("--bf16", task.precision == "bf16"), ("--fp16", task.precision == "fp16"),
+        ("--use-flash-attn-v2", ctx.problem.stack.flash_attention),
+        ("--hidden-dropout", 0.1 if ctx.problem.stack.dropout else 0.0),
+        ("--attention-dropout", 0.1 if ctx.problem.stack.dropout else 0.0),
+        ("--use-rotary-position-embeddings", pos.kind == "rope"),
+        ("--rotary-position-embeddings-theta", pos.rope_theta if pos.kind == "rope" else None),
+        ("--rotary-percent", pos.rotary_percent if pos.kind == "rope" and pos.rotary_percent != 1 else None),
         ("--num-layers", m.layers), ("--hidden-size", m.hidden), ("--num-attention-heads", m.heads),
         ("--num-key-value-heads", m.n_kv_heads), ("--ffn-hidden-size", m.ffn), ("--swiglu", m.ffn_kind == "swiglu"),
         ("--normalization", m.norm), ("--seq-length", task.seq_len), ("--max-position-embeddings", task.seq_len),
@@ -90,7 +97,7 @@ def ds_emit(ctx: Context) -> Emitted:
     cmd = Command(launcher=["deepspeed", "--num_nodes", str(nodes), "--num_gpus", str(per_node)],
                   program=[fs.program], args=args)
     notes = ["Megatron-DeepSpeed's pretrain_gpt.py; add data, tokenizer and schedule flags, and a hostfile for "
-             "more than one node", POSITIONS.format(flag="--use-rotary-position-embeddings")]
+             "more than one node", f"position encoding: {pos.source}"]
     return emitted(ctx, FMT, [cmd], nodes, files={CONFIG: json.dumps(config, indent=2) + "\n"}, notes=notes)
 
 

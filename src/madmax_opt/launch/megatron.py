@@ -24,10 +24,15 @@ from madmax_opt.launch.common import (
     refuse,
 )
 from madmax_opt.launch.flagsets import flagset
+from madmax_opt.launch.startup import (
+    BUILDER_RECIPE,
+    GPT_MODEL_CONFIG_FIELDS,
+    Positions,
+    positions_of,
+    startup_refusal,
+)
 from madmax_opt.model.spec import Plan, Task
 
-POSITIONS = ("positional encoding is not part of madmax-opt's model: for rotary models (Llama, Mistral, Mixtral) add "
-             "{flag}")
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP data_parallel_sharding_strategy per ZeRO stage
 FP8_RECIPE = {"fp8": ("hybrid", "tensorwise"), "mxfp8": ("e4m3", "mxfp8")}  # task precision -> (format, recipe)
 NEMO_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_current_scaling_mixed",
@@ -67,8 +72,11 @@ def uniform_recompute(p: Plan, fmt: str) -> str:
     return p.stage_recompute[0]
 
 
-def even_layers(layers: int, stages: int, fmt: str, what: str) -> int:
+def even_layers(layers: int, stages: int, fmt: str, what: str, rule: str | None = None) -> int:
+    """Layers per stage of an even split; a split that is not even is refused, naming the framework's ``rule``."""
     if layers % stages:
+        if rule is not None:
+            raise startup_refusal(fmt, f"{what} with {layers} layers", rule)
         raise refuse(fmt, what, f"{layers} layers do not split evenly over {stages} stages; allowed: a divisor, "
                      "or an uneven plan (stage_layers)")
     return layers // stages
@@ -126,14 +134,53 @@ def emitted(ctx: Context, fmt: str, commands: list[Command], nodes: int, files: 
 # ----------------------------------------------------------------------------------------------- Megatron-LM
 
 
+def megatron_refusals(ctx: Context, fmt: str, task: Task) -> None:
+    """Plans Megatron-Core refuses at start-up (megatron and nemo; rules in data/flags/startup-training.yaml)."""
+    p, m = ctx.plan, ctx.model
+    rules = "megatron" if fmt == "megatron" else "nemo"
+    if m.heads % p.tp:
+        raise startup_refusal(fmt, f"tp={p.tp}", f"{rules}.heads-tp", field="tp")
+    if m.n_kv_heads % p.tp and p.tp % m.n_kv_heads:
+        raise startup_refusal(fmt, f"tp={p.tp} with {m.n_kv_heads} KV heads", f"{rules}.query-groups-tp", field="tp")
+    if task.global_batch % (p.dp * p.mbs):
+        raise startup_refusal(fmt, f"mbs={p.mbs} with dp={p.dp}", f"{rules}.global-batch", field="mbs")
+    assert task.seq_len is not None
+    if p.cp > 1 and task.seq_len % (2 * p.cp):
+        raise startup_refusal(fmt, f"cp={p.cp} with seq_len {task.seq_len}", "megatron.cp-seq-length", field="cp")
+    if p.ep > 1 and m.moe is None:
+        raise startup_refusal(fmt, f"ep={p.ep} on a dense model", "megatron.ep-needs-experts", field="ep")
+    if p.vpp > 1 and p.pp == 1:
+        raise startup_refusal(fmt, f"vpp={p.vpp} with pp=1", "megatron.interleaved-pp", field="vpp")
+    pos = positions_of(m)
+    if pos.scaling is not None and pos.scaling.type != "llama3":
+        raise refuse(fmt, f"model {m.name} ({pos.scaling.type} RoPE scaling)", "only Llama-3.1 RoPE scaling "
+                     "(--use-rope-scaling) is emitted for a multi-head / GQA attention model", field="model")
+
+
+def rope_flags(pos: Positions) -> list[tuple[str, object]]:
+    """Position encoding flags (Megatron-LM arguments.py: --position-embedding-type, --rotary-base, ...)."""
+    rope = pos.kind == "rope"
+    llama3 = pos.scaling is not None and pos.scaling.type == "llama3"
+    return [("--position-embedding-type", "rope" if rope else "learned_absolute"),
+            ("--rotary-base", pos.rope_theta if rope else None),
+            ("--rotary-percent", pos.rotary_percent if rope and pos.rotary_percent != 1 else None),
+            ("--use-rope-scaling", llama3), ("--rope-scaling-factor", pos.scaling.factor if llama3 and pos.scaling
+                                              else None)]
+
+
 def megatron_emit(ctx: Context) -> Emitted:
     fmt, p, m = "megatron", ctx.plan, ctx.model
     task = training_checks(ctx, fmt)
     no_uneven_interleaving(p, fmt)
     recompute = uniform_recompute(p, fmt)
     first_last, layout = uneven_split(p.stage_layers)
-    per_chunk = even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}") if p.stage_layers is None else None
-    moe = m.moe
+    if p.stage_layers is None:
+        even_layers(m.layers, p.pp, fmt, f"pp={p.pp}", "megatron.layers-per-stage")
+    per_chunk = even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}", "megatron.layers-per-chunk") \
+        if p.stage_layers is None else None
+    megatron_refusals(ctx, fmt, task)
+    moe, stack = m.moe, ctx.problem.stack
+    fsdp = p.zero >= 2
     fp8 = FP8_RECIPE.get(task.precision)
     launcher, nodes = torchrun(ctx, fmt)
     args = flag_args([
@@ -149,27 +196,34 @@ def megatron_emit(ctx: Context) -> Emitted:
         ("--recompute-method", "uniform" if recompute == "full" else None),
         ("--recompute-num-layers", 1 if recompute == "full" else None),
         ("--use-distributed-optimizer", p.zero == 1),
-        ("--use-megatron-fsdp", p.zero >= 2), ("--data-parallel-sharding-strategy", SHARDING.get(p.zero)),
-        ("--overlap-grad-reduce", ctx.problem.stack.dp_overlap),
-        ("--overlap-param-gather", ctx.problem.stack.dp_overlap and p.zero >= 1),
-        ("--tp-comm-overlap", ctx.problem.stack.tp_comm_overlap and p.tp > 1 and p.sp),
+        ("--use-megatron-fsdp", fsdp), ("--data-parallel-sharding-strategy", SHARDING.get(p.zero)),
+        ("--ckpt-format", "fsdp_dtensor" if fsdp else None),  # megatron.fsdp-ckpt-format
+        ("--overlap-grad-reduce", stack.dp_overlap),
+        ("--overlap-param-gather", stack.dp_overlap and p.zero >= 1),
+        ("--tp-comm-overlap", stack.tp_comm_overlap and p.tp > 1 and p.sp),
         ("--fp16", task.precision == "fp16"), ("--bf16", task.precision != "fp16"),
         ("--fp8-format", fp8[0] if fp8 else None), ("--fp8-recipe", fp8[1] if fp8 else None),
+        ("--attention-backend", "flash" if stack.flash_attention else "unfused"),
+        ("--hidden-dropout", 0.1 if stack.dropout else 0.0), ("--attention-dropout", 0.1 if stack.dropout else 0.0),
         ("--num-layers", m.layers), ("--hidden-size", m.hidden), ("--num-attention-heads", m.heads),
         ("--group-query-attention", m.n_kv_heads != m.heads),
         ("--num-query-groups", m.n_kv_heads if m.n_kv_heads != m.heads else None),
         ("--ffn-hidden-size", m.ffn), ("--swiglu", m.ffn_kind == "swiglu"),
         ("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"),
         ("--seq-length", task.seq_len), ("--max-position-embeddings", task.seq_len), ("--vocab-size", m.vocab),
+        *rope_flags(positions_of(m)),
         ("--untie-embeddings-and-output-weights", not m.tied_embeddings), ("--disable-bias-linear", not m.bias),
         ("--num-experts", moe.num_experts if moe else None), ("--moe-router-topk", moe.top_k if moe else None),
         ("--moe-ffn-hidden-size", moe.expert_ffn if moe else None),
         ("--moe-shared-expert-intermediate-size", moe.shared_experts * moe.expert_ffn if moe and moe.shared_experts
          else None),
+        ("--moe-grouped-gemm", moe is not None), ("--moe-token-dispatcher-type", "alltoall" if moe else None),
     ])
-    cmd = Command(launcher=launcher, program=[flagset(fmt).program], args=args)
+    # megatron.tp-cp-max-connections (TP / CP without FSDP) and megatron.fsdp-max-connections (never 1 with FSDP)
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (p.tp > 1 or p.cp > 1) and not fsdp else {}
+    cmd = Command(launcher=launcher, program=[flagset(fmt).program], args=args, env=env)
     notes = ["add your data and tokenizer flags (--data-path, --tokenizer-type) and training schedule "
-             "(--train-iters, --lr)", POSITIONS.format(flag="--position-embedding-type rope")]
+             "(--train-iters, --lr)", f"position encoding: {positions_of(m).source}"]
     return emitted(ctx, fmt, [cmd], nodes, notes=notes)
 
 
@@ -201,58 +255,88 @@ def megatron_parse(e: Emitted) -> Plan:
 # ------------------------------------------------------------------------------------ NeMo / Megatron-Bridge
 
 
+def nemo_model_fields(ctx: Context, task: Task) -> list[tuple[str, object]]:
+    """(field, value) of the model section; None values are not emitted, "null" clears the recipe's value."""
+    p, m, stack = ctx.plan, ctx.model, ctx.problem.stack
+    recompute = uniform_recompute(p, "nemo")
+    first_last, layout = uneven_split(p.stage_layers)
+    moe, pos = m.moe, positions_of(m)
+    llama3 = pos.scaling is not None and pos.scaling.type == "llama3"
+    return [
+        ("tensor_model_parallel_size", p.tp), ("pipeline_model_parallel_size", p.pp),
+        ("virtual_pipeline_model_parallel_size", p.vpp if p.vpp > 1 else "null"),  # nemo.recipe-vpp
+        ("pipeline_model_parallel_layout", layout),
+        ("num_layers_in_first_pipeline_stage", first_last[0] if first_last else None),
+        ("num_layers_in_last_pipeline_stage", first_last[1] if first_last else None),
+        ("context_parallel_size", p.cp), ("expert_model_parallel_size", p.ep),
+        ("sequence_parallel", p.sp and p.tp > 1),  # nemo.sp-needs-tp
+        ("recompute_granularity", "null" if recompute == "none" else recompute),
+        ("recompute_method", "uniform" if recompute == "full" else "null"),
+        ("recompute_num_layers", 1 if recompute == "full" else "null"),
+        ("tp_comm_overlap", stack.tp_comm_overlap and p.tp > 1 and p.sp),
+        ("seq_length", task.seq_len),
+        ("num_layers", m.layers), ("hidden_size", m.hidden), ("num_attention_heads", m.heads),
+        ("num_query_groups", m.n_kv_heads), ("ffn_hidden_size", m.ffn), ("vocab_size", m.vocab),
+        ("normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"),
+        ("gated_linear_unit", m.ffn_kind == "swiglu"), ("add_bias_linear", m.bias),
+        ("share_embeddings_and_output_weights", m.tied_embeddings),
+        ("position_embedding_type", "rope" if pos.kind == "rope" else "learned_absolute"),
+        ("rotary_base", pos.rope_theta if pos.kind == "rope" else None),
+        ("rotary_percent", pos.rotary_percent if pos.kind == "rope" else None),
+        ("rope_scaling", llama3), ("rope_scaling_factor", pos.scaling.factor if llama3 and pos.scaling else None),
+        ("attention_backend", "flash" if stack.flash_attention else "unfused"),
+        ("hidden_dropout", 0.1 if stack.dropout else 0.0), ("attention_dropout", 0.1 if stack.dropout else 0.0),
+        ("num_moe_experts", moe.num_experts if moe else None), ("moe_router_topk", moe.top_k if moe else None),
+        ("moe_ffn_hidden_size", moe.expert_ffn if moe else None),
+        ("moe_shared_expert_intermediate_size", moe.shared_experts * moe.expert_ffn if moe and moe.shared_experts
+         else None),
+        ("moe_grouped_gemm", True if moe else None), ("moe_token_dispatcher_type", "alltoall" if moe else None),
+    ]
+
+
+def model_key(recipe: str, name: str) -> str:
+    """model.<field>, or model.transformer.<field> for a TransformerConfig field of a builder-backed recipe
+    (nemo.builder-nesting)."""
+    nested = BUILDER_RECIPE.search(recipe) and name not in GPT_MODEL_CONFIG_FIELDS
+    return f"model.transformer.{name}" if nested else f"model.{name}"
+
+
 def nemo_emit(ctx: Context) -> Emitted:
     fmt, p, m = "nemo", ctx.plan, ctx.model
     task = training_checks(ctx, fmt)
     no_uneven_interleaving(p, fmt)
-    recompute = uniform_recompute(p, fmt)
     if p.stage_layers is None:
-        even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}")
-    first_last, layout = uneven_split(p.stage_layers)
-    moe = m.moe
-    overrides: list[tuple[str, object]] = [
-        ("model.tensor_model_parallel_size", p.tp), ("model.pipeline_model_parallel_size", p.pp),
-        ("model.virtual_pipeline_model_parallel_size", p.vpp if p.vpp > 1 else None),
-        ("model.pipeline_model_parallel_layout", layout),
-        ("model.num_layers_in_first_pipeline_stage", first_last[0] if first_last else None),
-        ("model.num_layers_in_last_pipeline_stage", first_last[1] if first_last else None),
-        ("model.context_parallel_size", p.cp), ("model.expert_model_parallel_size", p.ep),
-        ("model.sequence_parallel", p.sp),
-        ("model.recompute_granularity", None if recompute == "none" else recompute),
-        ("model.recompute_method", "uniform" if recompute == "full" else None),
-        ("model.recompute_num_layers", 1 if recompute == "full" else None),
-        ("model.tp_comm_overlap", ctx.problem.stack.tp_comm_overlap and p.tp > 1 and p.sp),
+        even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}", "megatron.layers-per-chunk")
+    megatron_refusals(ctx, fmt, task)
+    recipe = NEMO_RECIPE[m.ffn_kind]
+    stack, fsdp = ctx.problem.stack, p.zero >= 2
+    overrides: list[tuple[str, object]] = [(model_key(recipe, k), v) for k, v in nemo_model_fields(ctx, task)]
+    overrides += [
         ("train.micro_batch_size", p.mbs), ("train.global_batch_size", task.global_batch),
-        ("dataset.seq_length", task.seq_len), ("model.seq_length", task.seq_len),
+        ("dataset.seq_length", task.seq_len),
         ("ddp.use_distributed_optimizer", p.zero >= 1), ("optimizer.use_distributed_optimizer", p.zero >= 1),
-        ("ddp.use_megatron_fsdp", True if p.zero >= 2 else None), ("dist.use_megatron_fsdp", True if p.zero >= 2
-                                                                    else None),
-        ("ddp.data_parallel_sharding_strategy", SHARDING.get(p.zero)),
-        ("ddp.overlap_grad_reduce", ctx.problem.stack.dp_overlap),
-        ("ddp.overlap_param_gather", ctx.problem.stack.dp_overlap and p.zero >= 1),
+        ("ddp.use_megatron_fsdp", fsdp), ("dist.use_megatron_fsdp", True if fsdp else None),
+        ("ddp.data_parallel_sharding_strategy", SHARDING.get(p.zero, "no_shard")),
+        ("checkpoint.ckpt_format", "fsdp_dtensor" if fsdp else None),  # nemo.fsdp-ckpt-format
+        ("comm_overlap.tp_comm_overlap", stack.tp_comm_overlap and p.tp > 1 and p.sp),  # nemo.recipe-comm-overlap
+        ("ddp.overlap_grad_reduce", stack.dp_overlap),
+        ("ddp.overlap_param_gather", stack.dp_overlap and p.zero >= 1),
         ("mixed_precision", NEMO_PRECISION[task.precision]),
-        ("model.num_layers", m.layers), ("model.hidden_size", m.hidden), ("model.num_attention_heads", m.heads),
-        ("model.num_query_groups", m.n_kv_heads), ("model.ffn_hidden_size", m.ffn), ("model.vocab_size", m.vocab),
-        ("model.normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"),
-        ("model.gated_linear_unit", m.ffn_kind == "swiglu"), ("model.add_bias_linear", m.bias),
-        ("model.share_embeddings_and_output_weights", m.tied_embeddings),
-        ("model.num_moe_experts", moe.num_experts if moe else None),
-        ("model.moe_router_topk", moe.top_k if moe else None),
-        ("model.moe_ffn_hidden_size", moe.expert_ffn if moe else None),
-        ("model.moe_shared_expert_intermediate_size", moe.shared_experts * moe.expert_ffn if moe and
-         moe.shared_experts else None),
     ]
-    args = ["--recipe", NEMO_RECIPE[m.ffn_kind], "--mode", "pretrain"]
+    args = ["--recipe", recipe, "--mode", "pretrain"]
     args += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides if v is not None]
     launcher, nodes = torchrun(ctx, fmt)
     cmd = Command(launcher=launcher, program=[flagset(fmt).program], args=args)
-    notes = [f"base recipe {NEMO_RECIPE[m.ffn_kind]} supplies activation, rope and optimizer defaults; the "
-             "overrides set the architecture and the plan", "add --dataset and checkpoint options for your run"]
+    notes = [f"base recipe {recipe} supplies the optimizer and data defaults; the overrides set the architecture, "
+             "position encoding and the plan", f"position encoding: {positions_of(m).source}",
+             "add --dataset and checkpoint options for your run"]
     return emitted(ctx, fmt, [cmd], nodes, notes=notes)
 
 
 def nemo_overrides(args: Sequence[str]) -> dict[str, str]:
-    return dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("-"))
+    """The KEY=VALUE overrides, model.transformer.<field> read as model.<field>."""
+    pairs = (a.split("=", 1) for a in args if "=" in a and not a.startswith("-"))
+    return {k.replace("model.transformer.", "model."): v for k, v in pairs}
 
 
 def nemo_parse(e: Emitted) -> Plan:
@@ -260,11 +344,12 @@ def nemo_parse(e: Emitted) -> Plan:
     o = nemo_overrides(cmd.args)
 
     def num(key: str, default: int = 1) -> int:
-        return int(o[key]) if key in o else default
+        return int(o[key]) if key in o and o[key] != "null" else default
 
     tp, pp, cp = num("model.tensor_model_parallel_size"), num("model.pipeline_model_parallel_size"), num(
         "model.context_parallel_size")
-    recompute = o.get("model.recompute_granularity", "none")
+    recompute = o.get("model.recompute_granularity", "null")
+    recompute = "none" if recompute == "null" else recompute
     zero = 1 if o.get("ddp.use_distributed_optimizer") == "true" else 0
     if o.get("ddp.use_megatron_fsdp") == "true":
         zero = {v: k for k, v in SHARDING.items()}[o["ddp.data_parallel_sharding_strategy"]]
@@ -281,7 +366,8 @@ def nemo_parse(e: Emitted) -> Plan:
 
 
 def nemo_config(e: Emitted) -> dict[str, Any]:
-    return {k: v for c in e.commands for k, v in nemo_overrides(c.args).items()}
+    return {k: v for c in e.commands for k, v in
+            (a.split("=", 1) for a in c.args if "=" in a and not a.startswith("-"))}
 
 
 MIXED = "stage_systems with more than one system: one launch runs on one GPU type"

@@ -26,6 +26,7 @@ from madmax_opt.launch.megatron import (
     training_checks,
     uniform_recompute,
 )
+from madmax_opt.launch.startup import positions_of, startup_refusal
 from madmax_opt.model.spec import Plan, TransformerModel
 
 FMT = "torchtitan"
@@ -58,24 +59,36 @@ def llama_ffn(dim: int, multiple_of: int, multiplier: float) -> int:
 
 
 def flavor_file(m: TransformerModel, name: str, seq_len: int) -> str:
+    """The companion file registering the model as a llama3 flavor: sizes, RoPE base and scaling (torchtitan applies
+    RoPEScalingArgs always, default factor 8, models/llama3/model/model.py; factor 1 leaves the frequencies as they
+    are)."""
     base = int(2 * 4 * m.hidden / 3)
     multiplier = (m.ffn + 0.5) / base  # int(multiplier * base) == ffn exactly, with multiple_of 1
     assert llama_ffn(m.hidden, 1, multiplier) == m.ffn
+    pos = positions_of(m)
+    sc = pos.scaling
+    scaling = (f"scaling_factor={sc.factor!r}, low_freq_factor={sc.low_freq_factor!r}, high_freq_factor="
+               f"{sc.high_freq_factor!r}, original_max_position_embeddings={sc.original_max_position_embeddings}"
+               if sc else "scaling_factor=1.0")
     return (
         f'"""Registers the torchtitan llama3 flavor {name!r} ({m.name} from madmax-opt\'s catalog); imported through'
         ' [experimental] custom_import."""\n\n'
         "from torchtitan.models.llama3 import llama3_args\n"
-        "from torchtitan.models.llama3.model.args import TransformerModelArgs\n\n"
+        "from torchtitan.models.llama3.model.args import RoPEScalingArgs, TransformerModelArgs\n\n"
         f"llama3_args[{name!r}] = TransformerModelArgs(\n"
         f"    dim={m.hidden}, n_layers={m.layers}, n_heads={m.heads}, n_kv_heads={m.n_kv_heads},\n"
-        f"    vocab_size={m.vocab}, multiple_of=1, ffn_dim_multiplier={multiplier!r}, max_seq_len={seq_len},\n)\n"
+        f"    vocab_size={m.vocab}, multiple_of=1, ffn_dim_multiplier={multiplier!r}, max_seq_len={seq_len},\n"
+        f"    rope_theta={pos.rope_theta}, rope_scaling_args=RoPEScalingArgs({scaling}),\n)\n"
     )
 
 
 def check_model(m: TransformerModel) -> None:
-    """torchtitan's llama3 is SwiGLU, RMSNorm, no biases, untied embeddings, dense."""
+    """torchtitan's llama3 is SwiGLU, RMSNorm, no biases, untied embeddings, dense, full RoPE (Llama-3.1 scaling)."""
+    pos = positions_of(m)
     bad = [(m.ffn_kind != "swiglu", f"ffn_kind {m.ffn_kind}"), (m.norm != "rmsnorm", f"norm {m.norm}"),
-           (m.bias, "bias"), (m.tied_embeddings, "tied_embeddings"), (m.moe is not None, "a mixture-of-experts MLP")]
+           (m.bias, "bias"), (m.tied_embeddings, "tied_embeddings"), (m.moe is not None, "a mixture-of-experts MLP"),
+           (pos.kind != "rope", "learned positions"), (pos.rotary_percent != 1, "partial RoPE"),
+           (pos.scaling is not None and pos.scaling.type != "llama3", "YaRN RoPE scaling")]
     for is_bad, what in bad:
         if is_bad:
             raise refuse(FMT, f"model {m.name} ({what})", "the llama3 model of torchtitan v0.2.2 is dense SwiGLU + "
@@ -109,8 +122,13 @@ def titan_emit(ctx: Context) -> Emitted:
         raise refuse(FMT, "precision fp16", "mixed precision is bfloat16 or float32; allowed: bf16, fp8, mxfp8",
                      field="task.precision")
     if task.global_batch % (p.dp * p.mbs):
-        raise refuse(FMT, f"mbs={p.mbs}", f"global batch {task.global_batch} is not a multiple of dp*mbs")
+        raise startup_refusal(FMT, f"mbs={p.mbs} with dp={p.dp}", "torchtitan.global-batch", field="mbs")
+    if p.zero == 0 and p.gpus > p.dp:
+        raise startup_refusal(FMT, f"zero=0 with tp={p.tp} pp={p.pp} cp={p.cp}", "torchtitan.ddp-1d", field="zero")
     assert task.seq_len is not None
+    if task.seq_len % (p.tp * 2 * p.cp):
+        raise startup_refusal(FMT, f"seq_len {task.seq_len} with tp={p.tp} cp={p.cp}", "torchtitan.seq-divisor",
+                              field="tp")
     per_stage = even_layers(m.layers, p.pp * p.vpp, FMT, f"pp={p.pp} vpp={p.vpp}") if p.stage_layers is None else None
     flavor = f"madmax_{m.name}"
     sections: dict[str, dict[str, Any]] = {
@@ -128,6 +146,9 @@ def titan_emit(ctx: Context) -> Emitted:
             "pipeline_parallel_schedule": ("Interleaved1F1B" if p.vpp > 1 else "1F1B") if p.pp > 1 else None,
             "pipeline_parallel_microbatch_size": p.mbs if p.pp > 1 else None,
             "pipeline_parallel_layers_per_stage": per_stage if p.pp > 1 else None,
+            # torchtitan.virtual-stages: embedding and output are not counted as layers (defaults 1 each)
+            "pipeline_parallel_first_stage_less_layers": 0 if p.pp > 1 else None,
+            "pipeline_parallel_last_stage_less_layers": 0 if p.pp > 1 else None,
             "module_fqns_per_model_part": stage_modules(p.stage_layers) if p.stage_layers else None,
         },
         "activation_checkpoint": {"mode": recompute,
