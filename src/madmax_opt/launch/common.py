@@ -30,6 +30,11 @@ class Command(Strict):
     args: list[str]
     role: str = Field("run", description="what this command runs (run, prefill, decode, replica 3, ...)")
     env: dict[str, str] = Field(default_factory=dict, description="environment variables the command needs")
+    node: int = Field(0, ge=0, description="the node that runs it (0: the head node; the script runs a node's "
+                      "commands where NODE_RANK says)")
+    background: bool = Field(False, description="started in the background (a server); the script waits for it")
+    ready: str | None = Field(None, description="URL that answers once the server is up (polled before the "
+                              "next foreground command)")
 
     @property
     def argv(self) -> list[str]:
@@ -37,7 +42,8 @@ class Command(Strict):
 
     def shell(self) -> str:
         """The command line; ``$VAR`` tokens (a launcher's node rank, rendezvous host) stay unquoted for the shell."""
-        words = [t if re.fullmatch(r"\$\{?\w+\}?(:\$?\{?\w+\}?)?", t) else shlex.quote(t) for t in self.argv]
+        words = [t if re.fullmatch(r"\$\{?\w+\}?(:\$?\{?\w+\}?)?", t) or _url_with_vars(t) else shlex.quote(t)
+                 for t in self.argv]
         return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), *words])
 
 
@@ -61,9 +67,44 @@ class Emitted(Strict):
         lines = ["#!/usr/bin/env bash", f"# {self.framework} {self.version}: {self.gpus} GPUs of {self.system} "
                  f"({self.nodes} node(s) x {self.gpus_per_node})"]
         lines += [f"# {n}" for n in self.notes]
+        if any(c.node or c.background for c in self.commands):
+            return "\n".join(lines + orchestrated(self.commands)) + "\n"
         for c in self.commands:
             lines += [f"# {c.role}", c.shell()]
         return "\n".join(lines) + "\n"
+
+
+def _url_with_vars(token: str) -> bool:
+    """A host:port or URL naming shell variables (``http://${NODE_IP_1}:30000``): left for the shell to expand."""
+    return "${" in token and re.fullmatch(r"[\w:/.${}-]+", token) is not None
+
+
+def orchestrated(commands: Sequence[Command]) -> list[str]:
+    """Script lines for servers: each node runs its own commands (NODE_RANK, 0 on the head), servers start in
+    the background, the head waits until every ``ready`` URL answers before the next foreground command (a
+    router), and the script stays up while its servers run (stopping them when it exits)."""
+    nodes = max(c.node for c in commands) + 1
+    lines = ["set -euo pipefail", "trap 'kill $(jobs -p) 2>/dev/null' EXIT"]
+    if nodes > 1:
+        lines += [f"# run this script on each of the {nodes} nodes with NODE_RANK=0..{nodes - 1} and NODE_IP_0.."
+                  f"NODE_IP_{nodes - 1} set to the nodes' addresses", 'NODE_RANK="${NODE_RANK:?set NODE_RANK}"']
+    waiting: list[str] = []
+    for node in range(nodes):
+        body: list[str] = []
+        for c in (c for c in commands if c.node == node):
+            if not c.background:
+                body += [f"until curl -sf {u} > /dev/null; do sleep 5; done  # wait for the server" for u in waiting]
+                waiting = []
+            body += [f"# {c.role}", c.shell() + (" &" if c.background else "")]
+            if c.ready and c.background:
+                waiting.append(c.ready)
+        body += [f"until curl -sf {u} > /dev/null; do sleep 5; done  # wait for the server" for u in waiting]
+        waiting = []
+        if any(c.background for c in commands if c.node == node):
+            body += ['echo "ready"' if node == 0 else "", "wait"]
+        body = [b for b in body if b]
+        lines += ([f'if [ "$NODE_RANK" = {node} ]; then', *("  " + b for b in body), "fi"] if nodes > 1 else body)
+    return lines
 
 
 @dataclass(frozen=True)
@@ -140,7 +181,8 @@ def flag_args(pairs: Iterable[tuple[str, object]]) -> list[str]:
 
 
 def parse_flags(args: Sequence[str]) -> dict[str, str | bool]:
-    """The inverse of :func:`flag_args`: a flag followed by a non-flag token takes it as its value."""
+    """The inverse of :func:`flag_args`: a flag followed by non-flag tokens takes them as its value (several:
+    joined by spaces, as an argparse ``nargs`` list)."""
     out: dict[str, str | bool] = {}
     i = 0
     while i < len(args):
@@ -148,8 +190,11 @@ def parse_flags(args: Sequence[str]) -> dict[str, str | bool]:
         if not tok.startswith("-"):
             raise ValueError(f"unexpected argument {tok!r}")
         if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            out[tok] = args[i + 1]
-            i += 2
+            j = i + 1  # a list-valued flag (argparse nargs): its values joined by spaces
+            while j + 1 < len(args) and not args[j + 1].startswith("-"):
+                j += 1
+            out[tok] = " ".join(args[i + 1:j + 1])
+            i = j + 1
         else:
             out[tok] = True
             i += 1
