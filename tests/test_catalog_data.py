@@ -113,6 +113,9 @@ def test_gpt_oss_20b_parameters_match_the_model_card() -> None:
         ("gb300", "gb300-nvl72", 360e15 / 72 / 2, 720e15 / 72 / 2, 1080e15 / 72, 288, 576 / 72),  # GB300 NVL72
         ("mi325x", "mi325x-platform", 2614.9e12 / 2, 5229.8e12 / 2, None, 256, 6.0),  # MI325X (sparse / 2)
         ("mi355x", "mi355x-platform", 5033.2e12 / 2, 10066.4e12 / 2, 20132.7e12 / 2, 288, 8.0),  # MI355X
+        ("h100-pcie", "h100-pcie-server", 1513e12 / 2, 3026e12 / 2, None, 80, 2.0),  # H100 datasheet, PCIe
+        ("h100-nvl", "h100-nvl-server", 1671e12 / 2, 3341e12 / 2, None, 94, 3.9),  # H100 datasheet, NVL
+        ("l40s", "l40s-server", 362.05e12, 1466e12 / 2, None, 48, 0.864),  # L40S datasheet (BF16 given dense)
     ],
 )
 def test_new_gpus_carry_their_datasheet_figures(gpu: str, system: str, bf16_dense: float, fp8_dense: float,
@@ -126,3 +129,76 @@ def test_new_gpus_carry_their_datasheet_figures(gpu: str, system: str, bf16_dens
     assert "datasheet" in g.source
     s = catalog.standard_system(gpu, file=None, field="hardware.gpu")
     assert s.name == system and s.gpu == gpu and "Price" in s.source
+
+
+def _dense_layer(hidden: int, q_dim: int, kv_dim: int, ffn: int, qkv_bias: bool = False) -> int:
+    """One decoder layer counted from a config: Q, K, V, O projections, a gated (3-matrix) MLP, two norms."""
+    return hidden * (q_dim + 2 * kv_dim) + q_dim * hidden + 3 * hidden * ffn + 2 * hidden + (
+        q_dim + 2 * kv_dim if qkv_bias else 0)
+
+
+def _real(layers: int, layer: int, vocab: int, hidden: int, tied: bool) -> int:
+    return layers * layer + (1 if tied else 2) * vocab * hidden + hidden
+
+
+# name: (total counted by hand from the Hugging Face config, published total, how far the catalog's head_dim =
+# hidden / heads approximation moves the total as its source says, as a fraction)
+_E = 3 * 5120 * 8192  # one Llama 4 expert
+REAL_CONFIGS: dict[str, tuple[int, float, float]] = {
+    "llama3.1-8b": (_real(32, _dense_layer(4096, 4096, 1024, 14336), 128256, 4096, False), 8.03e9, 0.0),
+    "llama3.1-70b": (_real(80, _dense_layer(8192, 8192, 1024, 28672), 128256, 8192, False), 70.6e9, 0.0),
+    "llama3.3-70b": (_real(80, _dense_layer(8192, 8192, 1024, 28672), 128256, 8192, False), 70.6e9, 0.0),
+    "qwen2.5-7b": (_real(28, _dense_layer(3584, 3584, 512, 18944, True), 152064, 3584, False), 7.61e9, 0.0),
+    "qwen2.5-14b": (_real(48, _dense_layer(5120, 5120, 1024, 13824, True), 152064, 5120, False), 14.7e9, 0.0),
+    "qwen2.5-32b": (_real(64, _dense_layer(5120, 5120, 1024, 27392, True), 152064, 5120, False), 32.5e9, 0.0),
+    "qwen2.5-72b": (_real(80, _dense_layer(8192, 8192, 1024, 29568, True), 152064, 8192, False), 72.7e9, 0.0),
+    "qwen3-8b": (_real(36, _dense_layer(4096, 4096, 1024, 12288), 151936, 4096, False), 8.2e9, 0.0),
+    "qwen3-14b": (_real(40, _dense_layer(5120, 5120, 1024, 17408), 151936, 5120, False), 14.8e9, 0.0),
+    "qwen3-32b": (_real(64, _dense_layer(5120, 8192, 1024, 25600), 151936, 5120, False), 32.8e9, -0.06),
+    # Gemma reports embedding + non-embedding parameters of the text model (Gemma 2 / 3 reports, Table 1)
+    "gemma2-9b": (_real(42, _dense_layer(3584, 4096, 2048, 14336), 256000, 3584, True), 0.918e9 + 8.324e9, -0.025),
+    "gemma2-27b": (_real(46, _dense_layer(4608, 4096, 2048, 36864), 256000, 4608, True), 1.180e9 + 26.047e9, 0.012),
+    "gemma3-12b": (_real(48, _dense_layer(3840, 4096, 2048, 15360), 262208, 3840, True), 1.012e9 + 10.759e9, -0.016),
+    "gemma3-27b": (_real(62, _dense_layer(5376, 4096, 2048, 21504), 262208, 5376, True), 1.416e9 + 25.600e9, 0.047),
+    "mixtral-8x22b": (_real(56, _dense_layer(6144, 6144, 1024, 0) + 8 * 3 * 6144 * 16384 + 6144 * 8, 32000, 6144,
+                            False), 141e9, 0.0),
+    # Scout: 16 routed + 1 shared expert in every layer; the published 109 B includes the vision encoder (< 2 %)
+    "llama4-scout": (_real(48, _dense_layer(5120, 5120, 1024, 0) + 17 * _E + 5120 * 16, 202048, 5120, False),
+                     109e9, 0.0),
+    # Maverick: 24 MoE layers (128 routed + 1 shared) and 24 dense layers of FFN 16384; catalog: 48 x (64 + 1)
+    "llama4-maverick": (24 * (_dense_layer(5120, 5120, 1024, 0) + 129 * _E + 5120 * 128)
+                        + 24 * _dense_layer(5120, 5120, 1024, 16384) + 2 * 202048 * 5120 + 5120, 400e9, -0.008),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_CONFIGS))
+def test_new_models_match_their_published_parameter_counts(name: str) -> None:
+    real, published, approximation = REAL_CONFIGS[name]
+    # the config as published adds up to the model card's total (rounded there to 2-3 digits; Scout's card counts
+    # the vision encoder too)
+    assert real == pytest.approx(published, rel=0.02 if name == "llama4-scout" else 0.006)
+    # the catalog entry is the config, up to the approximation its source states
+    assert _params(name) / real - 1 == pytest.approx(approximation, abs=0.004)
+    m = catalog.models()[name]
+    assert m.hf_id is not None and m.native_precision == "bf16"
+
+
+CLOUD_INSTANCES = {  # name: (GPU, $ per GPU-hour as the cited page gives it, date the page gives)
+    "spheron-h200": ("h200-sxm", 4.54, "17 March 2026"),
+    "spheron-b200": ("b200", 6.03, "17 March 2026"),
+    "spheron-gb200": ("gb200", 9.08 / 2, "17 March 2026"),  # $9.08 per superchip of 2 GPUs
+    "vultr-mi300x": ("mi300x", 1.85, "2026-05-18"),
+    "azure-nd-mi300x-v5": ("mi300x", 6.00, "2026-05-18"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLOUD_INSTANCES))
+def test_cloud_instances_carry_an_on_demand_price_with_its_date(name: str) -> None:
+    gpu, price, date = CLOUD_INSTANCES[name]
+    s = catalog.systems()[name]
+    assert s.gpu == gpu and s.price_per_gpu_hour == pytest.approx(price, abs=0.005)
+    assert date in s.source and "on-demand" in s.source.replace("on demand", "on-demand")
+    # the interconnect is the vendor node the instance rents: the same tiers as the GPU's standard node
+    assert [(t.size, t.bw) for t in s.tiers] == [(t.size, t.bw) for t in
+                                                catalog.standard_system(gpu, file=None, field="gpu").tiers]
+    assert not name.startswith("cloud-")  # `cloud-*` is the MAD-Max paper's cloud table (problems/sweeps/cloud.yaml)
