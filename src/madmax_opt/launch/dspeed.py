@@ -25,7 +25,7 @@ from madmax_opt.launch.common import (
 )
 from madmax_opt.launch.flagsets import flagset
 from madmax_opt.launch.megatron import BATCH, MIXED, emitted, even_layers, training_checks
-from madmax_opt.launch.startup import positions_of, startup_refusal
+from madmax_opt.launch.startup import check_positions, startup_refusal
 from madmax_opt.model.spec import Plan
 
 FMT = "deepspeed"
@@ -45,8 +45,6 @@ def ds_emit(ctx: Context) -> Emitted:
                                                                            "fp16"),
         (m.moe is not None and (m.moe.shared_experts > 0 or m.moe.expert_ffn != m.ffn), "this MoE layout",
          "DeepSpeed-MoE experts are ffn_hidden_size wide, without shared experts"),
-        (positions_of(m).scaling is not None, f"model {m.name} (RoPE scaling)", "Megatron-DeepSpeed's rotary "
-         "embedding has a base and a rotated fraction, no frequency scaling (megatron/arguments.py)"),
     ]
     for bad, setting, why in unsupported:
         if bad:
@@ -66,7 +64,8 @@ def ds_emit(ctx: Context) -> Emitted:
     }
     if task.global_batch % (p.dp * p.mbs):
         raise startup_refusal(FMT, f"mbs={p.mbs} with dp={p.dp}", "deepspeed.batch", field="mbs")
-    moe, pos = m.moe, positions_of(m)
+    moe = m.moe
+    pos = check_positions(FMT, m, ())  # Megatron-DeepSpeed's rotary embedding: a base and a fraction, no scaling
     args = flag_args([
         ("--deepspeed", True), ("--deepspeed_config", CONFIG), ("--zero-stage", p.zero),
         ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp),

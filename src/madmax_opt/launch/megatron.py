@@ -28,6 +28,7 @@ from madmax_opt.launch.startup import (
     BUILDER_RECIPE,
     GPT_MODEL_CONFIG_FIELDS,
     Positions,
+    check_positions,
     positions_of,
     startup_refusal,
 )
@@ -151,10 +152,7 @@ def megatron_refusals(ctx: Context, fmt: str, task: Task) -> None:
         raise startup_refusal(fmt, f"ep={p.ep} on a dense model", "megatron.ep-needs-experts", field="ep")
     if p.vpp > 1 and p.pp == 1:
         raise startup_refusal(fmt, f"vpp={p.vpp} with pp=1", "megatron.interleaved-pp", field="vpp")
-    pos = positions_of(m)
-    if pos.scaling is not None and pos.scaling.type != "llama3":
-        raise refuse(fmt, f"model {m.name} ({pos.scaling.type} RoPE scaling)", "only Llama-3.1 RoPE scaling "
-                     "(--use-rope-scaling) is emitted for a multi-head / GQA attention model", field="model")
+    check_positions(fmt, m, ("llama3",))  # --use-rope-scaling / rope_scaling: the Llama-3.1 scaling
 
 
 def rope_flags(pos: Positions) -> list[tuple[str, object]]:

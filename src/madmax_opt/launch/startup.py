@@ -83,6 +83,7 @@ class Positions(Strict):
     rope_theta: int = 10000
     rotary_percent: float = 1.0
     scaling: Scaling | None = None
+    unsupported: str | None = Field(None, description="a position scheme no training format here expresses")
     source: str = "framework default"
 
 
@@ -98,6 +99,19 @@ def position_table() -> dict[str, Positions]:
 def positions_of(m: TransformerModel) -> Positions:
     """The catalog model's position encoding; a model outside the table (inline) is taken as RoPE base 10000."""
     return position_table().get(m.name, DEFAULT_ROPE)
+
+
+def check_positions(fmt: str, m: TransformerModel, scalings: tuple[str, ...]) -> Positions:
+    """The model's position encoding, or a refusal when ``fmt`` cannot set it (an unsupported scheme, or a RoPE
+    scaling outside ``scalings``)."""
+    pos = positions_of(m)
+    if pos.unsupported is not None:
+        raise refuse(fmt, f"model {m.name} ({pos.unsupported})", "this position scheme is not emitted", field="model")
+    if pos.scaling is not None and pos.scaling.type not in scalings:
+        allowed = ", ".join(scalings) or "none"
+        raise refuse(fmt, f"model {m.name} ({pos.scaling.type} RoPE scaling)", f"{fmt} is emitted with RoPE "
+                     f"scaling {allowed} only", field="model")
+    return pos
 
 
 # ------------------------------------------------------------------------------------------------- checkers

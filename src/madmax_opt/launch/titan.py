@@ -26,7 +26,7 @@ from madmax_opt.launch.megatron import (
     training_checks,
     uniform_recompute,
 )
-from madmax_opt.launch.startup import positions_of, startup_refusal
+from madmax_opt.launch.startup import check_positions, positions_of, startup_refusal
 from madmax_opt.model.spec import Plan, TransformerModel
 
 FMT = "torchtitan"
@@ -84,11 +84,10 @@ def flavor_file(m: TransformerModel, name: str, seq_len: int) -> str:
 
 def check_model(m: TransformerModel) -> None:
     """torchtitan's llama3 is SwiGLU, RMSNorm, no biases, untied embeddings, dense, full RoPE (Llama-3.1 scaling)."""
-    pos = positions_of(m)
+    pos = check_positions(FMT, m, ("llama3",))  # RoPEScalingArgs: the Llama-3.1 scaling
     bad = [(m.ffn_kind != "swiglu", f"ffn_kind {m.ffn_kind}"), (m.norm != "rmsnorm", f"norm {m.norm}"),
            (m.bias, "bias"), (m.tied_embeddings, "tied_embeddings"), (m.moe is not None, "a mixture-of-experts MLP"),
-           (pos.kind != "rope", "learned positions"), (pos.rotary_percent != 1, "partial RoPE"),
-           (pos.scaling is not None and pos.scaling.type != "llama3", "YaRN RoPE scaling")]
+           (pos.kind != "rope", "learned positions"), (pos.rotary_percent != 1, "partial RoPE")]
     for is_bad, what in bad:
         if is_bad:
             raise refuse(FMT, f"model {m.name} ({what})", "the llama3 model of torchtitan v0.2.2 is dense SwiGLU + "

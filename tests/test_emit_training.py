@@ -1,0 +1,261 @@
+"""Training launches: the launched model is the priced model, and every emitted configuration passes the pinned
+frameworks' start-up rules (data/flags/startup-training.yaml).
+
+Each emitted configuration is read back with a reader per format (launch/readback.py) and compared, field by field,
+with what the cost model priced: the problem's model, its catalog position encoding, the task's precision and
+sequence length, the stack's flash attention and dropout. Which models and plans a format refuses is stated here
+from the frameworks' limits, independently of the emitters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io import catalog
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.launch.common import Context, Emitted
+from madmax_opt.launch.emit import FORMATS, allowed_names, emitted_names, parse_emitted
+from madmax_opt.launch.flagsets import flagset
+from madmax_opt.launch.readback import LaunchedModel, launched_model
+from madmax_opt.launch.startup import (
+    CHECKS,
+    find_rule,
+    position_table,
+    positions_of,
+    startup_rules,
+    violations,
+)
+from madmax_opt.model.problem import Problem
+from madmax_opt.model.spec import Plan, TransformerModel
+
+TRAINING_FORMATS = ["megatron", "nemo", "torchtitan", "deepspeed"]
+LLMS = sorted(name for name, m in catalog.models().items() if m.family == "llm")
+
+
+def problem_of(model: str | dict[str, Any], *, seq_len: int = 4096, global_batch: int = 64, precision: str = "bf16",
+               stack: dict[str, Any] | None = None) -> Problem:
+    return problem_from_dict({
+        "model": model, "hardware": {"system": "dgx-h100", "gpus": [8, 16, 32, 64, 128]},
+        "task": {"kind": "pretrain", "seq_len": seq_len, "global_batch": global_batch, "precision": precision},
+        **({"stack": stack} if stack else {}),
+    })
+
+
+def emit(problem: Problem, plan: Plan, fmt: str) -> Emitted:
+    """The format's emitter on its own (the plan checks of emit_plan are another helper's), names checked."""
+    e = FORMATS[fmt].emit(Context(problem=problem, plan=plan, option=problem.hardware[problem.hw_index(plan)]))
+    assert emitted_names(e) <= allowed_names(fmt)
+    return e
+
+
+def model_limits(fmt: str, m: TransformerModel) -> list[str]:
+    """Why ``fmt`` cannot run ``m`` as priced (the frameworks' model code), stated independently of the emitters."""
+    pos = position_table().get(m.name)
+    yarn = pos is not None and pos.scaling is not None and pos.scaling.type == "yarn"
+    out = ["position scheme"] if pos is not None and pos.unsupported else []  # iRoPE, two RoPE bases
+    if fmt in ("megatron", "nemo") and yarn:
+        out.append("YaRN scaling is Megatron's multi-latent attention path; the priced attention is MHA/GQA")
+    if fmt == "torchtitan":  # torchtitan v0.2.2 llama3: dense SwiGLU, RMSNorm, no bias, untied, full RoPE
+        out += [w for bad, w in [(m.ffn_kind != "swiglu", "gelu"), (m.norm != "rmsnorm", "layernorm"),
+                                 (m.bias, "bias"), (m.tied_embeddings, "tied"), (m.moe is not None, "moe"),
+                                 (pos is not None and pos.kind != "rope", "learned"),
+                                 (pos is not None and pos.rotary_percent != 1, "partial rope"), (yarn, "yarn")] if bad]
+    if fmt == "deepspeed":  # Megatron-DeepSpeed: experts ffn_hidden_size wide, no shared experts, no RoPE scaling
+        out += [w for bad, w in [
+            (m.moe is not None and (m.moe.shared_experts > 0 or m.moe.expert_ffn != m.ffn), "moe layout"),
+            (pos is not None and pos.scaling is not None, "rope scaling")] if bad]
+    return out
+
+
+def priced(problem: Problem, fmt: str) -> LaunchedModel:
+    """What the cost model priced, as a launch must run it."""
+    m, task, stack = problem.model, problem.training_task, problem.stack
+    pos = positions_of(m)
+    moe = m.moe
+    assert task.seq_len is not None
+    return LaunchedModel(
+        layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.n_kv_heads, ffn=m.ffn, ffn_kind=m.ffn_kind,
+        vocab=m.vocab, norm=m.norm, bias=m.bias, tied_embeddings=m.tied_embeddings,
+        num_experts=moe.num_experts if moe else None, top_k=moe.top_k if moe else None,
+        expert_ffn=moe.expert_ffn if moe else None, shared_experts=moe.shared_experts if moe else 0,
+        positions=pos.kind, rope_theta=pos.rope_theta if pos.kind == "rope" else None,
+        rotary_percent=pos.rotary_percent, rope_scaling_factor=pos.scaling.factor if pos.scaling else None,
+        precision=task.precision, flash_attention=stack.flash_attention,
+        dropout=stack.dropout and fmt != "torchtitan",  # torchtitan's llama3 has no dropout (refused below if asked)
+        # the price assumes grouped expert GEMMs; DeepSpeed-MoE has no such option (one GEMM per expert, not priced)
+        grouped_gemm=True if moe and fmt != "deepspeed" else None,
+        alltoall_dispatch=True if moe else None,
+        seq_len=task.seq_len, global_batch=task.global_batch,
+    )
+
+
+def check_round_trip(problem: Problem, plan: Plan, fmt: str) -> Emitted:
+    e = emit(problem, plan, fmt)
+    assert launched_model(e) == priced(problem, fmt), (fmt, problem.model.name)
+    back = parse_emitted(e)
+    assert (back.dp, back.tp, back.pp, back.cp, back.ep, back.mbs, back.zero) == (
+        plan.dp, plan.tp, plan.pp, plan.cp, plan.ep, plan.mbs, plan.zero)
+    assert violations(e) == [], (fmt, plan)
+    return e
+
+
+# ------------------------------------------------------------------------------ every catalog training model
+
+
+@pytest.mark.parametrize("fmt", TRAINING_FORMATS)
+def test_every_catalog_llm_launches_as_priced_or_is_refused(fmt: str) -> None:
+    plan = Plan(dp=8, mbs=1, zero=1 if fmt != "torchtitan" else 3)
+    ran = 0
+    for name in LLMS:
+        problem = problem_of(name)
+        limits = model_limits(fmt, problem.model)
+        if limits:
+            with pytest.raises(ProblemError, match=f"{fmt} cannot express"):
+                emit(problem, plan, fmt)
+            continue
+        check_round_trip(problem, plan, fmt)
+        ran += 1
+    assert ran >= {"megatron": 20, "nemo": 20, "torchtitan": 10, "deepspeed": 15}[fmt]
+
+
+def test_every_catalog_llm_has_its_position_encoding() -> None:
+    assert set(LLMS) <= set(position_table())
+    # spot values from the checkpoints' config.json: Llama-2 10000, Llama-3 500000, Llama-3.1 scaling 8
+    assert positions_of(catalog.models()["llama2-70b"]).rope_theta == 10000
+    assert positions_of(catalog.models()["llama3-70b"]).rope_theta == 500_000
+    scaling = positions_of(catalog.models()["llama3-405b"]).scaling
+    assert scaling is not None and scaling.factor == 8.0
+
+
+# ------------------------------------------------------------------------------ random models and plans
+
+
+@st.composite
+def models(draw: Any) -> dict[str, Any]:
+    heads = draw(st.sampled_from([8, 16, 32]))
+    kv = draw(st.sampled_from([h for h in (1, 2, 4, 8, heads) if heads % h == 0]))
+    swiglu = draw(st.booleans())
+    m: dict[str, Any] = {
+        "layers": draw(st.sampled_from([8, 12, 16])), "hidden": heads * draw(st.sampled_from([64, 128])),
+        "heads": heads, "kv_heads": kv, "ffn": draw(st.integers(256, 4096)),
+        "ffn_kind": "swiglu" if swiglu else "gelu", "norm": "rmsnorm" if swiglu else "layernorm",
+        "vocab": draw(st.integers(1000, 64000)), "bias": not swiglu, "tied_embeddings": not swiglu,
+    }
+    if draw(st.booleans()):
+        m["moe"] = {"num_experts": 8, "top_k": draw(st.sampled_from([1, 2])),
+                    "expert_ffn": draw(st.sampled_from([m["ffn"], 512]))}
+    return m
+
+
+@settings(max_examples=15, deadline=None)
+@given(models(), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([1, 2]),
+       st.sampled_from(["bf16", "fp8"]), st.booleans())
+def test_random_models_and_plans_launch_as_priced(model: dict[str, Any], tp: int, pp: int, cp: int, precision: str,
+                                                  dropout: bool) -> None:
+    problem = problem_of(model, precision=precision, stack={"dropout": dropout})
+    m = problem.model
+    dp = 8 // (tp * pp * cp) if tp * pp * cp <= 8 else 1
+    ep = 2 if m.moe is not None and dp % 2 == 0 else 1
+    plan = Plan(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, mbs=1, zero=1, sp=tp > 1)
+    for fmt in TRAINING_FORMATS:
+        why = model_limits(fmt, m)
+        if fmt == "torchtitan":
+            why += ["zero 1"]  # FSDP2 has no optimizer-only sharding
+        if fmt == "deepspeed":
+            why += [w for bad, w in [(cp > 1, "cp"), (precision == "fp8", "fp8")] if bad]
+        if fmt in ("megatron", "nemo"):
+            why += [w for bad, w in [(m.heads % tp != 0, "heads"),
+                                     (m.n_kv_heads % tp != 0 and tp % m.n_kv_heads != 0, "groups")] if bad]
+        if why:
+            with pytest.raises(ProblemError):
+                emit(problem, plan, fmt)
+            continue
+        check_round_trip(problem, plan, fmt)
+
+
+# ------------------------------------------------------------------------------ the start-up rules themselves
+
+
+def test_every_rule_has_a_checker_and_a_source() -> None:
+    for fmt, fw in startup_rules().items():
+        assert {r.id for r in fw.rules} == set(CHECKS[fmt]), fmt
+        assert len(fw.commit) == 40 and fw.framework
+        for r in fw.rules:
+            assert r.id.startswith(f"{fmt}.") and r.line > 0 and r.file and r.requires
+    # the pins agree with the flag files' pins
+    for fmt in ("megatron", "nemo", "torchtitan", "deepspeed"):
+        assert flagset(fmt).commit == startup_rules()[fmt].commit, fmt
+
+
+# a plan (and problem) breaking each `refuse` rule: emit refuses it, naming the rule
+REFUSED_BY_RULE: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "megatron.heads-tp": ("megatron", {"dp": 1, "tp": 8, "sp": True}, {"heads": 12, "kv_heads": 12, "hidden": 768}),
+    "megatron.query-groups-tp": ("megatron", {"dp": 2, "tp": 4, "sp": True}, {"kv_heads": 3, "heads": 12,
+                                                                               "hidden": 768}),
+    "megatron.global-batch": ("megatron", {"dp": 8, "mbs": 3}, {}),
+    "megatron.cp-seq-length": ("megatron", {"dp": 1, "cp": 8}, {"seq_len": 4100}),
+    "megatron.ep-needs-experts": ("megatron", {"dp": 8, "ep": 2}, {}),
+    "megatron.layers-per-stage": ("megatron", {"dp": 1, "pp": 8}, {"layers": 12}),
+    "megatron.layers-per-chunk": ("megatron", {"dp": 2, "pp": 4, "vpp": 2}, {"layers": 12}),
+    "nemo.heads-tp": ("nemo", {"dp": 1, "tp": 8, "sp": True}, {"heads": 12, "kv_heads": 12, "hidden": 768}),
+    "nemo.query-groups-tp": ("nemo", {"dp": 2, "tp": 4, "sp": True}, {"kv_heads": 3, "heads": 12, "hidden": 768}),
+    "nemo.global-batch": ("nemo", {"dp": 8, "mbs": 3}, {}),
+    "torchtitan.global-batch": ("torchtitan", {"dp": 8, "mbs": 3, "zero": 3}, {}),
+    "torchtitan.ddp-1d": ("torchtitan", {"dp": 4, "tp": 2, "sp": True, "zero": 0}, {}),
+    "torchtitan.seq-divisor": ("torchtitan", {"dp": 2, "tp": 4, "sp": True, "zero": 3}, {"seq_len": 4100}),
+    "deepspeed.pipe-zero": ("deepspeed", {"dp": 4, "pp": 2, "zero": 2}, {}),
+    "deepspeed.moe-zero3": ("deepspeed", {"dp": 8, "zero": 3}, {"moe": {"num_experts": 8, "top_k": 2,
+                                                                          "expert_ffn": 2048}}),
+    "deepspeed.batch": ("deepspeed", {"dp": 8, "mbs": 3}, {}),
+}
+BASE = {"layers": 16, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn": 2048, "ffn_kind": "swiglu",
+        "norm": "rmsnorm", "vocab": 32000}
+
+
+@pytest.mark.parametrize("rule_id", sorted(REFUSED_BY_RULE))
+def test_each_refuse_rule_refuses_in_one_line_naming_the_rule(rule_id: str) -> None:
+    fmt, plan, change = REFUSED_BY_RULE[rule_id]
+    seq_len = change.pop("seq_len", 4096) if "seq_len" in change else 4096
+    problem = problem_of({**BASE, **change}, seq_len=seq_len)
+    with pytest.raises(ProblemError) as err:
+        emit(problem, Plan(**plan), fmt)
+    _, rule = find_rule(rule_id)
+    assert f"rule {rule_id}" in str(err.value) and f"line {rule.line}" in str(err.value) and "\n" not in str(err.value)
+    assert rule.emit == "refuse"
+
+
+def test_every_refuse_rule_is_exercised() -> None:
+    refuse_rules = {r.id for fw in startup_rules().values() for r in fw.rules if r.emit == "refuse"}
+    assert refuse_rules == set(REFUSED_BY_RULE)
+
+
+def test_the_checkers_catch_what_the_old_emitters_wrote() -> None:
+    """Configurations as emitted before the rules were applied (issue 21) fail the checkers."""
+    problem = problem_of(dict(BASE, layers=40))
+    fsdp = emit(problem, Plan(dp=4, tp=2, sp=True, zero=3), "megatron")
+    args = [a for a in fsdp.commands[0].args]
+    i = args.index("--ckpt-format")
+    old = fsdp.model_copy(update={"commands": [fsdp.commands[0].model_copy(update={"args": args[:i] + args[i + 2:]})]})
+    assert violations(old) == ["megatron.fsdp-ckpt-format"]
+    tp = emit(problem, Plan(dp=4, tp=2, sp=True, zero=1), "megatron")
+    assert tp.commands[0].env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    no_env = tp.model_copy(update={"commands": [tp.commands[0].model_copy(update={"env": {}})]})
+    assert violations(no_env) == ["megatron.tp-cp-max-connections"]
+    # torchtitan: 40 layers, pp 4, 10 per stage; with the default less_layers (1 + 1): ceil(42 / 10) = 5 stages
+    titan = emit(problem, Plan(dp=2, pp=4, zero=3), "torchtitan")
+    toml = titan.files["job.toml"].replace("pipeline_parallel_first_stage_less_layers = 0\n", "").replace(
+        "pipeline_parallel_last_stage_less_layers = 0\n", "")
+    assert violations(titan) == []
+    assert "torchtitan.virtual-stages" in violations(titan.model_copy(update={"files": {**titan.files,
+                                                                                         "job.toml": toml}}))
+    # Megatron-Bridge: a builder-backed (llama3) recipe with flat TransformerConfig keys
+    nemo = emit(problem, Plan(dp=8), "nemo")
+    flat = [a.replace("model.transformer.", "model.") for a in nemo.commands[0].args]
+    assert violations(nemo) == []
+    assert "nemo.builder-nesting" in violations(nemo.model_copy(update={"commands": [
+        nemo.commands[0].model_copy(update={"args": flat})]}))
