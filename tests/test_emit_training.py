@@ -9,6 +9,7 @@ from the frameworks' limits, independently of the emitters.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -259,3 +260,75 @@ def test_the_checkers_catch_what_the_old_emitters_wrote() -> None:
     assert violations(nemo) == []
     assert "nemo.builder-nesting" in violations(nemo.model_copy(update={"commands": [
         nemo.commands[0].model_copy(update={"args": flat})]}))
+
+
+# ------------------------------------------------------------------------------ launchers people run
+
+
+def shim(bin_dir: Any, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/usr/bin/env bash\n" + body + "\n", encoding="utf-8")
+    path.chmod(0o755)
+
+
+def run_sbatch(e: Emitted, tmp_path: Any) -> list[str]:
+    """Run launch.sbatch as Slurm would on two hosts (node-a, node-b), with scontrol / srun / the launchers replaced
+    by shims that log what each node would start; returns the log lines."""
+    import os
+    import subprocess
+
+    from madmax_opt.launch.emit import write_emitted
+
+    write_emitted(e, tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim(bin_dir, "scontrol", 'printf "node-a\\nnode-b\\n"')
+    # srun: one task per node, SLURM_NODEID = 0..N-1 (options before the command are srun's own)
+    shim(bin_dir, "srun", 'while [[ "$1" == --* ]]; do shift; done\n'
+         'for i in $(seq 0 $((SLURM_JOB_NUM_NODES - 1))); do SLURM_NODEID=$i "$@"; done')
+    for launcher in ("torchrun", "deepspeed"):
+        shim(bin_dir, launcher, f'echo "{launcher} CDMC=${{CUDA_DEVICE_MAX_CONNECTIONS:-unset}} $*" >> "$LOG"')
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-[a-b]",
+           "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": str(e.nodes), "SLURM_SUBMIT_DIR": str(tmp_path),
+           "LOG": str(tmp_path / "log")}
+    subprocess.run(["bash", "launch.sbatch"], cwd=tmp_path, env=env, check=True, timeout=20)
+    return (tmp_path / "log").read_text(encoding="utf-8").splitlines()
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "nemo", "torchtitan"])
+def test_multi_node_torchrun_rendezvous_under_slurm(fmt: str, tmp_path: Any) -> None:
+    problem = problem_of(BASE)
+    e = emit(problem, Plan(dp=8, tp=2, sp=True, zero=3 if fmt == "torchtitan" else 1), fmt)  # 16 GPUs: 2 nodes
+    assert (e.nodes, e.gpus_per_node) == (2, 8)
+    sbatch = e.files["launch.sbatch"]
+    assert "#SBATCH --nodes=2" in sbatch and "#SBATCH --gpus-per-node=8" in sbatch
+    log = run_sbatch(e, tmp_path)
+    assert len(log) == 2  # one torchrun per node, each with its node rank, all meeting at the first host
+    for rank, line in enumerate(log):
+        words = line.split()
+        assert words[0] == "torchrun"
+        after = dict(itertools.pairwise(words))
+        assert (after["--nnodes"], after["--nproc-per-node"], after["--node-rank"]) == ("2", "8", str(rank))
+        assert (after["--rdzv-backend"], after["--rdzv-endpoint"], after["--rdzv-id"]) == ("c10d", "node-a:29500",
+                                                                                            "77")
+        # Megatron-LM: TP without FSDP needs CUDA_DEVICE_MAX_CONNECTIONS=1 (megatron.tp-cp-max-connections)
+        assert words[1] == ("CDMC=1" if fmt == "megatron" else "CDMC=unset")
+    assert parse_emitted(e).dp == 8
+
+
+def test_deepspeed_multi_node_hostfile_under_slurm(tmp_path: Any) -> None:
+    e = emit(problem_of(BASE), Plan(dp=8, tp=2, sp=True, zero=1), "deepspeed")
+    log = run_sbatch(e, tmp_path)
+    assert (tmp_path / "hostfile").read_text(encoding="utf-8").split("\n")[:2] == ["node-a slots=8", "node-b slots=8"]
+    assert len(log) == 1  # the runner starts the nodes itself
+    words = log[0].split()
+    after = dict(itertools.pairwise(words))
+    assert (after["--num_nodes"], after["--num_gpus"], after["--hostfile"], after["--master_addr"]) == (
+        "2", "8", "hostfile", "node-a")
+    assert "--use-flash-attn-v2" in words
+
+
+def test_single_node_needs_no_rendezvous() -> None:
+    e = emit(problem_of(BASE), Plan(dp=8, zero=1), "megatron")
+    assert e.commands[0].launcher == ["torchrun", "--nnodes", "1", "--nproc-per-node", "8"]
+    assert "#SBATCH --nodes=1" in e.files["launch.sbatch"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from madmax_opt.launch.cluster import deepspeed_launcher
 from madmax_opt.launch.common import (
     Command,
     Context,
@@ -93,10 +94,9 @@ def ds_emit(ctx: Context) -> Emitted:
         raise refuse(FMT, f"ep={p.ep}", "expert parallelism needs a mixture-of-experts model")
     nodes, per_node = node_layout(FMT, p.gpus, ctx.gpus_per_node)
     fs = flagset(FMT)
-    cmd = Command(launcher=["deepspeed", "--num_nodes", str(nodes), "--num_gpus", str(per_node)],
-                  program=[fs.program], args=args)
-    notes = ["Megatron-DeepSpeed's pretrain_gpt.py; add data, tokenizer and schedule flags, and a hostfile for "
-             "more than one node", f"position encoding: {pos.source}"]
+    cmd = Command(launcher=deepspeed_launcher(nodes, per_node), program=[fs.program], args=args)
+    notes = ["Megatron-DeepSpeed's pretrain_gpt.py; add data, tokenizer and schedule flags",
+             f"position encoding: {pos.source}"]
     return emitted(ctx, FMT, [cmd], nodes, files={CONFIG: json.dumps(config, indent=2) + "\n"}, notes=notes)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from madmax_opt.launch.cluster import SBATCH, sbatch_script, torchrun_launcher
 from madmax_opt.launch.common import (
     Command,
     Context,
@@ -115,7 +116,7 @@ def stages_from(pp: int, layers: int, first_last: tuple[int, int] | None, layout
 
 def torchrun(ctx: Context, fmt: str) -> tuple[list[str], int]:
     nodes, per_node = node_layout(fmt, ctx.plan.gpus, ctx.gpus_per_node)
-    return ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(per_node)], nodes
+    return torchrun_launcher(nodes, per_node), nodes
 
 
 def torchrun_world(launcher: Sequence[str]) -> int:
@@ -126,10 +127,14 @@ def torchrun_world(launcher: Sequence[str]) -> int:
 def emitted(ctx: Context, fmt: str, commands: list[Command], nodes: int, files: dict[str, str] | None = None,
             notes: list[str] | None = None) -> Emitted:
     fs = flagset(fmt)
+    per_node = min(ctx.plan.gpus, ctx.gpus_per_node)
+    sbatch = sbatch_script(f"madmax-{fmt}", nodes, per_node, "deepspeed" if fmt == "deepspeed" else "torchrun")
+    notes = [*(notes or []), f"Slurm: sbatch {SBATCH} (runs launch.sh on each of the {nodes} node(s))" if fmt !=
+             "deepspeed" else f"Slurm: sbatch {SBATCH} (writes the hostfile, runs launch.sh once)"]
     return Emitted(format=fmt, framework=fs.framework, version=fs.version, kind="training",
                    system=ctx.option.system.name, gpus=ctx.plan.gpus, nodes=nodes,
-                   gpus_per_node=min(ctx.plan.gpus, ctx.gpus_per_node), commands=commands, files=files or {},
-                   notes=notes or [])
+                   gpus_per_node=per_node, commands=commands, files={**(files or {}), SBATCH: sbatch},
+                   notes=notes)
 
 
 # ----------------------------------------------------------------------------------------------- Megatron-LM
