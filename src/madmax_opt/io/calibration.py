@@ -31,6 +31,7 @@ from madmax_opt.model.spec import (
 )
 
 OVERLAY_KIND = "madmax-opt calibration overlay"
+PRICED_PEAKS: tuple[str, ...] = ("bf16", "fp16", "fp8")  # the peaks a training plan is priced with (Task.precision)
 
 
 class OverlayEntry(FrameworkCalibration):
@@ -86,7 +87,76 @@ def _fitted_values(current: Calibration, prior: Calibration, fitted: FrameworkCa
 
 
 def with_framework(gpu: GPU, framework: str, overlay: Overlay | None = None) -> GPU:
-    """The GPU with the calibration that prices ``framework``: the overlay's fit, else the catalog's, else the prior."""
+    """The GPU with the calibration that prices ``framework``: the overlay's fit, else the catalog's, else the
+    family's or the prior; then ordered against every catalog GPU it dominates or is dominated by (``ordered``)."""
+    own = _own(gpu, framework, overlay)
+    calibration = own.calibration
+    for other in catalog.gpus().values():
+        if other.name == gpu.name.split("+", 1)[0]:
+            continue
+        if dominates(gpu, other) or dominates(other, gpu):
+            other_own = _own(other, framework, overlay)
+            calibration = ordered(calibration, gpu, trust(own, framework), other_own.calibration, other,
+                                  trust(other_own, framework))
+    return own.model_copy(update={"calibration": calibration})
+
+
+def trust(gpu: GPU, framework: str) -> int:
+    """How much the calibration pricing ``framework`` on ``gpu`` rests on runs: 2 a fit of the pair (or a prior
+    that is a fit), 1 the framework family's pooled fit, 0 the datasheet prior."""
+    if framework in gpu.frameworks or gpu.calibration.prior_kind == "fitted":
+        return 2
+    return 1 if family_fit(gpu, framework) is not None else 0
+
+
+def dominates(x: GPU, y: GPU) -> bool:
+    """``x`` is at least as good as ``y`` on every datasheet figure that prices a training plan: the peak of each
+    training precision ``y`` lists (PRICED_PEAKS), HBM capacity and HBM bandwidth."""
+    return (all(x.peak_flops.get(p, 0.0) >= y.peak_flops[p]
+                for p in PRICED_PEAKS if p in y.peak_flops)
+            and x.hbm_bytes >= y.hbm_bytes and x.hbm_bw >= y.hbm_bw)
+
+
+def ordered(cal: Calibration, gpu: GPU, own_trust: int, other_cal: Calibration, other: GPU,
+            other_trust: int) -> Calibration:
+    """``cal`` moved so that the dominating one of ``gpu`` and ``other`` runs every kernel at least as fast:
+    absolute rates (peak x efficiency, HBM bandwidth x efficiency) at least the other's, GEMM half-dimension and
+    per-layer overhead at most, MoE and MXFP8 ratios at least. The GPU whose calibration rests on fewer runs
+    moves (``trust``; the dominating one on a tie): a GPU on a prior or family fit that dominates a fitted one is
+    raised to it, a GPU on a prior that a fitted one dominates is lowered to it. Without this, calibration levels
+    (pair fit, family fit, prior) could price a better GPU slower than a worse one."""
+    if dominates(gpu, other) and own_trust <= other_trust:
+        return _bounded(cal, gpu, other_cal, other, raise_=True)
+    if dominates(other, gpu) and own_trust < other_trust:
+        return _bounded(cal, gpu, other_cal, other, raise_=False)
+    return cal
+
+
+def _bounded(cal: Calibration, gpu: GPU, other_cal: Calibration, other: GPU, raise_: bool) -> Calibration:
+    """``cal`` raised to (``raise_``) or lowered to the other GPU's absolute rates, field by field."""
+    def ratio(p: str) -> float:
+        return float(other.peak_flops.get(p, 0.0) / gpu.peak_flops.get(p, 1.0))  # type: ignore[call-overload]
+
+    up, down = (max, min) if raise_ else (min, max)
+    r16 = ratio("bf16")
+    r8 = ratio("fp8") if "fp8" in other.peak_flops and "fp8" in gpu.peak_flops else r16
+    gemm = up(cal.gemm_eff, min(1.0, other_cal.gemm_eff * r16))
+    fp8 = up(cal.value("fp8_gemm_eff"), min(1.0, other_cal.value("fp8_gemm_eff") * r8))
+    return cal.model_copy(update={
+        "gemm_eff": gemm,
+        "fp8_gemm_eff": fp8 if (cal.fp8_gemm_eff is not None or fp8 != gemm) else None,
+        "gemm_half_dim": down(cal.gemm_half_dim, other_cal.gemm_half_dim),
+        "attn_eff": up(cal.attn_eff, min(1.0, other_cal.attn_eff * r16)),
+        "hbm_eff": up(cal.hbm_eff, min(1.0, other_cal.hbm_eff * other.hbm_bw / gpu.hbm_bw)),
+        "layer_overhead_s": down(cal.layer_overhead_s, other_cal.layer_overhead_s),
+        "grouped_gemm_ratio": up(cal.grouped_gemm_ratio, other_cal.grouped_gemm_ratio),
+        "mxfp8_gemm_ratio": up(cal.mxfp8_gemm_ratio, other_cal.mxfp8_gemm_ratio),
+    })
+
+
+def _own(gpu: GPU, framework: str, overlay: Overlay | None = None) -> GPU:
+    """The GPU with its own calibration for ``framework``: the overlay's fit, else the catalog's, else the family's
+    pooled fit on the prior, else the prior."""
     frameworks = dict(gpu.frameworks)
     for e in overlay.calibrations if overlay else []:
         if e.gpu == gpu.name.split("+", 1)[0]:

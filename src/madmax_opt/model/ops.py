@@ -8,8 +8,8 @@ One row per op and pass, for one micro-batch on one GPU, vectorised over plans (
                attention:     flash: t = FLOPs x (1/2 if causal) / (peak x attn_eff); unfused: batched GEMMs
                hbm:           t = bytes / achieved HBM bandwidth (norms, residuals, activations, softmax, FP8 casts)
                collective:    alpha-beta over the network tiers the group spans (``collectives.py``)
-               ceiling:       per compute pass, max(0, FLOPs / (peak x ceiling) - the pass's time): no pass runs
-                              above the best executed-FLOP utilisation measured on its (GPU, precision)
+               ceiling:       max(0, FLOPs / (peak x ceiling) - time) of the layer's compute passes: no layer
+                              computes above the best executed-FLOP utilisation measured on its (GPU, precision)
                               (``compute.utilization_ceiling``, data/utilization_ceilings.yaml)
     term       the LayerCosts term the row's time feeds: compute, recompute, tp_comm, cp_comm, ep_comm
 
@@ -254,14 +254,20 @@ def layer_ops(
             row(r.name, "recompute", "recompute", r.roofline, r.group, _scaled(r.flops_of, full_rc),
                 _scaled(r.bytes_of, full_rc), np.where(is_full, r.time_s, 0.0))
 
-    # ---- utilisation ceiling: a row per compute pass lifting it to FLOPs / (task-precision peak x ceiling) ---------
+    # ---- utilisation ceiling: a layer's compute (fwd + bwd + recompute) takes at least its FLOPs / (task-precision
+    # peak x ceiling): the bwd-input row lifts a frozen layer (no weight gradients), the bwd-weight row a trainable one
     ceiling = np.array([utilization_ceiling(o.gpu.name, task.precision).hfu for o in table.options])[hw]
-    for pass_, term in (("fwd", "compute"), ("bwd-input", "compute"), ("bwd-weight", "compute"),
-                        ("recompute", "recompute")):
-        in_pass = [r for r in rows if r.pass_ == pass_ and r.term == term]
-        pass_s = ordered_sum(r.time_s for r in in_pass)
-        floor_s = ordered_sum(r.flops for r in in_pass) / (mm_peak * ceiling)
-        row("utilisation ceiling", pass_, term, "ceiling", "ceiling", none, none, np.maximum(0.0, floor_s - pass_s))
+
+    def time_flops(*passes: str) -> tuple[Arr, Arr]:
+        in_passes = [r for r in rows if r.pass_ in passes and r.term in ("compute", "recompute")]
+        return ordered_sum(r.time_s for r in in_passes), ordered_sum(r.flops for r in in_passes)
+
+    frozen_s, frozen_flops = time_flops("fwd", "bwd-input", "recompute")
+    lift_frozen = np.maximum(0.0, frozen_flops / (mm_peak * ceiling) - frozen_s)
+    trained_s, trained_flops = time_flops("fwd", "bwd-input", "bwd-weight", "recompute")
+    lift_trained = np.maximum(0.0, trained_flops / (mm_peak * ceiling) - trained_s - lift_frozen)
+    row("utilisation ceiling", "bwd-input", "compute", "ceiling", "ceiling", none, none, lift_frozen)
+    row("utilisation ceiling", "bwd-weight", "compute", "ceiling", "ceiling", none, none, lift_trained)
 
     # ---- TP (+SP) communication ---------------------------------------------------------------------------------
     # Per layer: forward 2 all-reduces (SP: 2 all-gathers + 2 reduce-scatters), again in a full recompute. Backward
