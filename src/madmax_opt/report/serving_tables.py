@@ -86,6 +86,10 @@ def print_result(result: dict[str, Any], console: Console) -> None:
         f"{s['booleans']}   wall {s['wall_s']:.3f} s"
     )
     console.print(record_table(result["best"], title="best plan"))
+    if result.get("options"):
+        from madmax_opt.report.report import options_table
+
+        console.print(options_table(result["options"], result["objective"], serving=True))
     for i, r in enumerate(result["top"][1:], start=2):
         console.print(record_table(r, title=f"plan {i}"))
     console.print(pareto_table(result["pareto"]))

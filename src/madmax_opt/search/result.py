@@ -3,10 +3,16 @@ records, solver summary, baseline and speedup; training and serving problems ali
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
 
 from madmax_opt.analysis.evaluator import evaluate
 from madmax_opt.analysis.records import TrainingSolveResult
+from madmax_opt.core.errors import ProblemError
 from madmax_opt.model.problem import Problem
 from madmax_opt.search.cpsat import CpSatOptions
 
@@ -23,7 +29,10 @@ def solve_result(
 
         return solve_online(problem, top_k)
     if problem.task.kind == "inference":  # serving plans
-        return serving.solve_result(problem, top_k, time_limit, workers, cpsat=cpsat)
+        result = serving.solve_result(problem, top_k, time_limit, workers, cpsat=cpsat)
+        if _systems(problem) > 1:
+            result["options"] = _serving_options(problem, result)
+        return result
     outcome, records = solve_records(problem, top_k=top_k, time_limit_s=time_limit, workers=workers, cpsat=cpsat)
     baseline = evaluate(problem, [problem.baseline])[0] if problem.baseline else None
     speedup = None
@@ -39,4 +48,89 @@ def solve_result(
         "baseline": baseline,
         "speedup_vs_baseline": speedup,
     }
-    return dict(out)
+    result = dict(out)
+    if _systems(problem) > 1:
+        result["options"] = _training_options(problem, outcome)
+    return result
+
+
+# ------------------------------------------------------------------- co-design: the best plan of each system
+
+
+def _systems(problem: Problem) -> int:
+    return len({o.system.name for o in problem.hardware})
+
+
+def compare_systems(
+    problem: Problem,
+    objective: NDArray[np.int64],
+    order: NDArray[np.int64],
+    hw: NDArray[np.int64],
+    optimum: float | None,
+    record: Callable[[int], dict[str, Any]],
+    why_not: Callable[[str], str],
+) -> list[dict[str, Any]]:
+    """The best admissible plan on each system the problem lists (over its GPU counts) and how far its objective is
+    from the optimum: ``vs_optimum`` = objective / optimum - 1 (every objective is minimised: +0.68 = 68 % more
+    $ or seconds per token). ``order``: admissible candidates best first (the brute-force reference order), so the
+    first one of each system is that system's best; ``optimum``: the solve's objective in the same integer units."""
+    names = [o.system.name for o in problem.hardware]
+    system_of = np.array([names.index(n) for n in names], dtype=np.int64)[hw[order]] if len(order) else order
+    first: dict[str, int] = {}
+    for i, s in zip(order.tolist(), system_of.tolist(), strict=True):
+        first.setdefault(names[s], int(i))
+    best = min([float(objective[i]) for i in first.values()] + ([optimum] if optimum is not None else []))
+    rows: list[dict[str, Any]] = []
+    for name in dict.fromkeys(names):
+        if name in first:
+            i = first[name]
+            rows.append({"system": name, "best": record(i), "objective": float(objective[i]),
+                         "vs_optimum": float(objective[i]) / best - 1.0 if best > 0 else 0.0, "reason": None})
+        else:
+            rows.append({"system": name, "best": None, "objective": None, "vs_optimum": None, "reason": why_not(name)})
+    rows.sort(key=lambda r: (r["vs_optimum"] is None, r["vs_optimum"] or 0.0))
+    return rows
+
+
+def _only(problem: Problem, system: str) -> Problem:
+    """The problem restricted to one system's hardware options (for the reason it has no admissible plan)."""
+    return dataclasses.replace(problem, hardware=tuple(o for o in problem.hardware if o.system.name == system))
+
+
+def _training_options(problem: Problem, outcome: Any) -> list[dict[str, Any]]:
+    from madmax_opt.analysis.evaluator import Model, to_records
+    from madmax_opt.core.errors import InfeasibleError
+    from madmax_opt.search.solver import brute_force_order, candidates, explain_infeasible
+
+    model = Model(problem)
+    c = outcome.candidates
+
+    def why_not(system: str) -> str:
+        try:
+            sub = Model(_only(problem, system))
+            return explain_infeasible(sub, candidates(sub))
+        except (InfeasibleError, ProblemError) as exc:
+            return str(exc)
+
+    return compare_systems(problem, c.objective(problem.objective), brute_force_order(model, c, problem.objective),
+                           c.plans.hw, outcome.objective, lambda i: dict(to_records(model, c.plans.take([i]))[0]),
+                           why_not)
+
+
+def _serving_options(problem: Problem, result: dict[str, Any]) -> list[dict[str, Any]]:
+    from madmax_opt.core.errors import InfeasibleError
+    from madmax_opt.search import serving
+
+    model = serving.ServingModel(problem)
+    c = serving.candidates(model)
+
+    def why_not(system: str) -> str:
+        try:
+            sub = serving.ServingModel(_only(problem, system))
+            return serving.explain_infeasible(sub, serving.candidates(sub))
+        except (InfeasibleError, ProblemError) as exc:
+            return str(exc)
+
+    return compare_systems(problem, c.objective(problem.objective), serving.brute_force_order(model, c,
+                           problem.objective), c.plans.hw, result["solver"]["objective"],
+                           lambda i: serving.to_records(model, c, [i])[0], why_not)
