@@ -87,7 +87,7 @@ def priced(problem: Problem, fmt: str) -> LaunchedModel:
         positions=pos.kind, rope_theta=pos.rope_theta if pos.kind == "rope" else None,
         rotary_percent=pos.rotary_percent, rope_scaling_factor=pos.scaling.factor if pos.scaling else None,
         precision=task.precision, flash_attention=stack.flash_attention,
-        dropout=stack.dropout and fmt != "torchtitan",  # torchtitan's llama3 has no dropout (refused below if asked)
+        dropout=stack.dropout,
         # the price assumes grouped expert GEMMs; DeepSpeed-MoE has no such option (one GEMM per expert, not priced)
         grouped_gemm=True if moe and fmt != "deepspeed" else None,
         alltoall_dispatch=True if moe else None,
@@ -167,6 +167,7 @@ def test_random_models_and_plans_launch_as_priced(model: dict[str, Any], tp: int
         why = model_limits(fmt, m)
         if fmt == "torchtitan":
             why += ["zero 1"]  # FSDP2 has no optimizer-only sharding
+            why += ["dropout"] if dropout else []  # torchtitan's llama3 has no dropout layers
         if fmt == "deepspeed":
             why += [w for bad, w in [(cp > 1, "cp"), (precision == "fp8", "fp8")] if bad]
         if fmt in ("megatron", "nemo"):
@@ -332,3 +333,16 @@ def test_single_node_needs_no_rendezvous() -> None:
     e = emit(problem_of(BASE), Plan(dp=8, zero=1), "megatron")
     assert e.commands[0].launcher == ["torchrun", "--nnodes", "1", "--nproc-per-node", "8"]
     assert "#SBATCH --nodes=1" in e.files["launch.sbatch"]
+
+
+@pytest.mark.parametrize("fmt", TRAINING_FORMATS)
+def test_unfused_attention_is_launched_or_refused(fmt: str) -> None:
+    """flash_attention false (the price keeps s^2 activations): Megatron --attention-backend unfused, Megatron-DeepSpeed
+    without --use-flash-attn-v2; Bridge recipes and torchtitan's SDPA have no unfused switch: refused."""
+    problem = problem_of(BASE, stack={"flash_attention": False})
+    plan = Plan(dp=8, zero=3 if fmt == "torchtitan" else 1)
+    if fmt in ("nemo", "torchtitan"):
+        with pytest.raises(ProblemError, match="flash_attention"):
+            emit(problem, plan, fmt)
+        return
+    check_round_trip(problem, plan, fmt)

@@ -287,7 +287,8 @@ def nemo_model_fields(ctx: Context, task: Task) -> list[tuple[str, object]]:
         ("rotary_base", pos.rope_theta if pos.kind == "rope" else None),
         ("rotary_percent", pos.rotary_percent if pos.kind == "rope" else None),
         ("rope_scaling", llama3), ("rope_scaling_factor", pos.scaling.factor if llama3 and pos.scaling else None),
-        ("attention_backend", "flash" if stack.flash_attention else "unfused"),
+        # attention_backend is left to the recipe (None: Transformer Engine picks flash / fused attention); the
+        # override would arrive as a string, not Megatron-Core's AttnBackend enum
         ("hidden_dropout", 0.1 if stack.dropout else 0.0), ("attention_dropout", 0.1 if stack.dropout else 0.0),
         ("num_moe_experts", moe.num_experts if moe else None), ("moe_router_topk", moe.top_k if moe else None),
         ("moe_ffn_hidden_size", moe.expert_ffn if moe else None),
@@ -311,6 +312,9 @@ def nemo_emit(ctx: Context) -> Emitted:
     if p.stage_layers is None:
         even_layers(m.layers, p.pp * p.vpp, fmt, f"pp={p.pp} vpp={p.vpp}", "megatron.layers-per-chunk")
     megatron_refusals(ctx, fmt, task)
+    if not ctx.problem.stack.flash_attention:
+        raise refuse(fmt, "stack.flash_attention false", "the recipes run Transformer Engine's flash / fused attention "
+                     "(attention_backend None); allowed: flash_attention true", field="stack.flash_attention")
     recipe = NEMO_RECIPE[m.ffn_kind]
     stack, fsdp = ctx.problem.stack, p.zero >= 2
     overrides: list[tuple[str, object]] = [(model_key(recipe, k), v) for k, v in nemo_model_fields(ctx, task)]

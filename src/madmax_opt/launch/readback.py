@@ -103,7 +103,7 @@ def _nemo(o: Mapping[str, object]) -> LaunchedModel:
         rotary_percent=_f(m.get("model.rotary_percent", 1.0)),
         rope_scaling_factor=_f(m["model.rope_scaling_factor"]) if on("rope_scaling") else None,
         precision=NEMO_PRECISIONS[m["mixed_precision"]],
-        flash_attention=m.get("model.attention_backend") in ("flash", "fused", "auto"),
+        flash_attention=m.get("model.attention_backend") in ("flash", "fused", "auto", None),
         dropout=_f(m["model.hidden_dropout"]) > 0,
         grouped_gemm=on("moe_grouped_gemm") if moe else None,
         alltoall_dispatch=m.get("model.moe_token_dispatcher_type") == "alltoall" if moe else None,

@@ -117,6 +117,11 @@ def titan_emit(ctx: Context) -> Emitted:
     if p.sp != (p.tp > 1):
         raise refuse(FMT, f"sp={p.sp} with tp={p.tp}", "torchtitan's tensor parallelism always shards the sequence;"
                      " allowed: sp true exactly when tp > 1")
+    stack = ctx.problem.stack
+    if not stack.flash_attention or stack.dropout:
+        raise refuse(FMT, f"stack flash_attention {stack.flash_attention}, dropout {stack.dropout}", "llama3 attention "
+                     "is PyTorch SDPA (flash kernel) and the model has no dropout; allowed: flash_attention true, "
+                     "dropout false", field="stack")
     if task.precision == "fp16":
         raise refuse(FMT, "precision fp16", "mixed precision is bfloat16 or float32; allowed: bf16, fp8, mxfp8",
                      field="task.precision")
