@@ -87,6 +87,7 @@ def training_limits(fmt: str, p: Plan, problem: Problem) -> list[str]:
             (p.zero == 1, "zero 1"), (p.sp != (p.tp > 1), "sp"), (task.global_batch % (p.dp * p.mbs) != 0, "batch"),
             (task.precision == "fp16", "fp16"), (m.ffn_kind != "swiglu" or m.norm != "rmsnorm" or m.moe, "model"),
             (p.zero == 0 and p.tp * p.pp * p.cp > 1, "DDP is 1-D only"),
+            (m.heads % p.tp != 0 or m.n_kv_heads % p.tp != 0, "heads per TP rank"),
             ((task.seq_len or 0) % (p.tp * 2 * p.cp) != 0, "seq divisor")] if bad]
     if fmt == "deepspeed":
         out += [why for bad, why in [
@@ -325,7 +326,7 @@ def test_expert_parallel_groups_become_servers() -> None:
     vllm = [parse_flags(c.args) for c in emit_plan(SERVING, plan, "vllm").commands]
     assert [(f["--data-parallel-size"], f["--port"]) for f in vllm] == [("4", "8000"), ("4", "8001")]
     assert all("--enable-expert-parallel" in f for f in vllm)
-    sglang = [parse_flags(c.args) for c in emit_plan(SERVING, plan, "sglang").commands]
+    sglang = [parse_flags(c.args) for c in emit_plan(SERVING, plan, "sglang").commands if c.role != "router"]
     assert [(f["--tp-size"], f["--attn-dp-size"], f["--ep-size"]) for f in sglang] == [("4", "4", "4")] * 2
     with pytest.raises(ProblemError, match="trtllm cannot express expert parallelism"):
         emit_plan(SERVING, plan, "trtllm")

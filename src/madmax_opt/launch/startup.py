@@ -287,6 +287,8 @@ def _titan_checks() -> dict[str, Check]:
             x.num("training.local_batch_size") * dp(x)) == 0,
         "torchtitan.ddp-1d": lambda x: x.num(p + "data_parallel_shard_degree") > 1
         or x.num(p + "data_parallel_replicate_degree") in (1, x.world),
+        "torchtitan.heads-tp": lambda x: all(int(x.flavor[k]) % x.num(p + "tensor_parallel_degree") == 0
+                                             for k in ("n_heads", "n_kv_heads")),
         "torchtitan.seq-divisor": lambda x: x.num("training.seq_len") % (
             x.num(p + "tensor_parallel_degree") * 2 * x.num(p + "context_parallel_degree")) == 0,
     }

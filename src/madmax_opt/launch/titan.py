@@ -129,6 +129,9 @@ def titan_emit(ctx: Context) -> Emitted:
         raise startup_refusal(FMT, f"mbs={p.mbs} with dp={p.dp}", "torchtitan.global-batch", field="mbs")
     if p.zero == 0 and p.gpus > p.dp:
         raise startup_refusal(FMT, f"zero=0 with tp={p.tp} pp={p.pp} cp={p.cp}", "torchtitan.ddp-1d", field="zero")
+    if m.heads % p.tp or m.n_kv_heads % p.tp:
+        raise startup_refusal(FMT, f"tp={p.tp} with {m.heads} heads / {m.n_kv_heads} KV heads", "torchtitan.heads-tp",
+                              field="tp")
     assert task.seq_len is not None
     if task.seq_len % (p.tp * 2 * p.cp):
         raise startup_refusal(FMT, f"seq_len {task.seq_len} with tp={p.tp} cp={p.cp}", "torchtitan.seq-divisor",
