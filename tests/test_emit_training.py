@@ -349,3 +349,49 @@ def test_unfused_attention_is_launched_or_refused(fmt: str) -> None:
             emit(problem, plan, fmt)
         return
     check_round_trip(problem, plan, fmt)
+
+
+# ------------------------------------------------------------------------------ the framework's own parser (optional)
+
+
+def test_bridge_overrides_parse_with_hydra_as_bridge_applies_them() -> None:
+    """Megatron-Bridge applies KEY=VALUE overrides with Hydra 1.3 on the recipe's config in struct mode
+    (training/utils/omegaconf_utils.py lines 180-183). Runs when hydra-core is installed (pip install
+    'hydra-core>1.3,<=1.3.2', Bridge's pin): every emitted override parses, lands on an existing key of the
+    builder-backed recipe's tree with the intended value, and the flat key of a TransformerConfig field does not."""
+    pytest.importorskip("hydra")
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from madmax_opt.launch.startup import GPT_MODEL_CONFIG_FIELDS
+
+    problem = problem_of(dict(BASE, layers=16))
+    plan = Plan(dp=2, tp=2, pp=4, sp=True, zero=2, stage_layers=[3, 5, 6, 2], stage_recompute=["full"] * 4)
+    e = emit(problem, plan, "nemo")
+    overrides = [a for a in e.commands[0].args if "=" in a and not a.startswith("-")]
+
+    def tree(keys: list[str]) -> Any:  # the recipe's config: every key present (value None), model fields nested
+        root: dict[str, Any] = {}
+        for key in keys:
+            *parents, leaf = key.split(".")
+            node = root
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = None
+        cfg = OmegaConf.create(root)
+        OmegaConf.set_struct(cfg, True)
+        return cfg
+
+    keys = [o.split("=", 1)[0] for o in overrides]
+    assert all(k.split(".")[1] in GPT_MODEL_CONFIG_FIELDS or k.startswith("model.transformer.")
+               for k in keys if k.startswith("model."))
+    cfg = tree(keys)
+    ConfigLoaderImpl._apply_overrides_to_config(overrides=OverridesParser.create().parse_overrides(overrides), cfg=cfg)
+    assert cfg.model.transformer.pipeline_model_parallel_layout == "Et*3|t*5|t*6|t*2L"  # | and * parse unquoted
+    assert cfg.model.transformer.virtual_pipeline_model_parallel_size is None  # "null" clears the recipe's vpp
+    assert cfg.model.transformer.tensor_model_parallel_size == 2 and cfg.model.rotary_base == 10000
+    assert cfg.checkpoint.ckpt_format == "fsdp_dtensor" and cfg.comm_overlap.tp_comm_overlap is False
+    flat = OverridesParser.create().parse_overrides(["model.tensor_model_parallel_size=2"])
+    with pytest.raises(Exception, match="tensor_model_parallel_size"):
+        ConfigLoaderImpl._apply_overrides_to_config(overrides=flat, cfg=tree(keys))
