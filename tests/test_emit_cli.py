@@ -72,7 +72,8 @@ def test_solve_json_carries_the_emitted_configuration(tmp_path: Path) -> None:
     e = Emitted.model_validate({k: v for k, v in result["emitted"].items() if k not in ("rank", "refused")})
     plan = result["top"][rank]["plan"]
     assert e.format == "torchtitan" and e.gpus == plan["dp"] * plan["tp"] * plan["pp"] * plan["cp"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.toml", "launch.sh", "madmax_flavor.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*e.files, "launch.sh"])
+    assert {"job.toml", "madmax_flavor.py"} <= set(e.files)
     assert (tmp_path / "job.toml").read_text() == e.files["job.toml"]
 
 
@@ -83,8 +84,8 @@ def test_emit_command_writes_one_folder_per_plan(tmp_path: Path) -> None:
     records = json.loads(r.stdout)
     assert len(records) == 2 and {p.name for p in tmp_path.iterdir()} == {"plan-0", "plan-1"}
     assert parse_emitted(Emitted.model_validate(records[0])).vpp == 4  # the plan file's first plan: vpp 4
-    text = run_main("emit", LLAMA, "megatron", "--plan", plans).stdout
-    assert text.count("torchrun --nnodes 128 --nproc-per-node 8 pretrain_gpt.py") == 2
+    both = json.loads(run_main("emit", LLAMA, "megatron", "--plan", plans, "--json").stdout)
+    assert [(e["gpus"], e["nodes"], e["gpus_per_node"]) for e in both] == [(1024, 128, 8)] * 2  # 128 x 8 GPUs each
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -93,6 +93,8 @@ def emit_cmd(
     json_out: JsonOpt = False,
     force: Annotated[bool, typer.Option("--force", help="emit a plan that does not fit in memory (exit 3 without); "
                                         "never an invalid one")] = False,
+    checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="serving: the weights to load, a path or "
+                                                   "Hugging Face id (default: the model's hf_id)")] = None,
 ) -> None:
     """Emit plan(s) as a framework's commands and config files. Each plan first passes the evaluator's checks: an
     invalid plan is exit 2, one that does not fit exit 3 (--force emits it); a setting the framework cannot
@@ -110,7 +112,7 @@ def emit_cmd(
     records = []
     for i, p in enumerate(plans):
         try:
-            emitted = emit_plan(loaded, p, fmt)
+            emitted = emit_plan(loaded, p, fmt, checkpoint)
         except ProblemError as exc:  # name the plan file and field (or the problem's, for a task/model setting)
             raise locate_refusal(exc, problem, plan, f"[{i}]" if listed else "") from None
         if out is not None:

@@ -81,29 +81,29 @@ def _url_with_vars(token: str) -> bool:
 
 def orchestrated(commands: Sequence[Command]) -> list[str]:
     """Script lines for servers: each node runs its own commands (NODE_RANK, 0 on the head), servers start in
-    the background, the head waits until every ``ready`` URL answers before the next foreground command (a
-    router), and the script stays up while its servers run (stopping them when it exits)."""
+    the background, the head waits until every server's ``ready`` URL answers before its first foreground command
+    (a router) or its end, and every node stays up while its servers run (stopping them when it exits)."""
     nodes = max(c.node for c in commands) + 1
+    ready = [c.ready for c in commands if c.ready and c.background]
+    wait = [f"until curl -sf {u} > /dev/null; do sleep 5; done  # wait for the server" for u in ready]
     lines = ["set -euo pipefail", "trap 'kill $(jobs -p) 2>/dev/null' EXIT"]
     if nodes > 1:
         lines += [f"# run this script on each of the {nodes} nodes with NODE_RANK=0..{nodes - 1} and NODE_IP_0.."
                   f"NODE_IP_{nodes - 1} set to the nodes' addresses", 'NODE_RANK="${NODE_RANK:?set NODE_RANK}"']
-    waiting: list[str] = []
     for node in range(nodes):
         body: list[str] = []
-        for c in (c for c in commands if c.node == node):
-            if not c.background:
-                body += [f"until curl -sf {u} > /dev/null; do sleep 5; done  # wait for the server" for u in waiting]
-                waiting = []
+        mine = [c for c in commands if c.node == node]
+        for c in mine:
+            if node == 0 and not c.background and wait:
+                body += [*wait, 'echo "servers ready"']
+                wait = []
             body += [f"# {c.role}", c.shell() + (" &" if c.background else "")]
-            if c.ready and c.background:
-                waiting.append(c.ready)
-        body += [f"until curl -sf {u} > /dev/null; do sleep 5; done  # wait for the server" for u in waiting]
-        waiting = []
-        if any(c.background for c in commands if c.node == node):
-            body += ['echo "ready"' if node == 0 else "", "wait"]
-        body = [b for b in body if b]
-        lines += ([f'if [ "$NODE_RANK" = {node} ]; then', *("  " + b for b in body), "fi"] if nodes > 1 else body)
+        if node == 0 and wait:
+            body += [*wait, 'echo "servers ready"']
+        if any(c.background for c in mine):
+            body.append("wait")
+        body = body or [":  # nothing to start here: the head node drives these GPUs (mpirun, Ray)"]
+        lines += [f'if [ "$NODE_RANK" = {node} ]; then', *("  " + b for b in body), "fi"] if nodes > 1 else body
     return lines
 
 
@@ -114,6 +114,7 @@ class Context:
     problem: Problem
     plan: Plan
     option: HardwareOption
+    checkpoint: str | None = None  # serving: the weights to load (default: the model's hf_id)
 
     @property
     def model(self) -> TransformerModel:

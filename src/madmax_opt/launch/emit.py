@@ -37,8 +37,9 @@ def formats_for(problem: Problem) -> list[str]:
     return [name for name, f in FORMATS.items() if f.kind == kind]
 
 
-def emit_plan(problem: Problem, plan: Plan, fmt: str) -> Emitted:
-    """The runnable configuration of ``plan`` in format ``fmt``; ProblemError when it cannot be expressed."""
+def emit_plan(problem: Problem, plan: Plan, fmt: str, checkpoint: str | None = None) -> Emitted:
+    """The runnable configuration of ``plan`` in format ``fmt``; ProblemError when it cannot be expressed.
+    ``checkpoint``: the weights a serving format loads (default: the model's Hugging Face id)."""
     f = get_format(fmt)
     if fmt not in formats_for(problem):
         allowed = ", ".join(formats_for(problem))
@@ -47,7 +48,7 @@ def emit_plan(problem: Problem, plan: Plan, fmt: str) -> Emitted:
     if f.kind == "serving" and not isinstance(plan, ServingPlan):
         plan = validate(ServingPlan, plan.model_dump(exclude_unset=True), file=problem.source, prefix="plan")
     option = problem.hardware[problem.hw_index(plan)]
-    emitted = f.emit(Context(problem=problem, plan=plan, option=option))
+    emitted = f.emit(Context(problem=problem, plan=plan, option=option, checkpoint=checkpoint))
     unknown = emitted_names(emitted) - allowed_names(fmt)
     if unknown:  # never hand out a flag the framework does not have (a bug: exit 4)
         raise InternalError(f"{fmt} emitted names missing from data/flags/{fmt}.yaml: {', '.join(sorted(unknown))}")

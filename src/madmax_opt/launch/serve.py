@@ -2,17 +2,25 @@
 
 A serving plan is dp replicas of tp x pp GPUs, each running up to ``batch`` sequences, at a weight precision; with
 prefill_replicas > 0 those replicas only prefill and send the KV cache to the rest (disaggregation). The batch is
-the server's cap on running sequences (vLLM --max-num-seqs, SGLang --max-running-requests, TRT-LLM
---max_batch_size), and so is max_num_seqs (online plans, Poisson arrivals, carry only that): parsed back, the cap is
-the plan's batch. A plan whose max_num_seqs differs from its batch is refused. The KV-cache precision comes from the
-task. With expert parallelism (ep = k x tp, MoE) each group of k replicas is one server: vLLM
---enable-expert-parallel over its data-parallel ranks, SGLang --tp-size ep --attn-dp-size k --ep-size ep.
+the server's cap on running sequences per replica (vLLM --max-num-seqs per data-parallel engine, SGLang
+--max-running-requests split over attention-DP ranks, TRT-LLM --max_batch_size), and so is max_num_seqs (online
+plans carry only that): parsed back, the cap is the plan's batch. A plan whose max_num_seqs differs from its batch is
+refused. The KV-cache precision comes from the task. With expert parallelism (ep = k x tp, MoE) each group of k
+replicas is one server: vLLM --enable-expert-parallel over its data-parallel ranks, SGLang --tp-size ep
+--attn-dp-size k --ep-size ep.
+
+Launch: replicas are placed on the nodes in order (a replica of at most a node's GPUs never straddles two nodes;
+a larger one takes whole nodes), every server gets its GPUs (CUDA_VISIBLE_DEVICES, SGLang --base-gpu-id), starts in
+the background and is polled on /health; a router goes in front where the framework has one (vLLM's data-parallel
+API server balances its own ranks; the SGLang router; none for TensorRT-LLM's aggregated replicas). The start-up
+rules each configuration must meet are data (data/flags/startup-serving.yaml, checked by launch/serving_rules.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -25,6 +33,7 @@ from madmax_opt.launch.common import (
     dotted_items,
     flag_args,
     integer,
+    node_layout,
     parse_flags,
     precision_of,
     refuse,
@@ -47,7 +56,10 @@ VLLM_KV = {"bf16": "auto", "fp16": "auto", "fp8": "fp8"}
 SGLANG_KV = {"bf16": "auto", "fp16": "auto", "fp8": "fp8_e4m3"}
 TRTLLM_KV = {"bf16": None, "fp16": None, "fp8": "FP8", "int8": "INT8"}
 TRTLLM_CONFIG = "trtllm.yaml"
-PREQUANTIZED = "int8, int4 and fp4 weights load from a pre-quantized checkpoint: point MODEL at one"
+PREQUANTIZED = "int8, int4 and fp4 weights load from a pre-quantized checkpoint: pass --checkpoint with one"
+HEALTH = "/health"  # vLLM, SGLang and trtllm-serve all answer GET /health once the model is loaded
+VLLM_PORT, SGLANG_PORT, TRTLLM_PORT, ROUTER_PORT = 8000, 30001, 8000, 30000
+VLLM_RPC_PORT, SGLANG_DIST_PORT, SGLANG_BOOTSTRAP_PORT = 13345, 5000, 8998
 
 
 class Serving:
@@ -80,19 +92,25 @@ class Serving:
         self.max_len = max(r.prompt_len + r.output_len for r in task.requests())
         self.groups = [("prefill", p.prefill_replicas), ("decode", p.dp - p.prefill_replicas)] \
             if p.prefill_replicas else [("run", p.dp)]
+        self.replica_gpus = p.tp * p.pp
+        self.checkpoint = ctx.checkpoint or ctx.model.hf_id or ctx.model.name
 
-    def emitted(self, fmt: str, commands: list[Command], files: dict[str, str] | None = None,
+    def emitted(self, fmt: str, commands: list[Command], nodes: int, files: dict[str, str] | None = None,
                 notes: list[str] | None = None) -> Emitted:
         fs, p, gpn = flagset(fmt), self.plan, self.ctx.gpus_per_node
-        gpus = p.dp * p.tp * p.pp
-        notes = [f"MODEL = {self.ctx.model.name}: replace with the checkpoint path or hub id", *(notes or [])]
+        gpus = p.dp * self.replica_gpus
+        m = self.ctx.model
+        if self.ctx.checkpoint is None and m.hf_id is None:
+            notes = [f"no checkpoint: model {m.name} has no hf_id (an inline model); pass --checkpoint PATH_OR_HUB_ID",
+                     *(notes or [])]
         if self.task.arrival_rate is not None:
-            notes.append(f"online load: Poisson arrivals at {self.task.arrival_rate:g} requests/s over the deployment")
+            notes = [*(notes or []), f"online load: Poisson arrivals at {self.task.arrival_rate:g} requests/s over "
+                     "the deployment"]
         if self.precision in ("int8", "int4", "fp4"):
-            notes.append(PREQUANTIZED)
+            notes = [*(notes or []), PREQUANTIZED]
         return Emitted(format=fmt, framework=fs.framework, version=fs.version, kind="serving",
-                       system=self.ctx.option.system.name, gpus=gpus, nodes=-(-gpus // gpn),
-                       gpus_per_node=min(gpus, gpn), commands=commands, files=files or {}, notes=notes)
+                       system=self.ctx.option.system.name, gpus=gpus, nodes=nodes, gpus_per_node=min(gpus, gpn),
+                       commands=commands, files=files or {}, notes=notes or [])
 
 
 def precision_from(weights: Mapping[str, tuple[str, str | None]], dtype: str, quantization: str | None) -> str:
@@ -115,42 +133,116 @@ def servers(fmt: str, s: Serving) -> list[tuple[str, int]]:
     return out
 
 
-def ports(base: int, n: int, i: int) -> int | None:
-    return base + i if n > 1 else None
+# ------------------------------------------------------------------------------------------------- placement
+
+
+@dataclass(frozen=True)
+class Part:
+    """The GPUs one server (or one replica) uses on one node."""
+
+    node: int
+    gpus: tuple[int, ...]
+
+    @property
+    def devices(self) -> str:
+        return ",".join(map(str, self.gpus))
+
+
+class Placer:
+    """Hands out GPUs node by node: ``n`` GPUs within one node (the next node when they do not fit in what is left
+    of this one), or, above a node, whole nodes."""
+
+    def __init__(self, fmt: str, gpus_per_node: int) -> None:
+        self.fmt, self.gpn, self.node, self.gpu = fmt, gpus_per_node, 0, 0
+
+    def take(self, n: int) -> list[Part]:
+        if n <= self.gpn:
+            if self.gpu + n > self.gpn:
+                self.node, self.gpu = self.node + 1, 0
+            part = Part(self.node, tuple(range(self.gpu, self.gpu + n)))
+            self.gpu += n
+            return [part]
+        nodes, per = node_layout(self.fmt, n, self.gpn)
+        if self.gpu:
+            self.node, self.gpu = self.node + 1, 0
+        parts = [Part(self.node + j, tuple(range(per))) for j in range(nodes)]
+        self.node += nodes
+        return parts
+
+    @property
+    def nodes(self) -> int:
+        return self.node + (1 if self.gpu else 0)
+
+
+def host(node: int, nodes: int) -> str:
+    """A node's address in the script: localhost on one node, else the NODE_IP_i the script asks for."""
+    return "127.0.0.1" if nodes == 1 else f"${{NODE_IP_{node}}}"
+
+
+def by_node(parts: list[Part]) -> list[Part]:
+    """The parts of several replicas merged per node, in node order."""
+    merged: dict[int, tuple[int, ...]] = {}
+    for part in parts:
+        merged[part.node] = merged.get(part.node, ()) + part.gpus
+    return [Part(n, g) for n, g in sorted(merged.items())]
 
 
 # ------------------------------------------------------------------------------------------------------- vLLM
 
 
 def vllm_emit(ctx: Context) -> Emitted:
+    """One ``vllm serve`` per server: its data-parallel ranks (the API server balances them) on CUDA_VISIBLE_DEVICES;
+    ranks on other nodes run ``--headless`` from their start rank; a replica above a node runs on Ray."""
     s = Serving(ctx, "vllm", VLLM_WEIGHTS, VLLM_KV)
-    p, gpn = s.plan, ctx.gpus_per_node
-    commands = []
+    p, gpn, r = s.plan, ctx.gpus_per_node, s.replica_gpus
+    placer = Placer("vllm", gpn)
     plan_servers = servers("vllm", s)
-    for i, (role, dp) in enumerate(plan_servers):
-        replica = p.tp * p.pp
-        local = gpn // replica if dp * replica > gpn and replica <= gpn else None
+    placed = [(role, dp, [placer.take(r) for _ in range(dp)]) for role, dp in plan_servers]
+    nodes = placer.nodes
+    commands, notes = [], []
+    for i, (role, dp, replicas) in enumerate(placed):
         kv_transfer = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_producer" if role == "prefill"
                                   else "kv_consumer"}) if role != "run" else None
-        args = flag_args([
-            ("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", dp),
-            ("--data-parallel-size-local", local), ("--distributed-executor-backend", "ray" if replica > gpn else None),
-            ("--enable-expert-parallel", p.ep > 1), ("--max-num-seqs", s.cap), ("--max-model-len", s.max_len),
-            ("--dtype", s.dtype), ("--quantization", s.quantization),
-            ("--kv-cache-dtype", s.kv), ("--kv-transfer-config", kv_transfer),
-            ("--port", ports(8000, len(plan_servers), i)),
-        ])
-        commands.append(Command(program=["vllm", "serve", ctx.model.name], args=args, role=role))
-    notes = ["prefill and decode servers exchange KV caches through NIXL; put a disaggregation proxy in front"] \
-        if p.prefill_replicas else []
-    if any("--data-parallel-size-local" in c.args for c in commands):
-        notes.append("data parallelism spans nodes: run the command on every node with --data-parallel-start-rank "
-                     "and --data-parallel-address (vLLM multi-node data parallel)")
-    return s.emitted("vllm", commands, notes=notes)
+        common = [("--tensor-parallel-size", p.tp), ("--pipeline-parallel-size", p.pp), ("--data-parallel-size", dp),
+                  ("--enable-expert-parallel", p.ep > 1), ("--max-num-seqs", s.cap), ("--max-model-len", s.max_len),
+                  ("--dtype", s.dtype), ("--quantization", s.quantization), ("--kv-cache-dtype", s.kv),
+                  ("--kv-transfer-config", kv_transfer)]
+        port = VLLM_PORT + i
+        if r > gpn:  # a replica spans nodes: Ray places its ranks
+            head = replicas[0][0].node
+            args = flag_args([*common, ("--distributed-executor-backend", "ray"),
+                              ("--data-parallel-backend", "ray" if dp > 1 else None), ("--port", port)])
+            commands.append(Command(program=["vllm", "serve", s.checkpoint], args=args, role=role, node=head,
+                                    background=True, ready=f"http://{host(head, nodes)}:{port}{HEALTH}"))
+            notes.append(f"{role} server {i}: a replica spans nodes; start a Ray cluster over nodes "
+                         f"{', '.join(str(x.node) for rep in replicas for x in rep)} first (ray start)")
+            continue
+        per_node = by_node([rep[0] for rep in replicas])
+        multi = len(per_node) > 1
+        start = 0
+        for j, part in enumerate(per_node):
+            local = len(part.gpus) // r
+            args = flag_args([*common, ("--data-parallel-size-local", local if multi else None),
+                              ("--data-parallel-start-rank", start if j else None), ("--headless", bool(j)),
+                              ("--data-parallel-address", host(per_node[0].node, nodes) if multi else None),
+                              ("--data-parallel-rpc-port", VLLM_RPC_PORT + i if multi else None),
+                              ("--port", None if j else port)])
+            ready = None if j else f"http://{host(part.node, nodes)}:{port}{HEALTH}"
+            commands.append(Command(program=["vllm", "serve", s.checkpoint], args=args, env={
+                "CUDA_VISIBLE_DEVICES": part.devices}, role=role if not j else f"{role} ranks {start}+ (headless)",
+                node=part.node, background=True, ready=ready))
+            start += local
+    if p.prefill_replicas:
+        notes.append("prefill and decode servers exchange KV caches through NIXL; put vLLM's disaggregation proxy "
+                     f"in front (ports: prefill {VLLM_PORT}.., decode after them)")
+    elif len(placed) > 1:
+        notes.append(f"{len(placed)} expert-parallel servers on ports {VLLM_PORT}..{VLLM_PORT + len(placed) - 1}: "
+                     "balance requests over them")
+    return s.emitted("vllm", commands, nodes, notes=notes)
 
 
 def vllm_parse(e: Emitted) -> ServingPlan:
-    flags = [(c.role, parse_flags(c.args)) for c in e.commands]
+    flags = [(c.role, parse_flags(c.args)) for c in e.commands if "--headless" not in c.args]
     f = flags[-1][1]
     tp, dp = integer(f, "--tensor-parallel-size"), integer(f, "--data-parallel-size")
     q = f.get("--quantization")
@@ -175,42 +267,68 @@ def vllm_config(e: Emitted) -> dict[str, Any]:
 
 
 def sglang_emit(ctx: Context) -> Emitted:
-    """Expert parallelism: one server of ep GPUs per EP group, attention data parallel over its k replicas."""
+    """One server per replica (SGLang refuses --dp-size across nodes), or with expert parallelism one server of ep
+    GPUs per EP group with attention data parallel over its k replicas; each on its GPUs (--base-gpu-id), a server
+    above a node on every node it spans (--node-rank, --dist-init-addr), the SGLang router in front."""
     s = Serving(ctx, "sglang", SGLANG_WEIGHTS, SGLANG_KV)
-    p, gpn = s.plan, ctx.gpus_per_node
-    commands = []
-    plan_servers = servers("sglang", s)
-    for i, (role, dp) in enumerate(plan_servers):
-        nodes = -(-(dp * p.tp * p.pp) // gpn)
-        args = flag_args([
-            ("--model-path", ctx.model.name), ("--tp-size", p.tp * dp if p.ep > 1 else p.tp), ("--pp-size", p.pp),
-            ("--dp-size", dp if p.ep == 1 else None), ("--attn-dp-size", dp if p.ep > 1 and dp > 1 else None),
-            ("--ep-size", p.ep if p.ep > 1 else None), ("--nnodes", nodes if nodes > 1 else None),
-            ("--node-rank", 0 if nodes > 1 else None), ("--max-running-requests", s.cap),
-            ("--context-length", s.max_len), ("--dtype", s.dtype), ("--quantization", s.quantization),
-            ("--kv-cache-dtype", s.kv), ("--disaggregation-mode", role if role != "run" else None),
-            ("--port", ports(30000, len(plan_servers), i)),
-        ])
-        commands.append(Command(program=["python", "-m", "sglang.launch_server"], args=args, role=role))
-    notes = []
-    if any("--nnodes" in c.args for c in commands):
-        notes.append("a server spans nodes: start it on every node with --node-rank i and --dist-init-addr")
+    p, gpn, r = s.plan, ctx.gpus_per_node, s.replica_gpus
+    placer = Placer("sglang", gpn)
+    units = [(role, k) for role, dp in servers("sglang", s) for k in ([dp] if p.ep > 1 else [1] * dp)]
+    placed = [(role, k, placer.take(k * r)) for role, k in units]
+    nodes = placer.nodes
+    commands, urls = [], []
+    for i, (role, k, parts) in enumerate(placed):
+        port = SGLANG_PORT + i
+        head = host(parts[0].node, nodes)
+        for j, part in enumerate(parts):
+            args = flag_args([
+                ("--model-path", s.checkpoint), ("--tp-size", p.tp * k), ("--pp-size", p.pp),
+                ("--attn-dp-size", k if k > 1 else None), ("--ep-size", p.ep if p.ep > 1 else None),
+                ("--nnodes", len(parts) if len(parts) > 1 else None), ("--node-rank", j if len(parts) > 1 else None),
+                ("--dist-init-addr", f"{head}:{SGLANG_DIST_PORT + i}" if len(parts) > 1 else None),
+                ("--base-gpu-id", part.gpus[0]),
+                ("--max-running-requests", s.cap * k),  # split over the attention-DP ranks: cap per replica
+                ("--context-length", s.max_len), ("--dtype", s.dtype), ("--quantization", s.quantization),
+                ("--kv-cache-dtype", s.kv), ("--disaggregation-mode", role if role != "run" else None),
+                ("--disaggregation-bootstrap-port", SGLANG_BOOTSTRAP_PORT + i if role == "prefill" else None),
+                ("--host", "0.0.0.0"), ("--port", port),
+            ])
+            commands.append(Command(program=["python", "-m", "sglang.launch_server"], args=args, node=part.node,
+                                    role=role if not j else f"{role} (node rank {j})", background=True,
+                                    ready=None if j else f"http://{head}:{port}{HEALTH}"))
+        urls.append((role, f"http://{head}:{port}", SGLANG_BOOTSTRAP_PORT + i))
     if p.prefill_replicas:
-        notes.append("prefill and decode servers need the sglang router in PD mode in front")
-    return s.emitted("sglang", commands, notes=notes)
+        pd: list[tuple[str, object]] = [("--pd-disaggregation", True)]
+        pd += [("--prefill", f"{u} {b}") if role == "prefill" else ("--decode", u) for role, u, b in urls]
+        router = pd_args(pd)
+    else:
+        router = ["--worker-urls", *(u for _, u, _ in urls)]
+    commands.append(Command(program=["python", "-m", "sglang_router.launch_router"], role="router", args=[
+        *router, "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]))
+    return s.emitted("sglang", commands, nodes, notes=[f"the SGLang router serves on port {ROUTER_PORT}"])
+
+
+def pd_args(pairs: list[tuple[str, object]]) -> list[str]:
+    """Router arguments of a prefill/decode deployment: --prefill URL BOOTSTRAP_PORT and --decode URL, repeated."""
+    out: list[str] = []
+    for flag, value in pairs:
+        out += [flag] if value is True else [flag, *str(value).split()]
+    return out
 
 
 def sglang_parse(e: Emitted) -> ServingPlan:
-    flags = [(c.role, parse_flags(c.args)) for c in e.commands]
+    flags = [(c.role, parse_flags(c.args)) for c in e.commands
+             if c.program[-1] == "sglang.launch_server" and c.ready is not None]
 
     def replicas(g: dict[str, str | bool]) -> int:
-        return integer(g, "--attn-dp-size") if "--ep-size" in g else integer(g, "--dp-size")
+        return integer(g, "--attn-dp-size")
 
     f = flags[-1][1]
     q = f.get("--quantization")
+    k = replicas(f)
     return ServingPlan(
-        dp=sum(replicas(g) for _, g in flags), tp=integer(f, "--tp-size") // integer(f, "--attn-dp-size"),
-        pp=integer(f, "--pp-size"), ep=integer(f, "--ep-size"), batch=integer(f, "--max-running-requests"),
+        dp=sum(replicas(g) for _, g in flags), tp=integer(f, "--tp-size") // k,
+        pp=integer(f, "--pp-size"), ep=integer(f, "--ep-size"), batch=integer(f, "--max-running-requests") // k,
         precision=precision_from(SGLANG_WEIGHTS, str(f["--dtype"]), q if isinstance(q, str) else None),
         prefill_replicas=sum(replicas(g) for r, g in flags if r == "prefill"),
     )
@@ -221,10 +339,11 @@ def sglang_parse(e: Emitted) -> ServingPlan:
 
 def trtllm_emit(ctx: Context) -> Emitted:
     """One trtllm-serve per replica on the TensorRT engine backend (the trtllm-build path): the LLM API builds the
-    engine and quantizes it as quant_config says. Expert parallelism / attention data parallelism (MoE serving)
-    run on the PyTorch backend from pre-quantized checkpoints, which is not emitted."""
+    engine and quantizes it as quant_config says; a replica above a node starts under mpirun through
+    trtllm-llmapi-launch (MPI world = tp x pp). Expert parallelism / attention data parallelism (MoE serving) run on
+    the PyTorch backend from pre-quantized checkpoints, which is not emitted."""
     s = Serving(ctx, "trtllm", TRTLLM_WEIGHTS, TRTLLM_KV)
-    p = s.plan
+    p, gpn, r = s.plan, ctx.gpus_per_node, s.replica_gpus
     if p.prefill_replicas:
         raise refuse("trtllm", f"prefill_replicas={p.prefill_replicas}", "disaggregated serving needs a "
                      "trtllm-serve disaggregated cluster file, which is not emitted; allowed: prefill_replicas 0")
@@ -236,17 +355,32 @@ def trtllm_emit(ctx: Context) -> Emitted:
     quant = {"quant_algo": s.quantization, "kv_cache_quant_algo": s.kv}
     config = {"dtype": s.dtype, "quant_config": {k: v for k, v in quant.items() if v is not None} or None}
     text = yaml.safe_dump({k: v for k, v in config.items() if v is not None}, sort_keys=False)
-    commands = [
-        Command(program=["trtllm-serve", ctx.model.name], role=f"replica {i}", args=flag_args([
-            ("--backend", "tensorrt"), ("--tp_size", p.tp), ("--pp_size", p.pp),
-            ("--gpus_per_node", ctx.gpus_per_node), ("--max_batch_size", s.cap), ("--max_seq_len", s.max_len),
-            ("--port", 8000 + i), ("--extra_llm_api_options", TRTLLM_CONFIG),
-        ]))
-        for i in range(p.dp)
-    ]
-    notes = ["one trtllm-serve per replica (ports 8000+i), each on its own tp x pp GPUs; balance requests over them",
-             "--backend tensorrt builds the engine at start-up (the trtllm-build path) and applies quant_config"]
-    return s.emitted("trtllm", commands, files={TRTLLM_CONFIG: text}, notes=notes)
+    placer = Placer("trtllm", gpn)
+    placed = [placer.take(r) for _ in range(p.dp)]
+    nodes = placer.nodes
+    commands = []
+    for i, parts in enumerate(placed):
+        port = TRTLLM_PORT + i
+        head = parts[0].node
+        args = flag_args([("--backend", "tensorrt"), ("--tp_size", p.tp), ("--pp_size", p.pp),
+                          ("--gpus_per_node", len(parts[0].gpus)), ("--max_batch_size", s.cap),
+                          ("--max_seq_len", s.max_len), ("--host", "0.0.0.0"), ("--port", port),
+                          ("--extra_llm_api_options", TRTLLM_CONFIG)])
+        ready = f"http://{host(head, nodes)}:{port}{HEALTH}"
+        if len(parts) > 1:  # MPI world = the replica's tp x pp ranks, on whole nodes
+            hosts = ",".join(f"{host(x.node, nodes)}:{len(x.gpus)}" for x in parts)
+            commands.append(Command(launcher=["mpirun", "-np", str(r), "-H", hosts],
+                                    program=["trtllm-llmapi-launch", "trtllm-serve", s.checkpoint], args=args,
+                                    role=f"replica {i}", node=head, background=True, ready=ready))
+        else:
+            commands.append(Command(program=["trtllm-serve", s.checkpoint], args=args, role=f"replica {i}",
+                                    env={"CUDA_VISIBLE_DEVICES": parts[0].devices}, node=head, background=True,
+                                    ready=ready))
+    notes = ["--backend tensorrt builds the engine at start-up (the trtllm-build path) and applies quant_config"]
+    if p.dp > 1:
+        notes.append(f"{p.dp} trtllm-serve replicas on ports {TRTLLM_PORT}..{TRTLLM_PORT + p.dp - 1} (TensorRT-LLM "
+                     "has no router for aggregated replicas): balance requests over them")
+    return s.emitted("trtllm", commands, nodes, files={TRTLLM_CONFIG: text}, notes=notes)
 
 
 def trtllm_parse(e: Emitted) -> ServingPlan:
@@ -284,11 +418,11 @@ VLLM = serving_format("vllm", vllm_emit, vllm_parse, config=vllm_config, maps={
     "system": ("--data-parallel-size-local", "--distributed-executor-backend"),
 }, refuses={"max_num_seqs": CAP, "ep": EP_GROUPS})
 SGLANG = serving_format("sglang", sglang_emit, sglang_parse, maps={
-    "dp": ("--dp-size", "--attn-dp-size"), "tp": ("--tp-size",), "pp": ("--pp-size",),
+    "dp": ("--attn-dp-size", "--worker-urls"), "tp": ("--tp-size",), "pp": ("--pp-size",),
     "ep": ("--ep-size", "--attn-dp-size"),
     "batch": ("--max-running-requests",), "max_num_seqs": ("--max-running-requests",),
-    "precision": ("--dtype", "--quantization"), "prefill_replicas": ("--disaggregation-mode", "--dp-size"),
-    "system": ("--nnodes", "--node-rank"),
+    "precision": ("--dtype", "--quantization"), "prefill_replicas": ("--disaggregation-mode", "--prefill"),
+    "system": ("--nnodes", "--node-rank", "--base-gpu-id"),
 }, refuses={"max_num_seqs": CAP, "ep": EP_GROUPS})
 TRTLLM = serving_format("trtllm", trtllm_emit, trtllm_parse, config=trtllm_config, maps={
     "dp": ("--port",), "tp": ("--tp_size",), "pp": ("--pp_size",),

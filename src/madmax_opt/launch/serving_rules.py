@@ -1,0 +1,187 @@
+"""Start-up conformance of the serving formats: the frameworks' start-up rules as data, and a checker per rule.
+
+Data: ``madmax_opt/data/flags/startup-serving.yaml`` (per format: the pinned version and each rule with its file and
+line). ``serving_violations(emitted)`` reads an emitted deployment the way the servers and launchers would (every
+command's flags, environment and node) and lists the rules it breaks; tests run it on every emitted configuration.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+import yaml
+from pydantic import Field
+
+from madmax_opt.launch.common import Emitted, parse_flags
+from madmax_opt.model.spec import Strict
+
+
+class ServingRule(Strict):
+    id: str
+    file: str
+    line: int = Field(gt=0)
+    commit: str | None = Field(None, description="where the file was read at another commit than the pin")
+    requires: str
+    emit: Literal["satisfy", "refuse"]
+
+
+class ServingRules(Strict):
+    framework: str
+    repository: str
+    pinned: str = Field(description="the wheel (with its sha256) or commit the files were read at")
+    rules: list[ServingRule]
+
+
+@cache
+def serving_rules() -> dict[str, ServingRules]:
+    """Format -> its framework's start-up rules (package data)."""
+    text = resources.files("madmax_opt").joinpath("data/flags/startup-serving.yaml").read_text(encoding="utf-8")
+    return {fmt: ServingRules.model_validate(v) for fmt, v in yaml.safe_load(text).items()}
+
+
+def cite_serving(rule_id: str) -> str:
+    """``requires`` with where it is: framework, file and line at the pin, rule id."""
+    fw = serving_rules()[rule_id.split(".", 1)[0]]
+    r = next(r for r in fw.rules if r.id == rule_id)
+    return f"{fw.framework} requires: {r.requires} ({r.file} line {r.line}; rule {r.id})"
+
+
+@dataclass(frozen=True)
+class Started:
+    """One command of a deployment as its program reads it."""
+
+    program: str
+    node: int
+    flags: dict[str, str | bool]
+    launcher: dict[str, str | bool]
+    env: dict[str, str]
+
+    def num(self, flag: str, default: int = 1) -> int:
+        v = self.flags.get(flag)
+        return default if v is None or isinstance(v, bool) else int(v)
+
+    def on(self, flag: str) -> bool:
+        return self.flags.get(flag) is True
+
+    @property
+    def devices(self) -> list[int]:
+        return [int(x) for x in self.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if x]
+
+
+def started(e: Emitted) -> list[Started]:
+    return [Started(program=" ".join(c.program[:2]), node=c.node, flags=parse_flags(c.args),
+                    launcher=parse_flags(c.launcher[1:]), env=dict(c.env)) for c in e.commands]
+
+
+Check = Callable[[Emitted, list[Started]], bool]
+
+
+def _disjoint(gpus: list[tuple[int, list[int]]]) -> bool:
+    """No GPU of a node claimed twice."""
+    counts = Counter((node, g) for node, ids in gpus for g in ids)
+    return all(n == 1 for n in counts.values())
+
+
+def _vllm_checks() -> dict[str, Check]:
+    def serves(cmds: list[Started]) -> list[Started]:
+        return [c for c in cmds if c.program.startswith("vllm serve")]
+
+    def local(c: Started) -> int:
+        return c.num("--data-parallel-size-local", c.num("--data-parallel-size"))
+
+    def multi_node(c: Started) -> bool:
+        return local(c) < c.num("--data-parallel-size") and c.flags.get("--data-parallel-backend") != "ray"
+
+    def devices(e: Emitted, cmds: list[Started]) -> bool:
+        mp = [c for c in serves(cmds) if c.flags.get("--distributed-executor-backend") != "ray"]
+        world = [(c, c.num("--tensor-parallel-size") * c.num("--pipeline-parallel-size")) for c in mp]
+        return all(len(c.devices) == local(c) * w and max(c.devices) < e.gpus_per_node for c, w in world) and \
+            _disjoint([(c.node, c.devices) for c in mp])
+
+    return {
+        "vllm.dp-local": lambda e, cmds: all(local(c) <= c.num("--data-parallel-size") for c in serves(cmds)),
+        "vllm.headless-local": lambda e, cmds: all(local(c) > 0 for c in serves(cmds) if c.on("--headless")),
+        "vllm.secondary-headless": lambda e, cmds: all(c.on("--headless") for c in serves(cmds)
+                                                       if c.num("--data-parallel-start-rank", 0) > 0),
+        "vllm.dp-address": lambda e, cmds: all("--data-parallel-address" in c.flags and "--data-parallel-rpc-port"
+                                               in c.flags for c in serves(cmds) if multi_node(c)),
+        "vllm.ray-across-nodes": lambda e, cmds: all(
+            c.flags.get("--distributed-executor-backend") == "ray" for c in serves(cmds)
+            if c.num("--tensor-parallel-size") * c.num("--pipeline-parallel-size") > e.gpus_per_node),
+        "vllm.dp-devices": devices,
+    }
+
+
+def _sglang_checks() -> dict[str, Check]:
+    def servers(cmds: list[Started]) -> list[Started]:
+        return [c for c in cmds if c.program == "python -m" and "--tp-size" in c.flags]
+
+    def per_node(c: Started) -> int:
+        return c.num("--tp-size") * c.num("--pp-size") // c.num("--nnodes")
+
+    def node_ranks(e: Emitted, cmds: list[Started]) -> bool:
+        groups: dict[str, list[int]] = {}
+        for c in servers(cmds):
+            if c.num("--nnodes") > 1:
+                groups.setdefault(str(c.flags.get("--dist-init-addr")), []).append(c.num("--node-rank", 0))
+        by_addr = {str(c.flags.get("--dist-init-addr")): c.num("--nnodes") for c in servers(cmds)}
+        return all(sorted(ranks) == list(range(by_addr[a])) for a, ranks in groups.items())
+
+    def bootstrap(e: Emitted, cmds: list[Started]) -> bool:
+        ports = [(c.node, c.num("--disaggregation-bootstrap-port", 8998)) for c in servers(cmds)
+                 if c.flags.get("--disaggregation-mode") == "prefill"]
+        return len(ports) == len(set(ports))
+
+    def gpus(e: Emitted, cmds: list[Started]) -> bool:
+        claimed = [(c.node, list(range(c.num("--base-gpu-id", 0), c.num("--base-gpu-id", 0) + per_node(c))))
+                   for c in servers(cmds)]
+        return all(c.num("--base-gpu-id", 0) >= 0 and c.num("--base-gpu-id", 0) + per_node(c) <= e.gpus_per_node
+                   for c in servers(cmds)) and _disjoint(claimed)
+
+    return {
+        "sglang.tp-nodes": lambda e, cmds: all(c.num("--tp-size") * c.num("--pp-size") % c.num("--nnodes") == 0
+                                               for c in servers(cmds)),
+        "sglang.dp-single-node": lambda e, cmds: all(c.num("--dp-size") == 1 or c.num("--nnodes") == 1
+                                                     for c in servers(cmds)),
+        "sglang.dp-with-attn-dp": lambda e, cmds: all(c.num("--dp-size") == 1 or c.num("--attn-dp-size") == 1
+                                                      for c in servers(cmds)),
+        "sglang.attn-dp-divides-tp": lambda e, cmds: all(c.num("--tp-size") % c.num("--attn-dp-size") == 0
+                                                         for c in servers(cmds)),
+        "sglang.requests-per-attn-dp": lambda e, cmds: all(
+            c.num("--max-running-requests") % c.num("--attn-dp-size") == 0 for c in servers(cmds)),
+        "sglang.base-gpu-id": gpus,
+        "sglang.dist-init-addr": lambda e, cmds: all("--dist-init-addr" in c.flags for c in servers(cmds)
+                                                     if c.num("--nnodes") > 1),
+        "sglang.node-ranks": node_ranks,
+        "sglang.bootstrap-port": bootstrap,
+    }
+
+
+def _trtllm_checks() -> dict[str, Check]:
+    def mpi_world(e: Emitted, cmds: list[Started]) -> bool:
+        for c in cmds:
+            world = c.num("--tp_size") * c.num("--pp_size")
+            if world <= e.gpus_per_node and "-np" not in c.launcher:
+                continue
+            slots = sum(int(h.rsplit(":", 1)[1]) for h in str(c.launcher.get("-H", "")).split(",") if ":" in h)
+            if not (c.program == "trtllm-llmapi-launch trtllm-serve" and str(c.launcher.get("-np")) == str(world)
+                    and slots == world):
+                return False
+        return True
+
+    return {"trtllm.mpi-world": mpi_world}
+
+
+SERVING_CHECKS: dict[str, dict[str, Check]] = {"vllm": _vllm_checks(), "sglang": _sglang_checks(),
+                                               "trtllm": _trtllm_checks()}
+
+
+def serving_violations(e: Emitted) -> list[str]:
+    """The start-up rules of ``e``'s framework that ``e`` breaks (ids; empty: it starts)."""
+    cmds = started(e)
+    return [rule_id for rule_id, check in SERVING_CHECKS[e.format].items() if not check(e, cmds)]

@@ -1,0 +1,273 @@
+"""Serving launches: every emitted vLLM / SGLang / TensorRT-LLM deployment meets the pinned frameworks' start-up
+rules (data/flags/startup-serving.yaml), places its servers on disjoint GPUs, starts them in the background behind
+a readiness wait and a router, names the real checkpoint, and parses back to the plan and model that were priced.
+
+The expected values are stated here independently: the per-rank split of SGLang's --max-running-requests
+(pool_configurator.py: value // attn_dp_size), the placement of replicas on 8-GPU nodes by hand, and the KV-cache
+precision the evaluator prices (task.kv_precision, else the weight precision's default).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cli_helpers import run_main
+from madmax_opt.core.errors import ProblemError
+from madmax_opt.io import catalog
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.launch.common import Command, Emitted, parse_flags
+from madmax_opt.launch.emit import emit_plan, parse_emitted
+from madmax_opt.launch.serving_rules import SERVING_CHECKS, cite_serving, serving_rules, serving_violations
+from madmax_opt.model.inference import DEFAULT_KV_PRECISION
+from madmax_opt.model.problem import Problem
+from madmax_opt.search.serving_space import ServingPlan
+
+ROOT = Path(__file__).resolve().parents[1]
+FORMATS = ["vllm", "sglang", "trtllm"]
+LLAMA = {"layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn": 2816, "ffn_kind": "swiglu",
+         "norm": "rmsnorm", "vocab": 32000}
+MOE = dict(LLAMA, moe={"num_experts": 16, "top_k": 2, "expert_ffn": 1408})
+PROMPT, OUTPUT = 512, 128
+
+
+def serving(model: Any, gpu: str = "h100-sxm", **task: Any) -> Problem:
+    return problem_from_dict({
+        "model": model, "hardware": {"gpu": gpu, "gpus": {"start": 1, "stop": 384}},
+        "task": {"kind": "inference", "prompt_len": PROMPT, "output_len": OUTPUT, "precision": ["bf16", "fp8"],
+                 "disaggregated": True, **task},
+    })
+
+
+DENSE, SPARSE = serving(LLAMA), serving(MOE)
+KV_TOKENS = {  # how each format writes a KV-cache precision (None: the weights' dtype)
+    "vllm": {"auto": None, "fp8": "fp8"}, "sglang": {"auto": None, "fp8_e4m3": "fp8"},
+    "trtllm": {None: None, "FP8": "fp8", "INT8": "int8"},
+}
+
+
+def kv_of(e: Emitted) -> str | None:
+    """The KV-cache precision a configuration asks for, read back (None: the same as the weights)."""
+    if e.format == "trtllm":
+        quant = (yaml.safe_load(e.files["trtllm.yaml"]).get("quant_config") or {})
+        return KV_TOKENS["trtllm"][quant.get("kv_cache_quant_algo")]
+    flags = parse_flags(next(c for c in e.commands if "--kv-cache-dtype" in c.args).args)
+    return KV_TOKENS[e.format][str(flags["--kv-cache-dtype"])]
+
+
+def servers_of(e: Emitted) -> list[Command]:
+    return [c for c in e.commands if c.role != "router"]
+
+
+def expected_limits(fmt: str, p: ServingPlan, problem: Problem) -> bool:
+    """Whether ``fmt`` refuses ``p`` (the limits test_emit states: int8 KV, trtllm disaggregation / MoE, EP
+    groups), plus a replica above a node that is not whole nodes."""
+    precision = p.precision or "bf16"
+    roles = [p.prefill_replicas, p.dp - p.prefill_replicas] if p.prefill_replicas else [p.dp]
+    r = p.tp * p.pp
+    return any([
+        fmt in ("vllm", "sglang") and precision == "int8",
+        fmt == "trtllm" and (p.prefill_replicas > 0 or p.ep > 1 or problem.model.moe is not None),
+        p.ep > 1 and (p.ep % p.tp != 0 or any(n % (p.ep // p.tp) for n in roles)),
+        r > 8 and r % 8 != 0 and not (fmt == "sglang" and p.ep > 1),  # placed per replica: whole nodes above one
+        fmt == "sglang" and p.ep > 1 and (p.ep // p.tp) * r > 8 and (p.ep // p.tp) * r % 8 != 0,  # per EP server
+    ])
+
+
+def check_launch(fmt: str, problem: Problem, plan: ServingPlan, checkpoint: str | None = None) -> Emitted | None:
+    """Emit, check every start-up rule, the layout and the round trip against what was priced."""
+    if expected_limits(fmt, plan, problem):
+        with pytest.raises(ProblemError, match=f"{fmt} cannot express"):
+            emit_plan(problem, plan, fmt, checkpoint)
+        return None
+    e = emit_plan(problem, plan, fmt, checkpoint)
+    assert serving_violations(e) == [], (fmt, plan, serving_violations(e))
+    back = parse_emitted(e)
+    cap = plan.max_num_seqs or plan.batch
+    assert (back.dp, back.tp, back.pp, back.ep, back.batch, back.prefill_replicas) == (
+        plan.dp, plan.tp, plan.pp, plan.ep, cap, plan.prefill_replicas)
+    priced = plan.precision or problem.task.precisions()[0]  # type: ignore[union-attr]
+    assert back.precision == priced
+    kv = problem.task.kv_precision or DEFAULT_KV_PRECISION[priced]  # type: ignore[union-attr]
+    assert kv_of(e) == (kv if kv in ("fp8", "int8") else None)  # bf16 / fp16: the weights' dtype (auto)
+    model = problem.model
+    name = checkpoint or model.hf_id or model.name
+    for c in servers_of(e):
+        assert name in c.argv and str(PROMPT + OUTPUT) in c.args  # the weights and the context length priced
+    heads = [c for c in servers_of(e) if c.ready]
+    assert heads and all(c.background for c in servers_of(e))  # every server in the background, polled
+    assert all(c.ready and c.ready.endswith("/health") for c in heads)
+    script = e.script()
+    assert script.count("until curl -sf") == len(heads)
+    return e
+
+
+# ------------------------------------------------------------------------------------------------- rule data
+
+
+def test_every_rule_has_a_source_and_a_checker() -> None:
+    rules = serving_rules()
+    assert set(rules) == set(SERVING_CHECKS) == set(FORMATS)
+    for fmt, fw in rules.items():
+        assert fw.pinned and fw.repository
+        assert [r.id for r in fw.rules] == list(SERVING_CHECKS[fmt])
+        for r in fw.rules:
+            assert r.id.startswith(fmt + ".") and r.file and r.line > 0 and "line" in cite_serving(r.id)
+
+
+def _cmd(program: list[str], args: list[str], node: int = 0, **kw: Any) -> Command:
+    return Command(program=program, args=args, node=node, **kw)
+
+
+def _emitted(fmt: str, commands: list[Command], gpus: int = 16) -> Emitted:
+    return Emitted(format=fmt, framework=fmt, version="x", kind="serving", system="dgx-h100", gpus=gpus,
+                   nodes=-(-gpus // 8), gpus_per_node=min(gpus, 8), commands=commands)
+
+
+SG = ["python", "-m", "sglang.launch_server"]
+
+
+@pytest.mark.parametrize(("rule", "fmt", "commands"), [
+    # what SGLang 0.5.23's check_server_args rejected in the issue: --dp-size over two nodes, tp 12 over 8 nodes
+    ("sglang.dp-single-node", "sglang", [_cmd(SG, ["--tp-size", "8", "--dp-size", "2", "--nnodes", "2",
+                                                   "--node-rank", "0", "--dist-init-addr", "h:1"])]),
+    ("sglang.tp-nodes", "sglang", [_cmd(SG, ["--tp-size", "12", "--nnodes", "8", "--node-rank", "0"])]),
+    # ep 8 with 128 requests: 128 // 8 = 16 per attention-DP rank is fine arithmetic, 100 // 8 loses requests
+    ("sglang.requests-per-attn-dp", "sglang", [_cmd(SG, ["--tp-size", "8", "--attn-dp-size", "8",
+                                                         "--max-running-requests", "100"])]),
+    ("sglang.base-gpu-id", "sglang", [_cmd(SG, ["--tp-size", "4", "--base-gpu-id", "0"]),
+                                      _cmd(SG, ["--tp-size", "4", "--base-gpu-id", "2"])]),
+    ("sglang.node-ranks", "sglang", [_cmd(SG, ["--tp-size", "16", "--nnodes", "2", "--node-rank", "0",
+                                               "--dist-init-addr", "h:1"])]),
+    ("vllm.secondary-headless", "vllm", [_cmd(["vllm", "serve", "m"], [
+        "--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2"])]),
+    ("vllm.dp-devices", "vllm", [_cmd(["vllm", "serve", "m"], ["--tensor-parallel-size", "4"],
+                                      env={"CUDA_VISIBLE_DEVICES": "0,1"})]),
+    ("vllm.ray-across-nodes", "vllm", [_cmd(["vllm", "serve", "m"], ["--tensor-parallel-size", "16"])]),
+    ("trtllm.mpi-world", "trtllm", [_cmd(["trtllm-serve", "m"], ["--tp_size", "16"])]),
+])
+def test_each_checker_catches_its_violation(rule: str, fmt: str, commands: list[Command]) -> None:
+    assert rule in serving_violations(_emitted(fmt, commands))
+
+
+# ------------------------------------------------------------------------------------------ hand-checked launches
+
+
+def test_sglang_ep_server_caps_requests_per_attention_dp_rank() -> None:
+    """dp 8, tp 1, ep 8, batch 128: one server of 8 GPUs, attention DP 8; SGLang gives each rank
+    max_running_requests // 8, so the flag is 128 x 8 = 1024 (the issue saw 128, i.e. 16 per rank)."""
+    e = emit_plan(SPARSE, ServingPlan(dp=8, tp=1, ep=8, batch=128), "sglang")
+    (server,) = [parse_flags(c.args) for c in servers_of(e)]
+    assert (server["--tp-size"], server["--attn-dp-size"], server["--max-running-requests"]) == ("8", "8", "1024")
+    assert parse_emitted(e).batch == 128
+
+
+def test_sglang_replicas_are_separate_servers_on_their_gpus_behind_the_router() -> None:
+    """dp 3 of tp 4 on 8-GPU nodes: replicas 0 and 1 fill node 0 (GPUs 0-3, 4-7), replica 2 takes node 1."""
+    e = emit_plan(DENSE, ServingPlan(dp=3, tp=4, batch=16), "sglang")
+    placed = [(c.node, parse_flags(c.args)["--base-gpu-id"]) for c in servers_of(e)]
+    assert placed == [(0, "0"), (0, "4"), (1, "0")]
+    assert all("--dp-size" not in c.args and "--nnodes" not in c.args for c in servers_of(e))
+    router = e.commands[-1]
+    assert router.role == "router" and not router.background and router.node == 0
+    urls = str(parse_flags(router.args)["--worker-urls"]).split()
+    assert urls == ["http://${NODE_IP_0}:30001", "http://${NODE_IP_0}:30002", "http://${NODE_IP_1}:30003"]
+
+
+def test_sglang_server_over_two_nodes_starts_on_each() -> None:
+    """tp 16 on 8-GPU nodes: one server, --nnodes 2, node ranks 0 and 1, one --dist-init-addr on node 0."""
+    e = emit_plan(DENSE, ServingPlan(dp=1, tp=16, batch=8), "sglang")
+    parts = [(c.node, parse_flags(c.args)) for c in servers_of(e)]
+    assert [(n, f["--nnodes"], f["--node-rank"]) for n, f in parts] == [(0, "2", "0"), (1, "2", "1")]
+    assert {f["--dist-init-addr"] for _, f in parts} == {"${NODE_IP_0}:5000"}
+
+
+def test_vllm_data_parallel_over_nodes_runs_headless_secondaries() -> None:
+    """dp 6 of tp 2 on 8-GPU nodes: 4 ranks on node 0 (the API server), 2 on node 1 (--headless from rank 4)."""
+    e = emit_plan(DENSE, ServingPlan(dp=6, tp=2, batch=32), "vllm")
+    head, second = e.commands
+    fh, fs = parse_flags(head.args), parse_flags(second.args)
+    assert (fh["--data-parallel-size-local"], head.env["CUDA_VISIBLE_DEVICES"]) == ("4", "0,1,2,3,4,5,6,7")
+    assert (fs["--data-parallel-start-rank"], fs["--data-parallel-size-local"], fs["--headless"]) == ("4", "2", True)
+    assert second.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and second.node == 1 and second.ready is None
+
+
+def test_trtllm_replica_over_nodes_starts_under_mpirun() -> None:
+    e = emit_plan(DENSE, ServingPlan(dp=1, tp=16, batch=8), "trtllm")
+    (c,) = e.commands
+    assert c.launcher == ["mpirun", "-np", "16", "-H", "${NODE_IP_0}:8,${NODE_IP_1}:8"]
+    assert c.program[:2] == ["trtllm-llmapi-launch", "trtllm-serve"]
+
+
+def test_checkpoint_is_the_catalog_hf_id_or_the_override_or_a_named_fallback(tmp_path: Path) -> None:
+    problem = serving("llama3-70b")
+    hf = catalog.models()["llama3-70b"].hf_id
+    assert hf and hf.count("/") == 1
+    plan = ServingPlan(dp=1, tp=8, batch=8)
+    assert emit_plan(problem, plan, "vllm").commands[0].program == ["vllm", "serve", hf]
+    assert emit_plan(problem, plan, "sglang", "/ckpt/llama").commands[0].args[1] == "/ckpt/llama"
+    inline = emit_plan(DENSE, plan, "trtllm")
+    assert sum("no checkpoint" in n and "--checkpoint" in n for n in inline.notes) == 1
+    path = tmp_path / "plan.yaml"
+    path.write_text("{dp: 1, tp: 8, batch: 8}\n")
+    r = run_main("emit", ROOT / "problems/serve-llama2-70b-dgx-h100.yaml", "vllm", "--plan", path)
+    assert r.returncode == 2  # 8 of the problem's 128 GPUs: the evaluator's rule, before any checkpoint
+    r = run_main("emit", ROOT / "problems/serve-llama3-70b.yaml", "vllm", "--plan", path, "--checkpoint", "/w/l3")
+    assert r.returncode == 0 and "vllm serve /w/l3 " in r.stdout, r.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_scripts_are_valid_bash() -> None:
+    for fmt, plan in [("vllm", ServingPlan(dp=6, tp=2, batch=32)), ("sglang", ServingPlan(dp=3, tp=4, batch=16)),
+                      ("sglang", ServingPlan(dp=2, tp=2, batch=16, prefill_replicas=1)),
+                      ("trtllm", ServingPlan(dp=2, tp=16, batch=8))]:
+        script = emit_plan(DENSE, plan, fmt).script()
+        assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0, script
+
+
+# ---------------------------------------------------------------------------------------- random plans, models
+
+
+@st.composite
+def serving_plans(draw: Any, moe: bool) -> ServingPlan:
+    tp, pp = draw(st.sampled_from([1, 2, 4, 8, 16])), draw(st.sampled_from([1, 2, 3]))
+    dp = draw(st.integers(1, 8))
+    cap = draw(st.integers(1, 512))
+    caps = draw(st.sampled_from([{"batch": cap}, {"max_num_seqs": cap}]))
+    ep = draw(st.sampled_from([1, tp, 2 * tp, 4 * tp])) if moe else 1
+    return ServingPlan(dp=dp, tp=tp, pp=pp, ep=ep, **caps, precision=draw(st.sampled_from(["bf16", "fp8", "int4"])),
+                       prefill_replicas=draw(st.integers(0, dp - 1)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(serving_plans(moe=False))
+def test_random_dense_plans_launch_and_round_trip(plan: ServingPlan) -> None:
+    for fmt in FORMATS:
+        check_launch(fmt, DENSE, plan)
+
+
+@settings(max_examples=25, deadline=None)
+@given(serving_plans(moe=True))
+def test_random_moe_plans_launch_and_round_trip(plan: ServingPlan) -> None:
+    for fmt in FORMATS:
+        check_launch(fmt, SPARSE, plan)
+
+
+LLMS = sorted(n for n, m in catalog.models().items() if m.family == "llm")
+
+
+@pytest.mark.parametrize("name", LLMS)
+def test_every_catalog_model_launches_as_priced(name: str) -> None:
+    """Each catalog LLM, dense as tp 8 x 2 replicas, MoE as one expert-parallel group of 2 replicas (ep 16)."""
+    m = catalog.models()[name]
+    problem = serving(name, gpu="h200-sxm", kv_precision="fp8")
+    plan = ServingPlan(dp=2, tp=8, batch=16, precision="fp8", ep=16 if m.moe else 1)
+    for fmt in FORMATS:
+        check_launch(fmt, problem, plan)
