@@ -289,6 +289,8 @@ def _titan_checks() -> dict[str, Check]:
         or x.num(p + "data_parallel_replicate_degree") in (1, x.world),
         "torchtitan.heads-tp": lambda x: all(int(x.flavor[k]) % x.num(p + "tensor_parallel_degree") == 0
                                              for k in ("n_heads", "n_kv_heads")),
+        "torchtitan.world-size": lambda x: dp(x) * x.num(p + "context_parallel_degree") * x.num(
+            p + "tensor_parallel_degree") * x.num(p + "pipeline_parallel_degree") == x.world,
         "torchtitan.seq-divisor": lambda x: x.num("training.seq_len") % (
             x.num(p + "tensor_parallel_degree") * 2 * x.num(p + "context_parallel_degree")) == 0,
     }
