@@ -131,13 +131,30 @@ def validate_cmd(
         "training_families.yaml): for developers refitting after a data or model change")] = False,
 ) -> None:
     """Predicted vs measured on the validation data shipped with the package; writes Markdown tables."""
+    import numpy as np
+
+    from madmax_opt.report.progress import progress_bar
     from madmax_opt.studies import validation_modern
+    from madmax_opt.studies.inferencex_report import write_inferencex_report
     from madmax_opt.studies.modern_report import write_modern_report
     from madmax_opt.studies.validation import write_training_report
 
-    console().print(f"wrote {write_training_report(out)}")
-    summary = validation_modern.summarize_modern()  # H100 / B200 / GB200: in-sample and leave-one-source-out
-    console().print(f"wrote {write_modern_report(out, summary)}")
+    written = []
+    with progress_bar("validate", 3) as bar:  # three stages, each several seconds to a minute
+        bar.show("A100 training sets (Korthikanti 2022, vTrain)")
+        written.append(write_training_report(out))
+        bar.step("modern training fits, leave-one-source-out (H100 / B200 / GB200)")
+        summary = validation_modern.summarize_modern()  # H100 / B200 / GB200: in-sample and leave-one-source-out
+        written.append(write_modern_report(out, summary))
+        bar.step("InferenceX serving: in-sample, leave-one-source-out, leave-one-GPU-out")
+        written.append(write_inferencex_report(out))
+        bar.step()
+    for path in written:
+        console().print(f"wrote {path}", soft_wrap=True)
+    loso = abs(summary.loso_s / summary.measured_s - 1.0)
+    console().print(f"validate: {len(written)} reports in {out}; modern training: {len(summary.cases)} runs, "
+                    f"leave-one-source-out median |error| {float(np.nanmedian(loso)):.1%} "
+                    f"({int(np.isfinite(loso).sum())} runs with a fit)", soft_wrap=True)
     for path in validation_modern.write_catalog(summary) if write_catalog else []:
         console().print(f"wrote {path}")
 

@@ -58,20 +58,27 @@ def fleet_cmd(
                         params=solver_params)
     cache_dir = None if no_cache else (cache or default_cache_dir())
     t0 = time.perf_counter()
+    from madmax_opt.report.progress import progress_bar
+
     err = Console(stderr=True)
-    with err.status("searching plans") as status:
-        tables = option_tables(loaded, cache_dir, progress=lambda what: status.update(f"searching plans: {what}"),
-                               workers=search_workers)
+    with progress_bar("fleet: plan searches (job on size x system)", None) as bar:  # cached ones are not counted
+        tables = option_tables(loaded, cache_dir, progress=bar.step, workers=search_workers)
     run = FleetRun(loaded, tables, opts, option_wall_s=time.perf_counter() - t0)
-    result = solve_fleet(run, what_if=what_if)
+    with progress_bar("fleet: allocating (CP-SAT)" + (" and what-if re-solves" if what_if else ""), 1) as bar:
+        result = solve_fleet(run, what_if=what_if)
+        bar.step()
     if out is not None:
         command = "madmax-opt fleet " + shlex.join([str(fleet), "--out", str(out)])
         path = fleet_report.write_report(result, out, str(fleet), command, loaded.spec.horizon_h)
-        err.print(f"wrote {path}")
+        err.print(f"wrote {path}", soft_wrap=True)
     if plot is not None:
         fleet_report.gantt_png(result, plot, loaded.spec.horizon_h)
+        err.print(f"wrote {plot}", soft_wrap=True)
     if csv_out is not None:
         fleet_report.write_csv(result, csv_out)
+        err.print(f"wrote {csv_out}", soft_wrap=True)
+    if out is not None or plot is not None or csv_out is not None:
+        err.print(f"fleet: {fleet_report.headline(result)}", soft_wrap=True)
     if json_out:
         print(json.dumps(result.model_dump(mode="json"), indent=2))
     elif out is None:

@@ -34,13 +34,16 @@ def _outcome(j: JobResult, horizon: str) -> str:
 
 def allocation_table(result: FleetResult, title: str, jobs: list[JobResult] | None = None) -> Table:
     t = Table(title=title, header_style="bold")
+    rows = jobs if jobs is not None else result.jobs
     for col in ("job", "system", "GPUs", "plan", "tokens/s", "finish / latency", "deadline h", "met", "cost $"):
         t.add_column(col, justify="left" if col in ("job", "system", "plan") else "right")
+    t.columns[0].no_wrap, t.columns[0].min_width = True, max([len(j.job) for j in rows] + [3])  # names stay whole
+    t.columns[3].overflow = "fold"  # a plan wraps rather than losing its precision
     notes = []
-    for j in jobs if jobs is not None else result.jobs:
+    for j in rows:
         slo = _outcome(j, "horizon")
         if j.ttft_s is not None and j.tpot_s is not None:
-            slo = f"{j.ttft_s * 1e3:,.0f} / {j.tpot_s * 1e3:,.1f} ms"
+            slo = f"TTFT {j.ttft_s * 1e3:,.0f} ms, TPOT {j.tpot_s * 1e3:,.1f} ms"  # each number with its unit
         met = "-" if not j.placed else ("yes" if j.meets_targets else "no")
         if not j.placed:
             notes.append(f"{j.job}: {j.note}")

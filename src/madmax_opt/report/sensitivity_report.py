@@ -62,12 +62,21 @@ def sensitivity_cmd(
     names = [p.strip() for p in (params or ",".join(HARDWARE_PARAMETERS)).split(",") if p.strip()]
     if not names:
         raise ProblemError(f"empty list; allowed: {', '.join(PARAMETERS)}", field="--params")
-    study = run_sensitivity(load_problem(problem), names, _floats(factors, "--factors"), time_limit_s=time_limit,
-                            workers=workers, jobs=jobs)
+    from madmax_opt.report.progress import progress_bar
+
+    values = _floats(factors, "--factors")
+    with progress_bar("sensitivity: solving", 1 + len(names) * len(values)) as bar:
+        bar.show("base problem")
+        study = run_sensitivity(load_problem(problem), names, values, time_limit_s=time_limit, workers=workers,
+                                jobs=jobs, on_variant=lambda v: bar.step(f"{v.param} x{v.factor:g} done"))
     paths = write_study(study, out, f"{problem.stem}-sensitivity")
     if json_out:
         print(json.dumps(to_json(study), indent=2))
         return
     console = Console()
     print_study(study, console)
-    console.print("wrote " + ", ".join(map(str, paths)))
+    console.print("wrote " + ", ".join(map(str, paths)), soft_wrap=True)
+    ok = sum(v.status == "ok" for v in study.variants)
+    console.print(f"sensitivity: {len(study.variants)} variants ({ok} solved or unchanged, "
+                  f"{len(study.variants) - ok} infeasible or not applicable), {study.solves} solves in "
+                  f"{study.wall_s:.1f} s", soft_wrap=True)

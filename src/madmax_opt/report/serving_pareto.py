@@ -153,3 +153,12 @@ def pareto_cmd(
 
     md, png = write_pareto(load_problem(problem), out or PARETO_DIR / problem.stem)
     console.print(f"wrote {md} and {png}", soft_wrap=True)  # paths unbroken at any width
+    console.print(f"pareto: {_front_summary(md)}", soft_wrap=True)
+
+
+def _front_summary(md: Path) -> str:
+    """One line on what the written table holds: its rows and how many meet the targets (last column)."""
+    rows = [line for line in md.read_text().splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+    body = rows[1:]  # the first is the header
+    met = sum(line.rstrip(" |").rsplit("|", 1)[-1].strip() in ("yes", "met") for line in body)
+    return f"{len(body)} plans in the table, {met} meeting the targets"

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -139,11 +139,13 @@ def run_sensitivity(
     workers: int = 1,
     jobs: int = 1,
     share_plans: bool = True,
+    on_variant: Callable[[Variant], None] | None = None,
 ) -> Study:
     """Solve ``problem`` and one variant per (parameter, factor) (factor 1.0 is the base itself).
 
     ``jobs`` > 1 solves the variants in that many processes (each CP-SAT with ``workers`` workers; the results do
-    not depend on it). ``share_plans=False`` enumerates every variant afresh (to measure what the sharing saves)."""
+    not depend on it). ``share_plans=False`` enumerates every variant afresh (to measure what the sharing saves).
+    ``on_variant`` is called with the base and then each variant as it is done (the CLI's progress bar)."""
     t0 = time.perf_counter()
     for name in params:
         if name not in PARAMETERS:
@@ -153,14 +155,21 @@ def run_sensitivity(
             raise ProblemError(f"factor {f:g} is not possible; allowed: numbers > 0", field="--factors")
     plans = shared_plans(problem) if share_plans and not is_serving(problem) else None
     kwargs: dict[str, Any] = {"time_limit_s": time_limit_s, "workers": workers}
+    done = on_variant or (lambda v: None)
     base = _solve_variant(problem, "base", 1.0, plans, kwargs, base_record=None)
+    done(base)
     grid = [(name, f) for name in params for f in factors]
+    variants: list[Variant] = []
     if jobs > 1 and len(grid) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = [pool.submit(_solve_variant, problem, n, f, plans, kwargs, base.record) for n, f in grid]
-            variants = [fut.result() for fut in futures]
+            for fut in futures:
+                variants.append(fut.result())
+                done(variants[-1])
     else:
-        variants = [_solve_variant(problem, n, f, plans, kwargs, base_record=base.record) for n, f in grid]
+        for n, f in grid:
+            variants.append(_solve_variant(problem, n, f, plans, kwargs, base_record=base.record))
+            done(variants[-1])
     solves = 1 + sum(v.status != "not_applicable" and v.solved for v in variants)
     return Study(problem, list(params), list(factors), base, variants, time.perf_counter() - t0, solves)
 
