@@ -98,10 +98,17 @@ def _vllm_checks() -> dict[str, Check]:
         return local(c) < c.num("--data-parallel-size") and c.flags.get("--data-parallel-backend") != "ray"
 
     def devices(e: Emitted, cmds: list[Started]) -> bool:
+        """Each node's ranks find local x world visible devices (all of the node's without CUDA_VISIBLE_DEVICES),
+        and no device is used by two servers."""
         mp = [c for c in serves(cmds) if c.flags.get("--distributed-executor-backend") != "ray"]
-        world = [(c, c.num("--tensor-parallel-size") * c.num("--pipeline-parallel-size")) for c in mp]
-        return all(len(c.devices) == local(c) * w and max(c.devices) < e.gpus_per_node for c, w in world) and \
-            _disjoint([(c.node, c.devices) for c in mp])
+        used = []
+        for c in mp:
+            visible = c.devices or list(range(e.gpus_per_node))
+            need = local(c) * c.num("--tensor-parallel-size") * c.num("--pipeline-parallel-size")
+            if need > len(visible) or max(visible) >= e.gpus_per_node:
+                return False
+            used.append((c.node, visible[:need]))
+        return _disjoint(used)
 
     return {
         "vllm.dp-local": lambda e, cmds: all(local(c) <= c.num("--data-parallel-size") for c in serves(cmds)),
