@@ -27,14 +27,19 @@ def calibrate_command(
     """Fit the calibration of each (GPU, framework) in RUNS; print before / after / leave-one-out errors per run."""
     from rich.table import Table
 
+    from madmax_opt.core.errors import ProblemError
     from madmax_opt.studies.calibrate import calibrate, overlay_yaml
 
+    if out.resolve() == runs.resolve() or (out.exists() and runs.exists() and out.samefile(runs)):
+        raise ProblemError(f"{out} is the runs file; allowed: another file (the overlay would overwrite the "
+                           "measurements)", field="--out")
     names = [p.strip() for p in params.split(",") if p.strip()] if params else None
     results = calibrate(runs, names)
     out.write_text(overlay_yaml(results, runs))
     if json_out:
         print(json.dumps({"overlay": str(out), "calibrations": [
             {**r.entry().model_dump(mode="json", exclude_none=True), "left_at_prior": r.fit.left_out,
+             "notes": list(r.notes),
              "runs": [{"name": run.name, "measured_s": run.measured_s, "before_err": float(b), "after_err": float(a),
                        "loo_err": None if lo != lo else float(lo)}
                       for run, b, a, lo in zip(r.runs, r.before_err, r.fit.error, r.loo_err, strict=True)]}
@@ -53,4 +58,6 @@ def calibrate_command(
         con.print(f"fitted: {fitted}")
         for name, why in r.fit.left_out.items():
             con.print(f"left at the prior: {name}: {why}")
+        for note in r.notes:
+            con.print(f"note: {note}", markup=False)
     con.print(f"wrote {out}")

@@ -51,6 +51,8 @@ OVERHEAD_SCALE_S = 1e-3
 
 Bases = Mapping[str, Calibration]  # GPU name -> the calibration a fit starts from and shrinks toward
 Factors = dict[str, float]  # parameter -> factor on the base (layer_overhead_s: increment in seconds)
+# step times of (runs, factor sets) on bases: predict_scaled, or a memo of it (calibrate's leave-one-out fits)
+Predict = Callable[[Sequence["Run"], Sequence[Mapping[str, float]], Bases], Arr]
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ def factor_penalty(factors: Mapping[str, float]) -> float:
                               for n, f in factors.items())
 
 
-def sensitivities(runs: Sequence[Run], bases: Bases | None = None) -> Arr:
+def sensitivities(runs: Sequence[Run], bases: Bases | None = None, predict: Predict | None = None) -> Arr:
     """d ln(step time) / d ln(parameter) of every run at its base (default: prior), central differences of +-5 %."""
     bases = priors(runs) if bases is None else bases
     sets: list[Factors] = []
@@ -149,20 +151,20 @@ def sensitivities(runs: Sequence[Run], bases: Bases | None = None) -> Arr:
                      {"fp8_gemm_eff": 1.0, name: OVERHEAD_SCALE_S / 1.05}]
         else:  # fp8_gemm_eff pinned (factor 1), so that gemm_eff's column measures the bf16 GEMMs alone
             sets += [{"fp8_gemm_eff": 1.0, name: 1.05}, {"fp8_gemm_eff": 1.0, name: 1.0 / 1.05}]
-    t = np.log(predict_scaled(runs, sets, bases))
+    t = np.log((predict or predict_scaled)(runs, sets, bases))
     hi, lo = t[:, 0::2], t[:, 1::2]
     return np.asarray((hi - lo) / (2.0 * np.log(1.05)))
 
 
 def determined(runs: Sequence[Run], candidates: Sequence[str] = FIT_PARAMS,
-               bases: Bases | None = None) -> tuple[list[str], dict[str, str]]:
+               bases: Bases | None = None, predict: Predict | None = None) -> tuple[list[str], dict[str, str]]:
     """The parameters the runs determine (priority order), and why each other one is left at the base.
 
     A parameter is determined when >= MIN_DEPENDENT_RUNS runs' ln(step time) move by >= MIN_SENSITIVITY per unit
     ln(parameter), it is not collinear with the parameters already chosen (smallest / largest singular value of the
     column-normalised sensitivity matrix >= MIN_SINGULAR_RATIO), and the runs outnumber the parameters chosen so far.
     """
-    jac = sensitivities(runs, bases)
+    jac = sensitivities(runs, bases, predict)
     chosen: list[int] = []
     left: dict[str, str] = {}
     for name in candidates:
@@ -195,15 +197,17 @@ def _grid(name: str, bases: Bases) -> tuple[float, ...]:
     return tuple(v / ref for v in FIT_GRID[name])
 
 
-def fit(runs: Sequence[Run], candidates: Sequence[str] = FIT_PARAMS, bases: Bases | None = None) -> Fit:
+def fit(runs: Sequence[Run], candidates: Sequence[str] = FIT_PARAMS, bases: Bases | None = None,
+        predict: Predict | None = None) -> Fit:
     """Coordinate descent over the grids of the determined parameters, from the bases (default: the GPU priors);
-    objective mean |ln(predicted / measured)| + factor_penalty."""
+    objective mean |ln(predicted / measured)| + factor_penalty. ``predict`` replaces predict_scaled (same values)."""
     bases = dict(priors(runs) if bases is None else {r.gpu: bases[r.gpu] for r in runs})
     measured = np.array([r.measured_s for r in runs])
-    names, left = determined(runs, candidates, bases)
+    predict = predict or predict_scaled
+    names, left = determined(runs, candidates, bases, predict)
 
     def loss(sets: Sequence[Factors]) -> Arr:
-        misfit = np.mean(np.abs(np.log(predict_scaled(runs, sets, bases) / measured[:, None])), axis=0)
+        misfit = np.mean(np.abs(np.log(predict(runs, sets, bases) / measured[:, None])), axis=0)
         return np.asarray(misfit + np.array([factor_penalty(s) for s in sets]))
 
     factors: Factors = {n: 0.0 if n == OVERHEAD else 1.0 for n in names}
@@ -218,5 +222,5 @@ def fit(runs: Sequence[Run], candidates: Sequence[str] = FIT_PARAMS, bases: Base
                 best, factors, moved = float(trial[k]), sets[k], True
         if not moved:
             break
-    pred = predict_scaled(runs, [factors], bases)[:, 0]
+    pred = predict(runs, [factors], bases)[:, 0]
     return Fit(factors, bases, left, pred, pred / measured - 1.0)
