@@ -44,3 +44,35 @@ def test_pareto_says_what_it_wrote_and_what_the_table_holds(tmp_path: Path) -> N
     met = [line for line in table if line.rstrip().endswith("| yes |")]
     assert f"pareto: {len(table)} plans in the table, {len(met)} meeting the targets" in r.stdout
     assert 0 < len(met) <= len(table)
+
+
+# ------------------------------------------------------------------------------------------------- --help
+
+
+def _commands() -> list[str]:
+    from madmax_opt.cli.app import app, command_name
+
+    return [command_name(info) for info in app.registered_commands]
+
+
+def test_help_groups_development_commands_apart_and_every_name_exists() -> None:
+    from madmax_opt.cli.app import DEVELOPMENT_COMMANDS, DEVELOPMENT_PANEL
+
+    names = _commands()
+    assert set(DEVELOPMENT_COMMANDS) <= set(names)  # a renamed command would silently rejoin the user's list
+    text = run_main("--help").stdout
+    head, dev = text.split(DEVELOPMENT_PANEL)
+    for name in names:
+        shown_in = dev if name in DEVELOPMENT_COMMANDS else head
+        assert re.search(rf"│ {re.escape(name)}\s", shown_in), name
+    for name in ("solve", "evaluate", "calibrate", "validate", "sweep", "fleet"):
+        assert not re.search(rf"│ {re.escape(name)}\s", dev), name
+
+
+def test_no_flag_shows_a_bool_type_in_help() -> None:
+    for name in ["", "solve", "evaluate", "validate", "fleet", "sweep", "sensitivity", "emit", "bench-startup"]:
+        assert not name or name in _commands()
+        r = run_main(*([name] if name else []), "--help")
+        assert r.returncode == 0, name
+        assert "<bool>" not in r.stdout, name
+    assert "<int range>" in run_main("solve", "--help").stdout  # options with values keep their type

@@ -28,3 +28,38 @@ def console() -> Console:
     from rich.console import Console
 
     return Console()
+
+
+# ------------------------------------------------------------------------------------------------- help
+
+
+def _flag_without_type(self: typer.core.TyperOption, ctx: typer.Context) -> str | None:
+    """--help shows no '<bool>' beside a flag (it takes no value); every other option keeps its type."""
+    if self.is_flag and not self.count:
+        return None
+    return _typed(self, ctx)
+
+
+_typed = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = _flag_without_type  # type: ignore[method-assign, assignment]
+
+# commands for developers of madmax-opt (benchmarks, paper reproductions, refits of the shipped calibration):
+# listed in their own --help panel, apart from the user's commands
+DEVELOPMENT_COMMANDS = (
+    "paper", "bench-solver", "bench-fleet", "bench-evaluator", "bench-sensitivity", "bench-trace", "bench-startup",
+    "trace-check", "validate-inference", "validate-online", "fit-serving",
+)
+DEVELOPMENT_PANEL = "Benchmarks and development"
+
+
+def command_name(info: typer.models.CommandInfo) -> str:
+    """The name a registered command is called by (typer's rule: the function's name with '-' for '_')."""
+    assert info.callback is not None
+    return info.name or info.callback.__name__.lower().replace("_", "-")
+
+
+def group_commands() -> None:
+    """Put the development commands in their own --help panel (called once every command is registered)."""
+    for info in app.registered_commands:
+        if command_name(info) in DEVELOPMENT_COMMANDS:
+            info.rich_help_panel = DEVELOPMENT_PANEL

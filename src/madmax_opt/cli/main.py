@@ -21,8 +21,10 @@ from madmax_opt.cli import (  # noqa: F401  (each module registers its commands 
     sweep,
     timeline,
 )
-from madmax_opt.cli.app import app
+from madmax_opt.cli.app import app, group_commands
 from madmax_opt.core.errors import MadmaxError
+
+group_commands()  # bench and development commands apart from the user's in --help
 
 
 def _version(value: bool) -> None:
