@@ -155,6 +155,11 @@ def megatron_refusals(ctx: Context, fmt: str, task: Task) -> None:
         raise startup_refusal(fmt, f"cp={p.cp} with seq_len {task.seq_len}", "megatron.cp-seq-length", field="cp")
     if p.ep > 1 and m.moe is None:
         raise startup_refusal(fmt, f"ep={p.ep} on a dense model", "megatron.ep-needs-experts", field="ep")
+    if m.moe is not None and m.moe.num_experts % p.ep:
+        raise startup_refusal(fmt, f"ep={p.ep} with {m.moe.num_experts} experts", f"{rules}.experts-ep", field="ep")
+    if p.gpus % (p.tp * p.ep * p.pp):
+        raise startup_refusal(fmt, f"tp={p.tp} ep={p.ep} pp={p.pp} on {p.gpus} GPUs", f"{rules}.expert-grid",
+                              field="ep")
     if p.vpp > 1 and p.pp == 1:
         raise startup_refusal(fmt, f"vpp={p.vpp} with pp=1", "megatron.interleaved-pp", field="vpp")
     check_positions(fmt, m, ("llama3",))  # --use-rope-scaling / rope_scaling: the Llama-3.1 scaling

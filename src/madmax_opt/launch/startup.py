@@ -198,6 +198,9 @@ def _megatron_checks() -> dict[str, Check]:
         "megatron.query-groups-tp": lambda x: _groups_ok(x.num("--num-query-groups", x.num("--num-attention-heads")),
                                                          x.num(tp)),
         "megatron.ep-needs-experts": lambda x: x.num("--expert-model-parallel-size") == 1 or "--num-experts" in x.values,
+        "megatron.experts-ep": lambda x: x.num("--num-experts") % x.num("--expert-model-parallel-size") == 0,
+        "megatron.expert-grid": lambda x: x.world % (x.num(tp) * x.num("--expert-model-parallel-size") * x.num(pp))
+        == 0,
         "megatron.global-batch": lambda x: x.num("--global-batch-size") % (
             x.num("--micro-batch-size") * _mg_dp(x, tp, pp, cp)) == 0,
     }
@@ -254,6 +257,9 @@ def _nemo_checks(recipe: Callable[[Launched], str]) -> dict[str, Check]:
         "nemo.recipe-comm-overlap": comm_overlap,
         "nemo.heads-tp": lambda x: num(x, "num_attention_heads") % num(x, "tensor_model_parallel_size") == 0,
         "nemo.query-groups-tp": lambda x: _groups_ok(num(x, "num_query_groups"), num(x, "tensor_model_parallel_size")),
+        "nemo.experts-ep": lambda x: num(x, "num_moe_experts", 0) % num(x, "expert_model_parallel_size") == 0,
+        "nemo.expert-grid": lambda x: x.world % (num(x, "tensor_model_parallel_size") * num(
+            x, "expert_model_parallel_size") * num(x, "pipeline_model_parallel_size")) == 0,
         "nemo.global-batch": lambda x: x.num("train.global_batch_size") % (x.num("train.micro_batch_size") * dp(x))
         == 0,
     }
@@ -304,6 +310,8 @@ def _deepspeed_checks() -> dict[str, Check]:
         "deepspeed.pipe-zero": lambda x: pp(x) == 1 or x.num("json:zero_optimization.stage", 0) < 2,
         "deepspeed.moe-zero3": lambda x: "--num-experts" not in x.values or x.num("json:zero_optimization.stage", 0)
         < 3,
+        "deepspeed.experts-ep": lambda x: "--num-experts" not in x.values or x.num("--num-experts") % x.num(
+            "--moe-expert-parallel-size") == 0,
         "deepspeed.batch": lambda x: x.num("json:train_batch_size") == x.num("json:train_micro_batch_size_per_gpu")
         * x.num("json:gradient_accumulation_steps") * x.world // (x.num("--tensor-model-parallel-size") * pp(x)),
         "deepspeed.query-groups": lambda x: x.num("--num-attention-heads") % x.num(
