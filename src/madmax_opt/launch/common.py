@@ -157,8 +157,8 @@ PLAN_FIELDS = frozenset(Plan.model_fields) | {"max_num_seqs", "prefill_replicas"
 
 
 def is_problem_field(field: str | None) -> bool:
-    """Whether a refusal's field is the problem's (``task...``, ``model...``) rather than the plan's."""
-    return field is not None and field.split(".", 1)[0] in ("task", "model")
+    """Whether a refusal's field is the problem's (``task...``, ``model...``, ``stack...``) rather than the plan's."""
+    return field is not None and field.split(".", 1)[0] in ("task", "model", "stack")
 
 
 def node_layout(fmt: str, gpus: int, gpus_per_node: int) -> tuple[int, int]:
