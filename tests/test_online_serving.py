@@ -143,3 +143,72 @@ def test_evaluate_reports_percentiles_at_the_arrival_rate() -> None:
     lat = latency(st, np.array([4.0]))
     assert rec["at_arrival_rate"]["ttft_p99_s"] == pytest.approx(float(lat.ttft_s[0, 2]))
     assert rec["feasible"] == (rec["max_rate"] >= 4.0) == (float(lat.ttft_s[0, 2]) <= 0.3)
+
+
+def _bisected_max_rate(st: Any, targets: dict[str, float], steps: int = 30) -> Any:
+    """The reference: plain bisection on the percentiles themselves (latency(), each quantile bisected to float
+    resolution by the caller's monkeypatch)."""
+    lam_max = st.max_rate_per_replica() * (1.0 - 1e-6)
+    lo, hi = np.zeros_like(lam_max), lam_max.copy()
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        lat = latency(st, mid, only=targets)
+        ok = lat.stable.copy()
+        for name, limit in targets.items():
+            ok &= lat.metric(name) <= limit
+        lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
+    return lo * st.replicas
+
+
+def test_vectorised_rate_search_equals_bisection_on_the_percentiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    from madmax_opt.model import queueing
+
+    model = serving_model(8)
+    plans = [ServingPlan(tp=8, max_num_seqs=256), ServingPlan(tp=4, dp=2, max_num_seqs=64),
+             ServingPlan(tp=4, pp=2, max_num_seqs=1024), ServingPlan(tp=2, dp=4, max_num_seqs=16)]
+    st = table_of(model, plans)
+    for targets in ({"ttft_p99_s": 0.3, "tpot_p90_s": 0.04}, {"ttft_p50_s": 0.2}, {"tpot_s": 0.03, "ttft_s": 0.5}):
+        got = max_rate(st, targets)
+        with monkeypatch.context() as m:
+            m.setattr(queueing, "_BISECT", 60)  # quantiles to float resolution: the criterion q_p <= L exactly
+            want = _bisected_max_rate(st, targets)
+        # the same 30 halvings of the stability limit (2^-30 = 9e-10 of it)
+        assert np.allclose(got, want, rtol=1e-6, atol=0.0), (targets, got, want)
+
+
+def test_edge_rates_and_single_token_outputs_give_no_numpy_warnings() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tiny = solve_online(serving_model([8, 16], arrival_rate=1e-300).problem)
+        single = solve_online(serving_model(8, output_len=1, arrival_rate=5.0, ttft_p99_s=0.5).problem)
+        big = online_candidates(serving_model(1024, arrival_rate=1.0, ttft_p99_s=1e-6))  # nothing carries it
+    assert tiny["best"]["max_rate"] > 0 and tiny["best"]["at_arrival_rate"]["utilisation"] < 1e-290
+    at = single["best"]["at_arrival_rate"]
+    assert at["tpot_p90_s"] == 0.0 and at["ttft_p99_s"] <= 0.5  # one output token: no time between tokens
+    assert np.all(big.max_rate == 0.0) and np.all(big.gpu_us_per_request == 2**50)
+
+
+def test_tpot_target_with_single_token_outputs_and_cpsat_options_are_refused_by_name() -> None:
+    from madmax_opt.search.cpsat import CpSatOptions
+
+    with pytest.raises(ProblemError, match=r"tpot_p90_s.*output_len 1"):
+        solve_online(serving_model(8, output_len=1, arrival_rate=5.0, tpot_p90_s=0.05).problem)
+    p = serving_model(8, arrival_rate=5.0).problem
+    for opts, name in ((CpSatOptions(params="num_workers: -5"), "--solver-params"),
+                       (CpSatOptions(export_model=__import__("pathlib").Path("m.txt")), "--export-model"),
+                       (CpSatOptions(workers=2), "--workers")):
+        with pytest.raises(ProblemError, match=name):
+            solve_online(p, cpsat=opts)
+
+
+def test_verify_checks_the_online_search_against_every_candidate() -> None:
+    from madmax_opt.search.verify import verify_problem
+
+    p = problem_from_dict({"model": "llama3-70b", "hardware": {"system": "dgx-h100", "gpus": [8, 16]},
+                           "task": {**TASK, "arrival_rate": 5.0, "ttft_p99_s": 0.4, "tpot_p90_s": 0.05},
+                           "space": {"tp": [4, 8], "pp": [1, 2]}})
+    report = verify_problem(p)
+    assert report["agree"] and report["solver_objective"] == report["brute_force_objective"]
+    assert report["solver_plan"] == solve_online(p)["best"]["plan"]

@@ -66,3 +66,24 @@ def test_tpot_never_exceeds_the_iteration_bound_and_the_simulation_stays_below_i
     sim = simulate_replica(st, rate, 6_000, 1)
     assert float(np.max(sim.tpot_s)) <= bound * (1 + 1e-9)
     assert float(latency(st, np.array([rate])).tpot_s[0, -1]) <= bound * (1 + 1e-6)
+
+
+def _erlang_c_exact(c: int, a: float) -> float:
+    """Erlang C in exact rational arithmetic (a given as a decimal): B = (a^c / c!) / sum_{k<=c} a^k / k!."""
+    from fractions import Fraction
+
+    fa = Fraction(a).limit_denominator(10**6)
+    term, total = Fraction(1), Fraction(1)
+    for k in range(1, c + 1):
+        term = term * fa / k
+        total += term
+    b = term / total
+    return float(b / (1 - fa / c * (1 - b)))
+
+
+def test_erlang_c_at_hundreds_of_slots_matches_exact_arithmetic() -> None:
+    # large caps (max_num_seqs 256 / 1024) near and below saturation: the log-space sum over the terms that matter
+    cases = [(256, 240.0), (256, 250.5), (1024, 1000.0), (1024, 990.25), (300, 299.9)]
+    got = erlang_c(np.array([float(c) for c, _ in cases]), np.array([a for _, a in cases]))
+    for (c, a), g in zip(cases, got, strict=True):
+        assert abs(g - _erlang_c_exact(c, a)) < 1e-12 * max(1.0, _erlang_c_exact(c, a)), (c, a)

@@ -18,13 +18,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from madmax_opt.core.errors import InfeasibleError
+from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.core.units import US
 from madmax_opt.model.inference import INVALID_REASONS, PRECISIONS, ServingArrays
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.queueing import OnlineLatency, ServiceTable, latency, max_rate, service_table
+from madmax_opt.model.spec import InferenceTask
 from madmax_opt.search.assemble import admissible_mask, cluster_limits
+from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.serving_space import ServingModel, enumerate_serving
 
 
@@ -38,9 +40,41 @@ class OnlineCandidates:
 
     @property
     def gpu_us_per_request(self) -> IntArr:
-        gpus = self.plans.gpus.astype(np.float64)
-        x = np.where(self.max_rate > 0, gpus / np.maximum(self.max_rate, 1e-300) * US, 2.0**50)
-        return np.minimum(np.rint(x), 2.0**50).astype(np.int64)
+        return gpu_us_per_request(self.plans.gpus, self.max_rate)
+
+
+OBJECTIVE_LIMIT = 2.0**50  # GPU-us per request of a plan that carries (next to) nothing
+
+
+def gpu_us_per_request(gpus: IntArr, rate: Arr) -> IntArr:
+    """The objective rint(gpus / rate x 1e6), saturated at OBJECTIVE_LIMIT (a rate of 0 or one so small that the
+    quotient would reach it is never divided: no overflow)."""
+    us = gpus.astype(np.float64) * US
+    out = np.full(len(us), OBJECTIVE_LIMIT)
+    np.divide(us, rate, out=out, where=rate > us / OBJECTIVE_LIMIT)
+    return np.minimum(np.rint(out), OBJECTIVE_LIMIT).astype(np.int64)
+
+
+def check_options(problem: Problem, cpsat: CpSatOptions | None, workers: int = 1) -> None:
+    """Refuse, by name, what does not apply to the online search (exhaustive with exact pruning, no CP-SAT model),
+    and a TPOT target when every request has one output token (there is no time between output tokens)."""
+    file = problem.source
+    given = [name for name, set_ in (("--solver-params", cpsat is not None and cpsat.params is not None),
+                                     ("--export-model", cpsat is not None and cpsat.export_model is not None),
+                                     ("--workers", workers != 1 or (cpsat is not None and cpsat.workers != 1)))
+             if set_]
+    if given:
+        raise ProblemError(f"does not apply to online serving (task.arrival_rate): its search is exhaustive with "
+                           f"exact pruning and builds no CP-SAT model; allowed: leave {', '.join(given)} out",
+                           file=file, field=given[0])
+    task = problem.task
+    if not isinstance(task, InferenceTask):
+        return
+    outputs = [task.output_len] if task.output_len is not None else [r.output_len for r in (task.mix or [])]
+    tpot = [k for k in task.latency_targets() if k.startswith("tpot")]
+    if tpot and outputs and max(outputs) <= 1:
+        raise ProblemError("every request has output_len 1: there is no time per output token; allowed: "
+                           "output_len >= 2, or no TPOT target", file=file, field=f"task.{tpot[0]}")
 
 
 def online_plans(model: ServingModel) -> ServingArrays:
@@ -95,13 +129,16 @@ def record(model: ServingModel, oc: OnlineCandidates, i: int) -> dict[str, Any]:
 CHUNK = 64  # candidates whose max rate is computed together
 
 
-def solve_online(problem: Problem, top_k: int = 1, model: ServingModel | None = None) -> dict[str, Any]:
+def solve_online(problem: Problem, top_k: int = 1, model: ServingModel | None = None,
+                 cpsat: CpSatOptions | None = None, workers: int = 1) -> dict[str, Any]:
     """The JSON object of ``solve`` for an arrival-rate problem: best plans by arrival rate per GPU.
 
     Exact pruning: a plan's max rate is at most its stability limit, so its objective is at least
     rint(gpus / limit); candidates are evaluated in order of that bound, in chunks, until the next bound exceeds the
-    k-th best objective found (ties are kept: they could win on enumeration order)."""
+    k-th best objective found (ties are kept: they could win on enumeration order). ``cpsat`` and ``workers`` are
+    the CLI's CP-SAT options: refused when set (``check_options``)."""
     t0 = time.perf_counter()
+    check_options(problem, cpsat, workers)
     model = model or ServingModel(problem)
     task = model.task
     assert task.arrival_rate is not None
@@ -123,8 +160,7 @@ def solve_online(problem: Problem, top_k: int = 1, model: ServingModel | None = 
         part = service_table(model.terms, plans.take(idx), model.workload)
         rate[idx] = max_rate(part, task.latency_targets())
         evaluated += len(idx)
-        gpus = plans.gpus[idx].astype(np.float64)
-        obj = np.minimum(np.rint(gpus / np.maximum(rate[idx], 1e-300) * US), 2.0**50).astype(np.int64)
+        obj = gpu_us_per_request(plans.gpus[idx], rate[idx])
         found += [(int(o), int(i)) for o, i, r in zip(obj, idx, rate[idx], strict=True) if r >= task.arrival_rate]
     if not found:
         raise InfeasibleError(_explain(model, OnlineCandidates(plans, table, valid, rate, bound.at_rate)))
@@ -154,6 +190,7 @@ def evaluate_online(problem: Problem, plans: list[Any]) -> list[dict[str, Any]]:
     else the KV-cache limit and the framework default)."""
     from madmax_opt.search.serving_space import as_serving_plan
 
+    check_options(problem, None)
     model = ServingModel(problem)
     task = model.task
     assert task.arrival_rate is not None
@@ -176,6 +213,40 @@ def evaluate_online(problem: Problem, plans: list[Any]) -> list[dict[str, Any]]:
                       f"{task.arrival_rate:g}")
         out.append({**rec, "feasible": reason is None, "infeasible_reason": reason})
     return out
+
+
+def verify_online(problem: Problem, cpsat: CpSatOptions | None = None) -> dict[str, Any]:
+    """``verify`` on an arrival-rate problem: the max rate of every candidate (no pruning), the best by the same
+    objective and enumeration order, against ``solve_online``'s pruned search."""
+    check_options(problem, cpsat)
+    model = ServingModel(problem)
+    t0 = time.perf_counter()
+    oc = online_candidates(model)
+    ok = admissible(model, oc)
+    obj = oc.gpu_us_per_request
+    order = np.flatnonzero(ok)[np.lexsort((np.flatnonzero(ok), obj[ok]))]
+    brute_s = time.perf_counter() - t0
+    try:
+        solved = solve_online(problem, model=model)
+    except InfeasibleError as exc:
+        return {"agree": len(order) == 0, "solver": f"infeasible: {exc}", "brute_force": len(order),
+                "space": len(oc.plans)}
+    best = int(order[0]) if len(order) else None
+    bf_obj = int(obj[best]) if best is not None else None
+    sv_obj = int(solved["solver"]["objective"])
+    return {
+        "agree": bf_obj is not None and sv_obj <= bf_obj,
+        "scope": "every online-serving candidate (tp, pp, dp, precision, GPU type and count, max_num_seqs)",
+        "objective": "GPU-us per request at the max rate within the targets",
+        "space": len(oc.plans),
+        "admissible": len(order),
+        "solver_objective": sv_obj,
+        "brute_force_objective": bf_obj,
+        "solver_plan": solved["best"]["plan"],
+        "brute_force_plan": record(model, oc, best)["plan"] if best is not None else None,
+        "solver_wall_s": solved["solver"]["wall_s"],
+        "brute_force_wall_s": brute_s,
+    }
 
 
 def _no_latency(n: int) -> OnlineLatency:

@@ -27,7 +27,7 @@ def solve_result(
     if problem.task.kind == "inference" and getattr(problem.task, "arrival_rate", None) is not None:
         from madmax_opt.search.online import solve_online  # online serving: Poisson arrivals, percentiles
 
-        return solve_online(problem, top_k)
+        return solve_online(problem, top_k, cpsat=cpsat, workers=workers)
     if problem.task.kind == "inference":  # serving plans
         result = serving.solve_result(problem, top_k, time_limit, workers, cpsat=cpsat)
         if _systems(problem) > 1:

@@ -19,6 +19,10 @@ from madmax_opt.search.cpsat import options as cpsat_options
 def verify_problem(problem: Problem, time_limit_s: float = 60.0, cpsat: CpSatOptions | None = None) -> dict[str, Any]:
     """Solver optimum vs brute-force optimum on the same rounded integer objective."""
     opts = cpsat_options(cpsat, time_limit_s=time_limit_s)
+    if problem.task.kind == "inference" and getattr(problem.task, "arrival_rate", None) is not None:
+        from madmax_opt.search.online import verify_online  # the online search, not the steady-state one
+
+        return verify_online(problem, cpsat)
     if problem.task.kind == "inference":
         return _verify_serving(problem, opts)
     from madmax_opt.analysis.evaluator import Model
