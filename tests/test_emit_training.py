@@ -80,7 +80,7 @@ def priced(problem: Problem, fmt: str) -> LaunchedModel:
     moe = m.moe
     assert task.seq_len is not None
     return LaunchedModel(
-        layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.n_kv_heads, ffn=m.ffn, ffn_kind=m.ffn_kind,
+        layers=m.layers, hidden=m.hidden, heads=m.heads, head_dim=m.hidden // m.heads, kv_heads=m.n_kv_heads, ffn=m.ffn, ffn_kind=m.ffn_kind,
         vocab=m.vocab, norm=m.norm, bias=m.bias, tied_embeddings=m.tied_embeddings,
         num_experts=moe.num_experts if moe else None, top_k=moe.top_k if moe else None,
         expert_ffn=moe.expert_ffn if moe else None, shared_experts=moe.shared_experts if moe else 0,

@@ -284,6 +284,7 @@ def nemo_model_fields(ctx: Context, task: Task) -> list[tuple[str, object]]:
         ("tp_comm_overlap", stack.tp_comm_overlap and p.tp > 1 and p.sp),
         ("seq_length", task.seq_len),
         ("num_layers", m.layers), ("hidden_size", m.hidden), ("num_attention_heads", m.heads),
+        ("kv_channels", m.head_dim),  # the Llama-3 recipe's HF-derived config fixes it at 128 otherwise
         ("num_query_groups", m.n_kv_heads), ("ffn_hidden_size", m.ffn), ("vocab_size", m.vocab),
         ("normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"),
         ("gated_linear_unit", m.ffn_kind == "swiglu"), ("add_bias_linear", m.bias),

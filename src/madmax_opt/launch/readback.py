@@ -21,6 +21,7 @@ class LaunchedModel(Strict):
     layers: int
     hidden: int
     heads: int
+    head_dim: int
     kv_heads: int
     ffn: int
     ffn_kind: str
@@ -60,6 +61,7 @@ def _megatron(v: Mapping[str, object]) -> LaunchedModel:
     rope = v.get("--position-embedding-type") == "rope"
     return LaunchedModel(
         layers=num("--num-layers"), hidden=num("--hidden-size"), heads=heads,
+        head_dim=num("--kv-channels", num("--hidden-size") // heads),
         kv_heads=num("--num-query-groups") if on("--group-query-attention") else heads,
         ffn=num("--ffn-hidden-size"), ffn_kind="swiglu" if on("--swiglu") else "gelu", vocab=num("--vocab-size"),
         norm=str(v["--normalization"]).lower(), bias=not on("--disable-bias-linear"),
@@ -92,7 +94,7 @@ def _nemo(o: Mapping[str, object]) -> LaunchedModel:
     rope = m.get("model.position_embedding_type") == "rope"
     return LaunchedModel(
         layers=num("num_layers"), hidden=num("hidden_size"), heads=num("num_attention_heads"),
-        kv_heads=num("num_query_groups"), ffn=num("ffn_hidden_size"),
+        head_dim=num("kv_channels"), kv_heads=num("num_query_groups"), ffn=num("ffn_hidden_size"),
         ffn_kind="swiglu" if on("gated_linear_unit") else "gelu", vocab=num("vocab_size"),
         norm=m["model.normalization"].lower(), bias=on("add_bias_linear"),
         tied_embeddings=on("share_embeddings_and_output_weights"),
@@ -124,7 +126,8 @@ def _titan(e: Emitted) -> LaunchedModel:
     scaling = flavor["scaling_factor"]
     converters = cfg["model"].get("converters") or []
     return LaunchedModel(
-        layers=n("n_layers"), hidden=n("dim"), heads=n("n_heads"), kv_heads=n("n_kv_heads"),
+        layers=n("n_layers"), hidden=n("dim"), heads=n("n_heads"), head_dim=n("dim") // n("n_heads"),
+        kv_heads=n("n_kv_heads"),
         ffn=_llama_ffn(n("dim"), n("multiple_of"), flavor["ffn_dim_multiplier"]), ffn_kind="swiglu",
         vocab=n("vocab_size"), norm="rmsnorm", bias=False, tied_embeddings=False,
         positions="rope", rope_theta=n("rope_theta"), rope_scaling_factor=None if scaling == 1 else scaling,
@@ -147,6 +150,7 @@ def _deepspeed(e: Emitted) -> LaunchedModel:
     rope = on("--use-rotary-position-embeddings")
     return LaunchedModel(
         layers=num("--num-layers"), hidden=num("--hidden-size"), heads=heads,
+        head_dim=num("--kv-channels", num("--hidden-size") // heads),
         kv_heads=num("--num-key-value-heads", heads), ffn=num("--ffn-hidden-size"),
         ffn_kind="swiglu" if on("--swiglu") else "gelu", vocab=num("--vocab-size"), norm=str(v["--normalization"]),
         bias=not on("--disable-bias-linear"), tied_embeddings=not on("--untie-embeddings-and-output-weights"),
