@@ -94,7 +94,8 @@ def training_limits(fmt: str, p: Plan, problem: Problem) -> list[str]:
             (p.cp > 1, "cp"), (p.vpp > 1, "vpp"), (uneven, "uneven"), (p.zero >= 2 and p.pp > 1, "zero with pp"),
             (m.layers % p.pp != 0, "layers"), (task.global_batch % (p.dp * p.mbs) != 0, "batch"),
             (task.precision in ("fp8", "mxfp8"), "fp8"), (p.ep > 1 and m.moe is None, "ep"),
-            (m.moe is not None and p.zero == 3, "MoE with ZeRO-3")] if bad]
+            (m.moe is not None and p.zero == 3, "MoE with ZeRO-3"),
+            (m.heads % p.tp != 0 or m.n_kv_heads % p.tp != 0, "heads per TP rank")] if bad]
     return out
 
 
@@ -116,6 +117,8 @@ def serving_limits(fmt: str, p: ServingPlan, problem: Problem) -> list[str]:
         out.append("int8 KV cache")
     if fmt == "trtllm" and p.prefill_replicas:
         out.append("disaggregation")
+    if fmt == "vllm" and p.prefill_replicas and p.tp * p.pp > 8:
+        out.append("disaggregation with replicas over nodes (NIXL side-channel host under Ray)")
     if p.ep > 1 and (p.ep % p.tp or any(n % group for n in roles)):
         out.append("expert-parallel groups")
     if fmt == "trtllm" and (p.ep > 1 or problem.model.moe is not None):

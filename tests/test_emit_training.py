@@ -169,7 +169,8 @@ def test_random_models_and_plans_launch_as_priced(model: dict[str, Any], tp: int
             why += ["zero 1"]  # FSDP2 has no optimizer-only sharding
             why += ["dropout"] if dropout else []  # torchtitan's llama3 has no dropout layers
         if fmt == "deepspeed":
-            why += [w for bad, w in [(cp > 1, "cp"), (precision == "fp8", "fp8")] if bad]
+            why += [w for bad, w in [(cp > 1, "cp"), (precision == "fp8", "fp8"),
+                                     (m.heads % tp != 0 or m.n_kv_heads % tp != 0, "heads")] if bad]
         if fmt == "torchtitan":
             why += ["heads"] if m.heads % tp or m.n_kv_heads % tp else []
         if fmt in ("megatron", "nemo"):
@@ -222,6 +223,7 @@ REFUSED_BY_RULE: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "torchtitan.ddp-1d": ("torchtitan", {"dp": 4, "tp": 2, "sp": True, "zero": 0}, {}),
     "torchtitan.seq-divisor": ("torchtitan", {"dp": 2, "tp": 4, "sp": True, "zero": 3}, {"seq_len": 4100}),
     "torchtitan.heads-tp": ("torchtitan", {"dp": 1, "tp": 8, "sp": True, "zero": 3}, {"kv_heads": 4}),
+    "deepspeed.heads-tp": ("deepspeed", {"dp": 1, "tp": 8, "sp": True}, {"kv_heads": 4}),
     "deepspeed.pipe-zero": ("deepspeed", {"dp": 4, "pp": 2, "zero": 2}, {}),
     "deepspeed.moe-zero3": ("deepspeed", {"dp": 8, "zero": 3}, {"moe": {"num_experts": 8, "top_k": 2,
                                                                           "expert_ffn": 2048}}),

@@ -52,6 +52,9 @@ def ds_emit(ctx: Context) -> Emitted:
             fields = {"an uneven pipeline (stage_layers)": "stage_layers", "this MoE layout": "model.moe",
                       f"precision {task.precision}": "task.precision"}
             raise refuse(FMT, setting, why, field=fields.get(setting))
+    if m.heads % p.tp or m.n_kv_heads % p.tp:
+        raise startup_refusal(FMT, f"tp={p.tp} with {m.heads} heads / {m.n_kv_heads} KV heads", "deepspeed.heads-tp",
+                              field="tp")
     if m.moe is not None and m.moe.num_experts % p.ep:
         raise startup_refusal(FMT, f"ep={p.ep} with {m.moe.num_experts} experts", "deepspeed.experts-ep", field="ep")
     if p.zero >= 2 and p.pp > 1:

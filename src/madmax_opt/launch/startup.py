@@ -314,6 +314,9 @@ def _deepspeed_checks() -> dict[str, Check]:
             "--moe-expert-parallel-size") == 0,
         "deepspeed.batch": lambda x: x.num("json:train_batch_size") == x.num("json:train_micro_batch_size_per_gpu")
         * x.num("json:gradient_accumulation_steps") * x.world // (x.num("--tensor-model-parallel-size") * pp(x)),
+        "deepspeed.heads-tp": lambda x: x.num("--num-attention-heads") % x.num("--tensor-model-parallel-size") == 0
+        and x.num("--num-key-value-heads", x.num("--num-attention-heads")) % x.num("--tensor-model-parallel-size")
+        == 0,
         "deepspeed.query-groups": lambda x: x.num("--num-attention-heads") % x.num(
             "--num-key-value-heads", x.num("--num-attention-heads")) == 0,
     }
