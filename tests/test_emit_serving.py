@@ -78,6 +78,7 @@ def expected_limits(fmt: str, p: ServingPlan, problem: Problem) -> bool:
         p.ep > 1 and (p.ep % p.tp != 0 or any(n % (p.ep // p.tp) for n in roles)),
         r > 8 and r % 8 != 0 and not (fmt == "sglang" and p.ep > 1),  # placed per replica: whole nodes above one
         fmt == "sglang" and p.ep > 1 and (p.ep // p.tp) * r > 8 and (p.ep // p.tp) * r % 8 != 0,  # per EP server
+        fmt == "vllm" and p.prefill_replicas > 0 and r > 8,  # NIXL's side-channel host under Ray
     ])
 
 
@@ -152,6 +153,11 @@ SG = ["python", "-m", "sglang.launch_server"]
                                       env={"CUDA_VISIBLE_DEVICES": "0,1"})]),
     ("vllm.ray-across-nodes", "vllm", [_cmd(["vllm", "serve", "m"], ["--tensor-parallel-size", "16"])]),
     ("trtllm.mpi-world", "trtllm", [_cmd(["trtllm-serve", "m"], ["--tp_size", "16"])]),
+    # a prefill and a decode server on one node, both at NIXL's default base port: ranks 0 collide
+    ("vllm.nixl-side-channel", "vllm", [_cmd(["vllm", "serve", "m"], ["--kv-transfer-config", "{}"],
+                                             env={"CUDA_VISIBLE_DEVICES": "0"}),
+                                        _cmd(["vllm", "serve", "m"], ["--kv-transfer-config", "{}"],
+                                             env={"CUDA_VISIBLE_DEVICES": "1"})]),
 ])
 def test_each_checker_catches_its_violation(rule: str, fmt: str, commands: list[Command]) -> None:
     assert rule in serving_violations(_emitted(fmt, commands))

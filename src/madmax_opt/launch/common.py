@@ -44,7 +44,8 @@ class Command(Strict):
         """The command line; ``$VAR`` tokens (a launcher's node rank, rendezvous host) stay unquoted for the shell."""
         words = [t if re.fullmatch(r"\$\{?\w+\}?(:\$?\{?\w+\}?)?", t) or _url_with_vars(t) else shlex.quote(t)
                  for t in self.argv]
-        return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), *words])
+        env = (f"{k}={v if _url_with_vars(v) else shlex.quote(v)}" for k, v in self.env.items())
+        return " ".join([*env, *words])
 
 
 class Emitted(Strict):

@@ -60,6 +60,7 @@ PREQUANTIZED = "int8, int4 and fp4 weights load from a pre-quantized checkpoint:
 HEALTH = "/health"  # vLLM, SGLang and trtllm-serve all answer GET /health once the model is loaded
 VLLM_PORT, SGLANG_PORT, TRTLLM_PORT, ROUTER_PORT = 8000, 30001, 8000, 30000
 VLLM_RPC_PORT, SGLANG_DIST_PORT, SGLANG_BOOTSTRAP_PORT = 13345, 5000, 8998
+NIXL_PORT = 5557  # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default (vllm/envs.py line 159, v0.11.0)
 
 
 class Serving:
@@ -200,6 +201,7 @@ def vllm_emit(ctx: Context) -> Emitted:
     placed = [(role, dp, [placer.take(r) for _ in range(dp)]) for role, dp in plan_servers]
     nodes = placer.nodes
     commands, notes = [], []
+    side_channel = 0  # NIXL side-channel ports used by the servers before this one
     for i, (role, dp, replicas) in enumerate(placed):
         kv_transfer = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_producer" if role == "prefill"
                                   else "kv_consumer"}) if role != "run" else None
@@ -208,6 +210,11 @@ def vllm_emit(ctx: Context) -> Emitted:
                   ("--dtype", s.dtype), ("--quantization", s.quantization), ("--kv-cache-dtype", s.kv),
                   ("--kv-transfer-config", kv_transfer)]
         port = VLLM_PORT + i
+        if r > gpn and kv_transfer:
+            raise refuse("vllm", f"prefill_replicas={p.prefill_replicas} with replicas of {r} GPUs over nodes",
+                         "NIXL announces one side-channel host per process environment (VLLM_NIXL_SIDE_CHANNEL_HOST, "
+                         "rule vllm.nixl-side-channel), which Ray workers on other nodes would share; allowed: "
+                         f"replicas of at most {gpn} GPUs with disaggregation", field="prefill_replicas")
         if r > gpn:  # a replica spans nodes: Ray places its ranks
             head = replicas[0][0].node
             args = flag_args([*common, ("--distributed-executor-backend", "ray"),
@@ -228,10 +235,16 @@ def vllm_emit(ctx: Context) -> Emitted:
                               ("--data-parallel-rpc-port", VLLM_RPC_PORT + i if multi else None),
                               ("--port", None if j else port)])
             ready = None if j else f"http://{host(part.node, nodes)}:{port}{HEALTH}"
-            commands.append(Command(program=["vllm", "serve", s.checkpoint], args=args, env={
-                "CUDA_VISIBLE_DEVICES": part.devices}, role=role if not j else f"{role} ranks {start}+ (headless)",
-                node=part.node, background=True, ready=ready))
+            env = {"CUDA_VISIBLE_DEVICES": part.devices}
+            if kv_transfer:  # NIXL listens on base + dp_rank x tp + tp_rank: each server its own base, its own host
+                env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(NIXL_PORT + side_channel)
+                if nodes > 1:
+                    env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host(part.node, nodes)
+            commands.append(Command(program=["vllm", "serve", s.checkpoint], args=args, env=env,
+                                    role=role if not j else f"{role} ranks {start}+ (headless)",
+                                    node=part.node, background=True, ready=ready))
             start += local
+        side_channel += dp * p.tp
     if p.prefill_replicas:
         notes.append("prefill and decode servers exchange KV caches through NIXL; put vLLM's disaggregation proxy "
                      f"in front (ports: prefill {VLLM_PORT}.., decode after them)")

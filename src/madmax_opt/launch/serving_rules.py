@@ -110,6 +110,18 @@ def _vllm_checks() -> dict[str, Check]:
             used.append((c.node, visible[:need]))
         return _disjoint(used)
 
+    def nixl(e: Emitted, cmds: list[Started]) -> bool:
+        ports: list[tuple[int, list[int]]] = []
+        for c in serves(cmds):
+            if "--kv-transfer-config" not in c.flags:
+                continue
+            if e.nodes > 1 and c.env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost") == "localhost":
+                return False
+            base, tp, first = int(c.env.get("VLLM_NIXL_SIDE_CHANNEL_PORT", 5557)), c.num("--tensor-parallel-size"), \
+                c.num("--data-parallel-start-rank", 0)
+            ports.append((c.node, [base + rank * tp + t for rank in range(first, first + local(c)) for t in range(tp)]))
+        return _disjoint(ports)
+
     return {
         "vllm.dp-local": lambda e, cmds: all(local(c) <= c.num("--data-parallel-size") for c in serves(cmds)),
         "vllm.headless-local": lambda e, cmds: all(local(c) > 0 for c in serves(cmds) if c.on("--headless")),
@@ -121,6 +133,7 @@ def _vllm_checks() -> dict[str, Check]:
             c.flags.get("--distributed-executor-backend") == "ray" for c in serves(cmds)
             if c.num("--tensor-parallel-size") * c.num("--pipeline-parallel-size") > e.gpus_per_node),
         "vllm.dp-devices": devices,
+        "vllm.nixl-side-channel": nixl,
     }
 
 
