@@ -146,8 +146,9 @@ def launched(e: Emitted) -> Launched:
     overrides, torchtitan's TOML (with the flavor file's TransformerModelArgs)."""
     (cmd,) = [c for c in e.commands if c.role == "run"] or e.commands[:1]
     values: dict[str, Any] = {}
-    if e.format == "nemo":
-        values = dict(a.split("=", 1) for a in cmd.args if "=" in a and not a.startswith("-"))
+    if e.format == "nemo":  # --recipe R --mode M, then KEY=VALUE overrides
+        values = {**parse_flags([a for a in cmd.args if a.startswith("--") or "=" not in a]),
+                  **dict(a.split("=", 1) for a in cmd.args if "=" in a and not a.startswith("-"))}
     elif e.format == "torchtitan":
         values = dotted_items(tomllib.loads(e.files["job.toml"]))
     else:
@@ -335,8 +336,4 @@ CHECKS: dict[str, dict[str, Check]] = {
 def violations(e: Emitted) -> list[str]:
     """The start-up rules of ``e``'s framework that ``e`` breaks (ids; empty: it starts)."""
     x = launched(e)
-    if e.format == "nemo":
-        (cmd,) = [c for c in e.commands if c.role == "run"] or e.commands[:1]
-        x = Launched(world=x.world, env=x.env, values={**x.values, **parse_flags(
-            [a for a in cmd.args if a.startswith("--") or "=" not in a])}, flavor=x.flavor)
     return [rule_id for rule_id, check in CHECKS[e.format].items() if not check(x)]
