@@ -14,6 +14,7 @@ import tomllib
 
 from madmax_opt.launch.common import Emitted, parse_flags
 from madmax_opt.launch.startup import launched
+from madmax_opt.launch.titan import llama_ffn
 from madmax_opt.model.spec import Strict
 
 
@@ -113,12 +114,6 @@ def _nemo(o: Mapping[str, object]) -> LaunchedModel:
     )
 
 
-def _llama_ffn(dim: int, multiple_of: int, multiplier: float) -> int:
-    """torchtitan llama3 FeedForward width (models/llama3/model/model.py): int(2*4d/3) x multiplier, rounded up."""
-    hidden = int(multiplier * int(2 * 4 * dim / 3))
-    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
-
-
 def _titan(e: Emitted) -> LaunchedModel:
     cfg = tomllib.loads(e.files["job.toml"])
     flavor = launched(e).flavor
@@ -128,7 +123,7 @@ def _titan(e: Emitted) -> LaunchedModel:
     return LaunchedModel(
         layers=n("n_layers"), hidden=n("dim"), heads=n("n_heads"), head_dim=n("dim") // n("n_heads"),
         kv_heads=n("n_kv_heads"),
-        ffn=_llama_ffn(n("dim"), n("multiple_of"), flavor["ffn_dim_multiplier"]), ffn_kind="swiglu",
+        ffn=llama_ffn(n("dim"), n("multiple_of"), flavor["ffn_dim_multiplier"]), ffn_kind="swiglu",
         vocab=n("vocab_size"), norm="rmsnorm", bias=False, tied_embeddings=False,
         positions="rope", rope_theta=n("rope_theta"), rope_scaling_factor=None if scaling == 1 else scaling,
         precision={"quantize.linear.float8": "fp8", "quantize.linear.mx": "mxfp8"}.get(
