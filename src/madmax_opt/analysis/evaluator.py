@@ -240,6 +240,12 @@ def to_records(
                 "overlapped_comm_s": {k: v[i] for k, v in hidden_cols.items()},
                 "bottleneck_shares": shares[i],
             }
+            iv = rec["calibration"].get("interval")
+            if iv is not None:  # the calibration level's interval on the step time; throughput = its inverse
+                step = cols["step_time_s"][i]
+                rec["interval"] = {"coverage": iv["coverage"], "level": str(rec["calibration"].get("level")),
+                                   "step_time_s": [step * iv["lo"], step * iv["hi"]],
+                                   "tokens_per_s": [tokens_per_s / iv["hi"], tokens_per_s / iv["lo"]]}
             if met.train_tokens:
                 hours = met.train_tokens / tokens_per_s / SECONDS_PER_HOUR
                 gpus = cols["gpus"][i]

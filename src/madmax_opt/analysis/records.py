@@ -30,6 +30,16 @@ class TimeToTrain(TypedDict):
     energy_mwh: NotRequired[float]
 
 
+class PredictionInterval(TypedDict):
+    """An interval of ``coverage`` on a record's predictions, from the calibration residuals of the level that
+    priced it (core/intervals.py): each key names a field of the record, its value the [low, high] bounds."""
+
+    coverage: float
+    level: str  # the calibration level whose residuals gave it
+    step_time_s: NotRequired[list[float]]
+    tokens_per_s: NotRequired[list[float]]
+
+
 class TrainingRecord(TypedDict):
     """One training plan, evaluated (``madmax-opt evaluate --json``; ``best`` and ``top`` of ``solve --json``)."""
 
@@ -51,6 +61,7 @@ class TrainingRecord(TypedDict):
     overlapped_comm_s: dict[str, float]
     bottleneck_shares: dict[str, float]  # attribution.CATEGORIES, summing to 1
     time_to_train: NotRequired[TimeToTrain]
+    interval: NotRequired[PredictionInterval]  # 80 % interval on step time and throughput (calibration residuals)
     simulated_step_time_s: NotRequired[float]  # solve --rerank
 
 

@@ -12,9 +12,12 @@ fit of its own (``prior_kind: fitted``, the A100s).
 
 from __future__ import annotations
 
+from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, Field
 
 from madmax_opt.core.errors import ProblemError
@@ -48,6 +51,36 @@ class Overlay(Strict):
     calibrations: list[OverlayEntry] = Field(min_length=1)
 
 
+class StepInterval(BaseModel):
+    """The 80 % interval of a predicted step time: [lo x predicted, hi x predicted] (data/training_intervals.yaml)."""
+
+    lo: float
+    hi: float
+    coverage: float = Field(description="nominal coverage of the interval")
+    runs: int = Field(description="residuals it was built from")
+    basis: str = Field(description="own: the family's runs at this level; pooled over families")
+    loso_coverage: float | None = Field(None, description="measured leave-one-source-out coverage of its residuals")
+
+
+@cache
+def intervals() -> dict[str, dict[str, StepInterval]]:
+    """family -> level -> interval, from data/training_intervals.yaml (``madmax-opt validate --write-catalog``)."""
+    text = resources.files("madmax_opt").joinpath("data", "training_intervals.yaml").read_text(encoding="utf-8")
+    raw: dict[str, Any] = yaml.safe_load(text)
+    coverage = float(raw.pop("coverage"))
+    return {fam: {lv: StepInterval(coverage=coverage, **{k: v for k, v in d.items() if k != "sources"})
+                  for lv, d in levels.items()} for fam, levels in raw.items()}
+
+
+def step_interval(framework: str, level: str | None) -> StepInterval | None:
+    """The interval of a prediction priced at ``level`` (calibrated, family:NAME, prior) under ``framework``: its
+    family's row, else the level pooled over families."""
+    kind = "family" if level and level.startswith("family:") else (level or "prior")
+    table = intervals()
+    own = table.get(FRAMEWORK_FAMILY.get(framework, ""), {}).get(kind)
+    return own if own is not None else table.get("pooled", {}).get(kind)
+
+
 class CalibrationRecord(BaseModel):
     """How much to trust a prediction: the calibration that priced it and its validation error (fractions)."""
 
@@ -59,6 +92,7 @@ class CalibrationRecord(BaseModel):
     sources: list[str] = Field(default_factory=list)
     in_sample_median_err: float | None = None
     loso_median_err: float | None = None
+    interval: StepInterval | None = Field(None, description="80 % interval of the step time at this level")
 
 
 def check_overlay_file(path: Path, *, file: str | None, field: str = "calibration") -> None:
@@ -190,12 +224,14 @@ def record(gpu: GPU, framework: str) -> CalibrationRecord:
     fitted = gpu.frameworks.get(framework)  # type: ignore[call-overload]
     family = family_fit(gpu, framework) if fitted is None else None
     if fitted is None and family is None:
-        return CalibrationRecord(gpu=gpu.name, framework=framework, status="uncalibrated", level="prior")
+        return CalibrationRecord(gpu=gpu.name, framework=framework, status="uncalibrated", level="prior",
+                                 interval=step_interval(framework, "prior"))
     f = fitted.fit if fitted is not None else family.fit  # type: ignore[union-attr]
     return CalibrationRecord(gpu=gpu.name, framework=framework, runs=f.runs, sources=list(f.sources),
                              status="calibrated" if fitted is not None else "uncalibrated",
                              level="calibrated" if family is None else f"family:{family.name}",
-                             in_sample_median_err=f.in_sample_median_err, loso_median_err=f.loso_median_err)
+                             in_sample_median_err=f.in_sample_median_err, loso_median_err=f.loso_median_err,
+                             interval=step_interval(framework, "calibrated" if family is None else "family:"))
 
 
 def record_dict(gpu: GPU, framework: str) -> dict[str, Any]:

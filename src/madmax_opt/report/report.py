@@ -44,9 +44,13 @@ def evaluation_table(rec: TrainingRecord, title: str = "plan") -> Table:
     if not rec["feasible"]:
         t.add_row("[red]infeasible[/red]", rec["infeasible_reason"])
     t.add_row("step time (ms)", _ms(rec["step_time_s"]))
+    if "interval" in rec:  # the calibration level's interval (residuals of its runs)
+        iv = rec["interval"]
+        lo, hi = iv.get("step_time_s", [0.0, 0.0])
+        t.add_row(f"  {iv['coverage']:.0%} interval (ms)", f"{_ms(lo)} - {_ms(hi)}")
     t.add_row("tokens/s", f"{rec['tokens_per_s']:,.0f}")
     t.add_row("samples/s", f"{rec['samples_per_s']:,.2f}")
-    t.add_row("MFU", f"{rec['mfu']:.1%}")
+    t.add_row("MFU / HFU", f"{rec['mfu']:.1%} / {rec['hfu']:.1%}")
     t.add_row("calibration", calibration_text(rec))
     t.add_row("$ / hour", f"{rec['cost_per_hour_usd']:,.2f}")
     t.add_row("$ / M tokens", f"{rec['usd_per_million_tokens']:,.4f}")

@@ -10,6 +10,7 @@ import numpy as np
 
 from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.model.spec import FrameworkFit
+from madmax_opt.studies.intervals import coverage_lines
 from madmax_opt.studies.validation_modern import (
     UNMODELLED_FRAMEWORKS,
     ModernCase,
@@ -208,6 +209,7 @@ def render_modern(s: ModernSummary) -> str:
         "- A pair without runs: its framework family's pooled fit (factors on the datasheet prior, io/calibration.py).",
         "",
     ]
+    lines += [*coverage_lines(s), ""]  # the 80 % intervals each level gives and their LOSO coverage
     serving = serving_lines()
     if serving:
         lines += [*serving, ""]

@@ -1,0 +1,59 @@
+"""Prediction intervals (issue 24 step 3): the split-conformal order statistics by hand, leave-one-source-out
+coverage by hand, and every training record carrying the interval of the level that priced it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from madmax_opt.analysis.evaluator import evaluate
+from madmax_opt.core.intervals import Interval, from_residuals, loso_coverage
+from madmax_opt.io import calibration
+from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.model.spec import Plan
+
+
+def test_order_statistics_by_hand() -> None:
+    ratios = [0.80, 0.85, 0.90, 0.95, 1.00, 1.05, 1.10, 1.15, 1.20]  # measured / predicted, n = 9
+    iv = from_residuals(np.log(ratios))
+    # k = ceil((n + 1) x 0.1) = 1 and ceil(10 x 0.9) = 9: the extremes
+    assert iv is not None and (iv.lo, iv.hi, iv.runs) == (pytest.approx(0.80), pytest.approx(1.20), 9)
+    ratios19 = [0.80 + 0.02 * i for i in range(19)]  # n = 19: k = ceil(2.0) = 2 and ceil(18.0) = 18
+    iv19 = from_residuals(np.log(ratios19))
+    assert iv19 is not None and (iv19.lo, iv19.hi) == (pytest.approx(0.82), pytest.approx(1.14))
+
+
+def test_an_interval_always_holds_the_prediction_and_needs_runs() -> None:
+    iv = from_residuals(np.log([1.1, 1.2, 1.3, 1.4, 1.5]))  # every run slower than predicted
+    assert iv is not None and iv.lo == 1.0 and iv.hi == pytest.approx(1.5)
+    assert from_residuals([0.1, 0.2, 0.3]) is None
+
+
+def test_rate_interval_inverts_the_time_interval() -> None:
+    iv = Interval(0.8, 1.25, 0.8, 10)
+    assert iv.of(2.0) == (1.6, 2.5)
+    assert iv.of_rate(100.0) == (80.0, 125.0)
+
+
+def test_loso_coverage_by_hand() -> None:
+    # sources a, b: a's 5 runs at ratio 1.0..1.4 step 0.1, b's 5 runs at 1.0; held out, b's runs sit at 1.0, inside
+    # a's interval [1.0 (clamped), 1.4]; a's runs against b's interval [1.0, 1.0]: only the 1.0 run is inside
+    r = list(np.log([1.0, 1.1, 1.2, 1.3, 1.4])) + [0.0] * 5
+    share, n = loso_coverage(r, ["a"] * 5 + ["b"] * 5)
+    assert (share, n) == (pytest.approx(6 / 10), 10)
+
+
+def test_records_carry_the_interval_of_their_level() -> None:
+    base = {"model": "llama3-8b", "task": {"seq_len": 4096, "global_batch": 64}}
+    for gpu, level in (("h100-sxm", "calibrated"), ("h200-sxm", "family")):
+        p = problem_from_dict({**base, "hardware": {"gpu": gpu, "gpus": [8]}})
+        (rec,) = evaluate(p, [Plan(dp=8)])
+        expected = calibration.step_interval("megatron-core", level if level == "calibrated" else "family:x")
+        assert expected is not None
+        iv = rec["interval"]
+        assert iv["step_time_s"] == [rec["step_time_s"] * expected.lo, rec["step_time_s"] * expected.hi]
+        assert iv["tokens_per_s"] == [rec["tokens_per_s"] / expected.hi, rec["tokens_per_s"] / expected.lo]
+        assert iv["coverage"] == 0.8 and iv["step_time_s"][0] <= rec["step_time_s"] <= iv["step_time_s"][1]
+        assert math.isclose(rec["calibration"]["interval"]["lo"], expected.lo)
