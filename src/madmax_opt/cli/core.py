@@ -155,6 +155,10 @@ def validate_cmd(
     console().print(f"validate: {len(written)} reports in {out}; modern training: {len(summary.cases)} runs, "
                     f"leave-one-source-out median |error| {float(np.nanmedian(loso)):.1%} "
                     f"({int(np.isfinite(loso).sum())} runs with a fit)", soft_wrap=True)
+    from madmax_opt.studies.intervals import coverage_summary
+
+    for line in coverage_summary(summary):  # the interval every training record carries, checked held-out
+        console().print(line, soft_wrap=True)
     for path in validation_modern.write_catalog(summary) if write_catalog else []:
         console().print(f"wrote {path}")
 
