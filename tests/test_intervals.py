@@ -57,3 +57,30 @@ def test_records_carry_the_interval_of_their_level() -> None:
         assert iv["tokens_per_s"] == [rec["tokens_per_s"] / expected.hi, rec["tokens_per_s"] / expected.lo]
         assert iv["coverage"] == 0.8 and iv["step_time_s"][0] <= rec["step_time_s"] <= iv["step_time_s"][1]
         assert math.isclose(rec["calibration"]["interval"]["lo"], expected.lo)
+
+
+def _rec(tokens_per_s: float, lo: float, hi: float, system: str = "dgx-h100") -> dict[str, object]:
+    step = 1000.0 / tokens_per_s  # 1000 tokens per step
+    return {"plan": {"system": system}, "hardware": {"system": system, "gpus": 8}, "feasible": True,
+            "step_time_s": step, "tokens_per_s": tokens_per_s, "cost_per_hour_usd": 40.0,
+            "interval": {"coverage": 0.8, "level": "x", "step_time_s": [step * lo, step * hi]}}
+
+
+def test_robust_choice_by_hand() -> None:
+    from madmax_opt.search.robust import robust_summary, with_robust
+
+    p = problem_from_dict({"model": "llama3-8b", "hardware": {"gpu": "h100-sxm", "gpus": [8]},
+                           "task": {"seq_len": 4096, "global_batch": 64}})
+    # throughput: the value is seconds per token = 1 / tokens_per_s
+    recs = [_rec(1000.0, 0.8, 1.5), _rec(980.0, 0.95, 1.05), _rec(700.0, 0.9, 1.1)]
+    s = robust_summary(p, recs)
+    worst = [1.5 / 1000.0, 1.05 / 980.0, 1.1 / 700.0]
+    assert [c["worst_case"] for c in s["candidates"]] == pytest.approx(worst, rel=1e-12)
+    # plan 3's best case 0.9/700 = 1.286e-3 exceeds the best's worst case 1.5e-3? no: 1.286e-3 < 1.5e-3, overlap
+    assert [c["indistinguishable_from_best"] for c in s["candidates"]] == [True, True, True]
+    assert s["robust_choice"] == 1  # 1.071e-3 is the least worst case
+    out = with_robust(p, {"top": recs, "best": recs[0], "baseline": None}, robust=True)
+    assert out["best"] is recs[1] and out["top"] == [recs[1], recs[0], recs[2]]
+    assert with_robust(p, {"top": recs, "best": recs[0], "baseline": None}, robust=False)["best"] is recs[0]
+    narrow = robust_summary(p, [_rec(1000.0, 0.95, 1.05), _rec(700.0, 0.95, 1.05)])
+    assert [c["indistinguishable_from_best"] for c in narrow["candidates"]] == [True, False]  # 1.357e-3 > 1.05e-3

@@ -29,6 +29,7 @@ class SolveOptions:
     workers: int = 1
     solver_params: str | None = None  # CP-SAT parameters, text format (--solver-params)
     export_model: Path | None = None  # write the CP-SAT model(s) here (--export-model)
+    robust: bool = False  # training: the best worst case within the error bars (--robust, search/robust.py)
 
     def cpsat(self) -> CpSatOptions:
         """The CP-SAT options of every search this command runs (search/cpsat.py)."""
@@ -67,7 +68,8 @@ def _problem_solve(path: Path, opts: SolveOptions) -> dict[str, Any]:
     from madmax_opt.io.problem import load_problem
     from madmax_opt.search.result import solve_result
 
-    return solve_result(load_problem(path), opts.top_k, opts.time_limit_s, opts.workers, cpsat=opts.cpsat())
+    return solve_result(load_problem(path), opts.top_k, opts.time_limit_s, opts.workers, cpsat=opts.cpsat(),
+                        robust=opts.robust)
 
 
 def _training_show(result: dict[str, Any], console: Console) -> None:

@@ -139,6 +139,18 @@ def print_evaluations(records: list[TrainingRecord], console: Console) -> None:
         console.print(evaluation_table(r, title=f"plan {i + 1}"))
 
 
+def robust_text(robust: dict[str, Any]) -> str:
+    """One line: which candidates the error bars cannot tell from the best, and the best worst case
+    (search/robust.py; candidates = the top plans, then each system's best)."""
+    rows, k = robust["candidates"], robust["robust_choice"]
+    if k is None:
+        return "robust choice: no feasible plan"
+    same = [str(i + 1) for i, r in enumerate(rows) if r.get("indistinguishable_from_best")]
+    applied = " (chosen: --robust)" if robust["applied"] else " (solve --robust picks it)"
+    return (f"within the error bars of the best: candidate(s) {', '.join(same)} of {len(rows)}; best worst case: "
+            f"candidate {k + 1} ({robust['objective']} {rows[k]['worst_case']:.4g}){applied}")
+
+
 def print_solution(result: dict[str, Any], console: Console) -> None:
     s = result["solver"]
     console.print(
@@ -152,6 +164,8 @@ def print_solution(result: dict[str, Any], console: Console) -> None:
         console.print(options_table(result["options"], result["objective"], serving=False))
     if len(result["top"]) > 1:
         console.print(plans_table(result["top"], f"top {len(result['top'])} plans"))
+    if result.get("robust"):
+        console.print(robust_text(result["robust"]), soft_wrap=True)
     if result.get("baseline"):
         console.print(evaluation_table(result["baseline"], title="baseline"))
         if result.get("speedup_vs_baseline"):

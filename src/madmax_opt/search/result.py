@@ -15,12 +15,15 @@ from madmax_opt.analysis.records import TrainingSolveResult
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.model.problem import Problem
 from madmax_opt.search.cpsat import CpSatOptions
+from madmax_opt.search.robust import with_robust
 
 
 def solve_result(
-    problem: Problem, top_k: int, time_limit: float, workers: int, cpsat: CpSatOptions | None = None
+    problem: Problem, top_k: int, time_limit: float, workers: int, cpsat: CpSatOptions | None = None,
+    robust: bool = False,
 ) -> dict[str, Any]:
-    """The JSON object of ``solve --json``."""
+    """The JSON object of ``solve --json``; training results carry ``robust`` (search/robust.py), and with
+    ``robust`` their best is the candidate with the best worst case within the error bars."""
     from madmax_opt.search import serving
     from madmax_opt.search.solver import solve_records
 
@@ -51,7 +54,7 @@ def solve_result(
     result = dict(out)
     if _systems(problem) > 1:
         result["options"] = _training_options(problem, outcome)
-    return result
+    return with_robust(problem, result, robust)
 
 
 # ------------------------------------------------------------------- co-design: the best plan of each system

@@ -1,0 +1,83 @@
+"""Robust choice: which returned training plans the error bars cannot tell from the best, and the plan with the
+best worst case (``solve --robust``).
+
+Every training objective is proportional to the step time (tokens per step are fixed: model/objectives.py), so a
+record's step-time interval [lo, hi] x predicted (core/intervals.py, from the residuals of the calibration level
+that priced it) bounds its objective value v at [v lo, v hi]. A plan is indistinguishable from the best when
+v lo <= v_best hi_best (the intervals overlap); the robust choice minimises the worst case v hi. Candidates: the
+returned top plans and, over several systems, each system's best (``options``). Plans on one hardware option
+share a calibration and so its error: for them the overlap test is conservative (their order rarely flips).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from madmax_opt.analysis.records import Record
+from madmax_opt.model.objectives import Rates, objective_values
+from madmax_opt.model.problem import Problem
+
+
+def objective_value(problem: Problem, rec: Record) -> float:
+    """The value the problem's objective minimises for one training record."""
+    power = {o.system.name: o.system.power_w_per_gpu for o in problem.hardware}
+    systems = str(rec["plan"].get("system") or rec["hardware"]["system"]).split("+")
+    gpus = float(rec["hardware"]["gpus"])
+    watts = float(np.mean([power.get(s, 0.0) for s in systems])) * gpus
+    rates = Rates(np.array([1.0 / rec["tokens_per_s"]]), np.array([gpus]), np.array([rec["cost_per_hour_usd"]]),
+                  np.array([watts]), problem.training_task.train_tokens)
+    return float(objective_values(problem.objective, rates)[0])
+
+
+def factors(rec: Record) -> tuple[float, float]:
+    """(lo, hi) of the record's step-time interval as factors on the prediction; (1, 1) without one."""
+    iv = rec.get("interval")
+    if not iv or "step_time_s" not in iv:
+        return 1.0, 1.0
+    lo, hi = iv["step_time_s"]
+    return lo / rec["step_time_s"], hi / rec["step_time_s"]
+
+
+def robust_summary(problem: Problem, candidates: list[Record]) -> dict[str, Any]:
+    """Per candidate (best first): the objective's interval, whether it is indistinguishable from the best, and
+    the index of the best worst case (None without a feasible candidate)."""
+    rows = []
+    for r in candidates:
+        v = objective_value(problem, r)
+        lo, hi = factors(r)
+        rows.append({"value": v, "low": v * lo, "worst_case": v * hi, "feasible": bool(r["feasible"])})
+    feasible = [i for i, row in enumerate(rows) if row["feasible"]]
+    if not feasible:
+        return {"objective": problem.objective, "candidates": rows, "robust_choice": None}
+    best = feasible[0]
+    for i in feasible:
+        rows[i]["indistinguishable_from_best"] = rows[i]["low"] <= rows[best]["worst_case"]
+    choice = min(feasible, key=lambda i: (rows[i]["worst_case"], i))
+    return {"objective": problem.objective, "candidates": rows, "robust_choice": choice}
+
+
+def _key(rec: Record) -> tuple[Any, ...]:
+    return (tuple(sorted((k, str(v)) for k, v in rec["plan"].items())), rec["hardware"]["system"],
+            rec["hardware"]["gpus"])
+
+
+def with_robust(problem: Problem, result: dict[str, Any], robust: bool) -> dict[str, Any]:
+    """``result`` (a training solve) with its ``robust`` summary; with ``robust`` its best (and the head of top)
+    is the candidate with the best worst case."""
+    top: list[Record] = list(result["top"])
+    seen = {_key(r) for r in top}
+    extra = [row["best"] for row in result.get("options", []) if row.get("best") and _key(row["best"]) not in seen]
+    candidates = top + extra
+    summary = robust_summary(problem, candidates)
+    out = {**result, "robust": {**summary, "applied": robust, "top": len(top)}}
+    k = summary["robust_choice"]
+    if robust and k is not None and k != 0:
+        chosen = candidates[k]
+        out["best"] = chosen
+        out["top"] = [chosen, *[r for i, r in enumerate(top) if i != k]]
+        base = result.get("baseline")
+        if base and base["feasible"]:
+            out["speedup_vs_baseline"] = chosen["tokens_per_s"] / base["tokens_per_s"]
+    return out
