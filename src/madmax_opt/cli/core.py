@@ -33,6 +33,8 @@ def solve(
     = None,
     rerank: Annotated[bool, typer.Option("--rerank", help="re-rank the top-k by simulated step time (trace)")]
     = False,
+    robust: Annotated[bool, typer.Option("--robust", help="training: pick the plan with the best worst case within "
+                                         "the 80 % error bars (among the top-k and each system's best)")] = False,
     emit: Annotated[str | None, typer.Option("--emit", help=f"also emit the best plan as FORMAT: {FORMAT_HELP}")]
     = None,
     out: Annotated[Path | None, typer.Option("--out", help="with --emit: write its files and launch.sh here")] = None,
@@ -42,7 +44,8 @@ def solve(
 
     check_emit(problem, emit)  # an unknown or wrong-kind format fails before the search
     family = family_of(problem)
-    result = family.solve(problem, SolveOptions(top_k, time_limit, workers, solver_params, export_model))
+    result = family.solve(problem, SolveOptions(top_k, time_limit, workers, solver_params, export_model,
+                                                robust=robust))
     if rerank or plot is not None:  # step timelines (trace simulation, plots)
         from madmax_opt.io.problem import load_problem
         from madmax_opt.report.timeline import rerank_and_plot
