@@ -240,16 +240,19 @@ def solve_optimum(problem: Problem, plans: PlanArrays | None, kwargs: dict[str, 
     return records[0]
 
 
-def _option_index(problem: Problem, rec: Record) -> int:
+def _option_index(problem: Problem, rec: Record) -> int | None:
+    """The hardware option of a plan on one system; None for a mixed-stage plan (it uses several options)."""
     hw = rec["hardware"]
-    return next(i for i, o in enumerate(problem.hardware) if o.system.name == hw["system"] and o.gpus == hw["gpus"])
+    return next((i for i, o in enumerate(problem.hardware) if o.system.name == hw["system"] and o.gpus == hw["gpus"]),
+                None)
 
 
 def fixed_plan_record(problem: Problem, vp: Problem, base_record: Record) -> Record:
     """The base optimum's plan evaluated on the variant's hardware (same option, same knobs)."""
     i = _option_index(problem, base_record)
     names = {o.system.name: w.system.name for o, w in zip(problem.hardware, vp.hardware, strict=True)}
-    fields = dict(base_record["plan"], system=vp.hardware[i].system.name)
+    fields = dict(base_record["plan"])
+    fields["system"] = vp.hardware[i].system.name if i is not None else names[fields["system"]]
     if is_serving(vp):
         from madmax_opt.search import serving
 
@@ -261,13 +264,23 @@ def fixed_plan_record(problem: Problem, vp: Problem, base_record: Record) -> Rec
     model = Model(vp)
     if plan.uneven:
         return staged_record(model, plan)
+    assert i is not None, "a uniform plan runs on one hardware option"
     return to_records(model, PlanArrays.from_plans([plan], [i]))[0]
 
 
 def _kwh_per_million_tokens(problem: Problem, rec: Record) -> float:
-    """Energy per token: GPUs x wall power per GPU / throughput."""
-    o = problem.hardware[_option_index(problem, rec)]
-    return o.gpus * o.system.power_w_per_gpu / throughput(rec) * 1e6 / J_PER_KWH
+    """Energy per token: GPUs x wall power per GPU / throughput (a mixed-stage plan: each stage's GPUs at its
+    system's power)."""
+    stages = rec["plan"].get("stage_systems")
+    if stages:
+        power = {o.system.name: o.system.power_w_per_gpu for o in problem.hardware}
+        watts = sum(rec["hardware"]["gpus"] / len(stages) * power[s] for s in stages)
+    else:
+        i = _option_index(problem, rec)
+        assert i is not None, "a uniform plan runs on one hardware option"
+        o = problem.hardware[i]
+        watts = o.gpus * o.system.power_w_per_gpu
+    return watts / throughput(rec) * 1e6 / J_PER_KWH
 
 
 # ------------------------------------------------------------------------------------------- reports
