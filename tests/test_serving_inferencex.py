@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -83,3 +84,39 @@ def test_at_least_90_percent_of_the_points_are_expressible() -> None:
     assert len(ok) + len(refused) == 260
     assert len(ok) >= 0.9 * 260
     assert all(why for _, why in refused)
+
+
+def test_prefill_bound_disaggregation_runs_the_decode_pool_part_full() -> None:
+    """Little's law: the decode batch b* that emits what the prefill pool feeds; TPOT = that batch's round time."""
+    row = next(r for r in raw_rows() if r["key"] == "dsr1-b200-dynamo-sglang-fp8-mtp-disagg-8192x1024-c256-p1x8-d6x8")
+    prepared = prepare(to_point(row))
+    assert not isinstance(prepared, str) and prepared.prefill is not None and prepared.point.decode is not None
+    prior = serving_catalog().prior
+    rate, tpot = prepared.predict_many([prior])[0] * np.array([prepared.point.num_gpus, 1.0])
+    p = prepared.prefill.terms([prior])
+    out = prepared.prefill.model.workload.mean_output
+    feed = 1 * prepared.prefill.plans.dp[0] * out / (p.step["prefill"][0] * out / p.running_batch[0])
+    workers, b_max = prepared.point.decode.workers, int(prepared.decode.plans.batch[0])
+    d = prepared.decode.terms([prior], list(range(1, b_max + 1)))
+    emitted = workers * d.running_batch / d.decode_step_s
+    assert feed < emitted[-1] and rate == pytest.approx(feed, rel=1e-9)  # prefill-bound: throughput = feed
+    b = int(np.searchsorted(emitted, feed))  # emitted[b - 1] < feed <= emitted[b]
+    lo, hi = sorted((d.decode_step_s[b - 1], d.decode_step_s[b]))
+    assert lo * 0.98 <= tpot <= hi * 1.02  # interpolated on a coarser grid of batches
+
+
+@pytest.mark.slow
+def test_inferencex_report_covers_every_point_with_held_out_errors(tmp_path: Path) -> None:
+    """The validate report: every expressible point has a row with its in-sample, 5-fold, LOSO and LOGO errors;
+    held-out refits do not beat the full fit on the median."""
+    from madmax_opt.studies.inferencex_report import write_inferencex_report
+    from madmax_opt.studies.serving_fit import evaluate_all
+
+    ev = evaluate_all()
+    ok, _ = prepared_points()
+    ix = [k for k in ev.in_sample if k.startswith("ix-")]
+    assert len(ix) == 2 * len(ok)
+    for held in (ev.kfold, ev.loso, ev.logo):
+        assert set(ix) <= set(held) and ev.median(ev.in_sample, ix) <= ev.median(held, ix)
+    text = write_inferencex_report(tmp_path, ev).read_text()
+    assert sum(1 for line in text.splitlines() if line.startswith("| ix-")) == len(ix)

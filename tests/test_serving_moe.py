@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from madmax_opt.io import catalog
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.io.serving_catalog import serving_catalog
-from madmax_opt.model.serving_moe import active_experts
+from madmax_opt.model.serving_moe import active_experts, tokens_per_expert
 from madmax_opt.model.spec import Stack, Task
 from madmax_opt.model.workload import lower
 from madmax_opt.search.serving import (
@@ -169,3 +169,14 @@ def test_moe_rows_of_the_measured_serving_data_are_predicted_by_the_catalog_fit(
     assert all(np.isfinite(e) for e in errors.values())
     # what the fit reaches on them (reported, not tuned per case): median |error| below 25 %
     assert float(np.median([abs(e) for e in errors.values()])) < 0.25
+
+
+def test_rows_per_expert_by_hand() -> None:
+    """M = T_pool k f / E_act with E_act = E (1 - (1 - k/E)^T): Mixtral (E 8, k 2), one token: E_act = 2, M = f."""
+    wl = lower(catalog.models()["mixtral-8x7b"], Task(seq_len=128, global_batch=1), Stack())
+    one = np.array([1.0])
+    f = wl.expert_load_factor
+    assert tokens_per_expert(wl, one, one, one)[0] == pytest.approx(1.0 * 2 * f / 2.0)
+    # 4096 tokens touch all 8 experts: M = 4096 * 2 * f / 8
+    big = np.array([4096.0])
+    assert tokens_per_expert(wl, big, one, one)[0] == pytest.approx(4096 * 2 * f / 8.0, rel=1e-9)

@@ -183,11 +183,12 @@ def device(
     """Per-plan hardware columns; efficiencies from the serving calibration ``cal`` (one row per hardware option)."""
     hw = plans.hw
     prec = [PRECISIONS[int(i)] for i in plans.precision]
-    peaks = np.full((len(PRECISIONS), len(table.options)), np.nan)
-    for j, o in enumerate(table.options):
-        for i, p in enumerate(PRECISIONS):
-            gemm = gemm_precision(p, o.gpu.peak_flops)  # W8A8 / W4A4 natively, else weight-only (fp4 -> bf16)
-            peaks[i, j] = np.nan if gemm is None else o.gpu.peak_flops[gemm]  # type: ignore[index]
+    by_gpu: dict[str, list[float]] = {}  # GEMM peak per precision: W8A8 / W4A4 natively, else weight-only (fp4: bf16)
+    for o in table.options:
+        if o.gpu.name not in by_gpu:
+            gemms = [gemm_precision(p, o.gpu.peak_flops) for p in PRECISIONS]
+            by_gpu[o.gpu.name] = [np.nan if g is None else o.gpu.peak_flops[g] for g in gemms]  # type: ignore[index]
+    peaks = np.array([by_gpu[o.gpu.name] for o in table.options], dtype=np.float64).T.reshape(len(PRECISIONS), -1)
     peak16 = np.array([o.gpu.peak_flops.get("bf16", np.nan) for o in table.options])
     raw_bw = np.array([o.gpu.hbm_bw for o in table.options])
     kv_of = {p: task.kv_precision or DEFAULT_KV_PRECISION[p] for p in PRECISIONS}

@@ -69,6 +69,13 @@ class FitRecord(_Strict):
     method: str
     in_sample_median_err: float | None = None
     loso_median_err: float | None = Field(None, description="leave-one-source-out median |error| of these runs")
+    logo_median_err: float | None = Field(None, description="leave-one-GPU-out median |error| of these runs")
+    status: Literal["calibrated", "uncalibrated"] = Field(
+        "calibrated", description="uncalibrated: the in-sample or leave-one-source-out median |error| exceeds 30 %"
+    )
+    residuals: list[float] = Field(
+        default_factory=list, description="ln(predicted / measured) of each run in sample (error bars)"
+    )
 
 
 class ServingCalibrationEntry(_Strict):
@@ -95,13 +102,23 @@ class ServingCatalog(_Strict):
     prior: ServingParams = Field(description="universal prior of the fit (used where a framework has no runs)")
     prior_source: str
     frameworks: dict[str, ServingFramework]
+    gpu_families: dict[str, list[str]] = Field(
+        default_factory=dict, description="GPU family -> GPUs: a GPU without runs takes its family's pooled "
+        "hardware efficiencies (same kernel libraries and architecture generation)"
+    )
+    gpu_families_source: str = ""
     entries: list[ServingCalibrationEntry] = []
+
+    def gpu_family_of(self) -> dict[str, str]:
+        return {g: name for name, gpus in self.gpu_families.items() for g in gpus}
 
     def resolve(self, gpu: str, framework: str) -> tuple[ServingParams, str, FitRecord | None]:
         """(parameters, level, fit) for a GPU and framework (``resolve_params``); the fit record is the pair's, else
         the framework's pooled one."""
         by_key = {(e.gpu, e.framework): e for e in self.entries}
-        params, level = resolve_params(gpu, framework, {k: e.params for k, e in by_key.items()}, self.prior)
+        params, level = resolve_params(
+            gpu, framework, {k: e.params for k, e in by_key.items()}, self.prior, self.gpu_family_of().get(gpu)
+        )
         entry = by_key.get((gpu, framework)) or by_key.get((ANY, framework))
         return params, level, entry.fit if entry is not None else None
 
@@ -113,14 +130,20 @@ def compose(hardware: ServingParams, runtime: ServingParams) -> ServingParams:
 
 
 def resolve_params(
-    gpu: str, framework: str, fitted: dict[tuple[str, str], ServingParams], prior: ServingParams
+    gpu: str,
+    framework: str,
+    fitted: dict[tuple[str, str], ServingParams],
+    prior: ServingParams,
+    family: str | None = None,
 ) -> tuple[ServingParams, str]:
-    """(parameters, level): the pair's fit (``calibrated``), else the GPU's pooled hardware efficiencies with the
-    framework's pooled runtime parameters (``composed``, ``gpu-pooled`` or ``framework-pooled`` when only one of
-    them has runs), else the prior."""
+    """(parameters, level): the pair's fit (``calibrated``), else the GPU's pooled hardware efficiencies (a GPU
+    without runs: its family's, level ``family:NAME``) with the framework's pooled runtime parameters
+    (``composed``, ``gpu-pooled`` or ``framework-pooled`` when only one of them has runs), else the prior."""
     if (gpu, framework) in fitted:
         return fitted[(gpu, framework)], "calibrated"
     by_gpu, by_fw = fitted.get((gpu, ANY)), fitted.get((ANY, framework))
+    if by_gpu is None and family is not None and (f"family:{family}", ANY) in fitted:
+        return compose(fitted[(f"family:{family}", ANY)], by_fw or prior), f"family:{family}"
     level = {(True, True): "composed", (True, False): "gpu-pooled", (False, True): "framework-pooled"}.get(
         (by_gpu is not None, by_fw is not None), "prior"
     )

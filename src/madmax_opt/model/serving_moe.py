@@ -11,6 +11,7 @@ per replica:
     active experts         E_act = E * (1 - (1 - k/E)^T_pool)             (each token picks k of E uniformly)
     expert weight bytes    E_act * P_e * w / max(ep, tp)                   (streamed once per pass)
     expert FLOPs           T * k * f * 2 P_e / tp                          (f = load imbalance of the busiest GPU)
+    rows per expert        M = T_pool * k * f / E_act   (grouped-GEMM efficiency falls with M: shape factor on M)
     dispatch / combine     all-to-all of (T / tp) * k * h * 2 B per GPU over the ep group, once each (ep > 1)
     TP restore             all-gather of T h 2 B over tp after the combine (ep > 1; replaces the MLP all-reduce)
 
@@ -45,6 +46,12 @@ def active_experts(wl: TransformerWorkload, tokens_pool: Arr) -> Arr:
     return e * (1.0 - np.power(1.0 - k / e, tokens_pool))
 
 
+def tokens_per_expert(wl: TransformerWorkload, tokens: Arr, tp: Arr, ep: Arr) -> Arr:
+    """M = T_pool k f / E_act: rows of the grouped GEMM per active expert (T_pool tokens pick k experts each)."""
+    pool = pooled_tokens(tokens, tp, ep)
+    return pool * wl.top_k * wl.expert_load_factor / np.maximum(active_experts(wl, pool), 1e-9)
+
+
 def expert_weight_bytes_per_gpu(wl: TransformerWorkload, tp: Arr, ep: Arr, weight_bytes: Arr) -> Arr:
     """Routed-expert weights of one layer on one GPU: E * P_e * w / max(ep, tp)."""
     return wl.expert_params_per_layer * weight_bytes / expert_shards(tp, ep)
@@ -67,14 +74,17 @@ def expert_pass_s(
         return np.zeros_like(tokens)
     shards = expert_shards(tp, ep)
     per_expert_dim = np.where(ep > 1, 1.0, tp)  # ep = 1: each expert's width is TP-sharded
+    act = active_experts(wl, pooled_tokens(tokens, tp, ep))
+    rows = tokens_per_expert(wl, tokens, tp, ep)
     compute = np.zeros_like(tokens)
     for g in wl.expert_gemms:
         sharded = (g.n if g.tp_dim == "n" else g.k) / per_expert_dim
         other = float(g.k if g.tp_dim == "n" else g.n)
-        dim = np.minimum(sharded, other) * np.ones_like(tokens)
+        # the shape factor takes the rows each expert gets: a grouped GEMM pads every expert's few tokens to whole
+        # tiles, so its efficiency falls with M = tokens per expert (the dense GEMMs' half-dimension law)
+        dim = np.minimum(np.minimum(sharded, other), rows)
         flops = tokens * wl.top_k * wl.expert_load_factor * g.flops_per_token / tp
         compute = compute + gemm_time_s(flops, dim, peak_flops, gemm_eff * grouped_ratio, half_dim)
-    act = active_experts(wl, pooled_tokens(tokens, tp, ep))
     expert_bytes = act * sum(g.params for g in wl.expert_gemms) * weight_bytes / shards
     io_bytes = tokens * wl.top_k * wl.expert_load_factor * 2.0 * wl.model.hidden * ACT_BYTES / tp
     return np.maximum(compute, memory_bound_time_s(expert_bytes + io_bytes, hbm_bw))

@@ -187,14 +187,18 @@ class PreparedEngine:
     plans: ServingArrays
     framework: ServingFramework
 
-    def terms(self, params: Sequence[ServingParams]) -> InferenceTerms:
-        """The engine priced under each parameter set (option k by ``params[k]``), one vectorised evaluation."""
+    def terms(self, params: Sequence[ServingParams], batches: Sequence[int] | None = None) -> InferenceTerms:
+        """The engine priced under each parameter set (option k by ``params[k]``), one vectorised evaluation; with
+        ``batches``, every set at every batch (row k * len(batches) + j)."""
         m, k = self.model, len(params)
+        n = 1 if batches is None else len(batches)
         table = HardwareTable(tuple(m.table.options) * k)
         cal = CalibrationColumns.of(list(params), self.framework)
-        plans = self.plans.take([0] * k)
-        plans = ServingArrays(**{**plans.__dict__, "hw": np.arange(k, dtype=np.int64)})
-        return inference_terms(m.workload, m.task, m.problem.stack, table, plans, cal)
+        plans = self.plans.take([0] * (k * n))
+        cols = {**plans.__dict__, "hw": np.repeat(np.arange(k, dtype=np.int64), n)}
+        if batches is not None:
+            cols["batch"] = np.tile(np.asarray(batches, dtype=np.int64), k)
+        return inference_terms(m.workload, m.task, m.problem.stack, table, ServingArrays(**cols), cal)
 
 
 def prepare_engine(e: Engine, point_id: str) -> PreparedEngine:
@@ -210,6 +214,7 @@ class PreparedPoint:
     point: Point
     decode: PreparedEngine
     prefill: PreparedEngine | None
+    group: EngineGroup | None = None  # aggregated points sharing model, task and framework: priced together
     _last: tuple[tuple[ServingParams, ...], np.ndarray] | None = field(default=None, repr=False)
 
     def invalid(self) -> str | None:
@@ -224,6 +229,9 @@ class PreparedPoint:
 
     def predict_many(self, params: Sequence[ServingParams]) -> np.ndarray:
         key = tuple(params)
+        slot = next((j for j, q in enumerate(self.group.points) if q is self), None) if self.group else None
+        if self.group is not None and slot is not None:
+            return self.group.predict_many(params)[:, slot]
         if self._last is not None and self._last[0] == key:
             return self._last[1]
         d = self.decode.terms(params)
@@ -231,18 +239,76 @@ class PreparedPoint:
         if self.prefill is None:
             rate, tpot = d.output_tokens_per_s * workers, d.tpot_s
         else:
-            # disaggregated: the decode engines run pure decode rounds; the prefill engines feed requests at
-            # dp / (occupancy per prompt) each; throughput = min(decode emits, prefill feeds x mean output)
-            p = self.prefill.terms(params)
-            pre_workers = self.point.prefill.workers if self.point.prefill else 1
-            mean_out = self.prefill.model.workload.mean_output
-            per_request = p.step["prefill"] * mean_out / p.running_batch  # replica occupancy of one prompt
-            feed = pre_workers * self.prefill.plans.dp[0] * mean_out / per_request
-            decode_rate = workers * d.running_batch * self.decode.plans.dp[0] / d.decode_step_s
-            rate, tpot = np.minimum(decode_rate, feed), d.decode_step_s
+            rate, tpot = self._disaggregated(params, workers)
         out = np.stack([rate / self.point.num_gpus, tpot], axis=1)
         self._last = (key, out)
         return out
+
+
+    def _disaggregated(self, params: Sequence[ServingParams], workers: int) -> tuple[np.ndarray, np.ndarray]:
+        """Throughput and TPOT of a prefill pool feeding a decode pool. The prefill engines feed requests at
+        dp / (occupancy of one prompt) each; the decode engines run pure decode rounds and emit
+        R(b) = workers dp b / t_round(b) at b sequences per replica. Throughput X = min(R(b_max), feed), b_max =
+        the clients per replica; the decode batch that carries X is b* with R(b*) = X (Little's law: a
+        prefill-bound pool leaves the decode replicas part-full while requests queue for prefill), TPOT =
+        t_round(b*)."""
+        assert self.prefill is not None and self.point.prefill is not None
+        p = self.prefill.terms(params)
+        mean_out = self.prefill.model.workload.mean_output
+        per_request = p.step["prefill"] * mean_out / p.running_batch  # replica occupancy of one prompt
+        feed = self.point.prefill.workers * self.prefill.plans.dp[0] * mean_out / per_request
+        b_max = int(self.decode.plans.batch[0])
+        grid = sorted({*np.unique(np.geomspace(1, b_max, 7).round().astype(int)).tolist(), b_max})
+        g = self.decode.terms(params, grid)
+        k, n = len(params), len(grid)
+        t_round = g.decode_step_s.reshape(k, n)
+        emitted = workers * self.decode.plans.dp[0] * g.running_batch.reshape(k, n) / t_round
+        rate = np.minimum(emitted[:, -1], feed)
+        tpot = np.array([np.interp(rate[i], emitted[i], t_round[i]) for i in range(k)])
+        return rate, tpot
+
+
+@dataclass(eq=False)
+class EngineGroup:
+    """Aggregated points whose engines share the model, task and framework (they differ in GPU, plan and batch):
+    one vectorised evaluation prices all of them under all parameter sets (row = set x point). Same numbers as
+    pricing each point alone; the fit calls it with the same sets for every point, so it is computed once."""
+
+    points: list[PreparedPoint]
+    _last: tuple[tuple[ServingParams, ...], np.ndarray] | None = field(default=None, repr=False)
+
+    def predict_many(self, params: Sequence[ServingParams]) -> np.ndarray:
+        """(k, points, 2): output tok/s per GPU and TPOT."""
+        key = tuple(params)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        first = self.points[0].decode
+        m, k, n = first.model, len(params), len(self.points)
+        options = tuple(p.decode.model.table.options[0] for p in self.points)
+        table = HardwareTable(options * k)
+        cal = CalibrationColumns.of([q for q in params for _ in range(n)], first.framework)
+        plans = ServingArrays.concat([p.decode.plans for p in self.points] * k)
+        plans = ServingArrays(**{**plans.__dict__, "hw": np.arange(k * n, dtype=np.int64)})
+        t = inference_terms(m.workload, m.task, m.problem.stack, table, plans, cal)
+        workers = np.tile([p.point.decode.workers if p.point.decode else 1 for p in self.points], k)
+        gpus = np.tile([p.point.num_gpus for p in self.points], k)
+        out = np.stack([t.output_tokens_per_s * workers / gpus, t.tpot_s], axis=1).reshape(k, n, 2)
+        self._last = (key, out)
+        return out
+
+
+def group_points(points: Sequence[PreparedPoint]) -> None:
+    """Attach every aggregated point to the group of points sharing its model, task and framework."""
+    groups: dict[str, list[PreparedPoint]] = {}
+    for p in points:
+        if p.prefill is None and p.point.decode is not None:
+            d = p.point.decode.data
+            key = repr((d["model"], sorted(d["task"].items()), d["stack"], p.decode.model.framework))
+            groups.setdefault(key, []).append(p)
+    for members in groups.values():
+        g = EngineGroup(members)
+        for p in members:
+            p.group = g
 
 
 def prepare(point: Point) -> PreparedPoint | str:
@@ -270,4 +336,55 @@ def prepared_points() -> tuple[tuple[PreparedPoint, ...], tuple[tuple[Point, str
             refused.append((p, r))
         else:
             ok.append(r)
+    group_points(ok)
     return tuple(ok), tuple(refused)
+
+
+@dataclass(frozen=True)
+class MetricCase:
+    """One measured metric of a point, as the serving fit reads a case (``serving_cases.CaseInfo``)."""
+
+    id: str
+    source: str
+    gpu: str
+    framework: str
+    model: str
+    kind: str  # tput_per_gpu | tpot
+    measured: float
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return self.gpu, self.framework
+
+    @property
+    def moe(self) -> bool:
+        return True
+
+
+@dataclass
+class PreparedMetric:
+    """A metric of a prepared point (the fit's case): its column of the point's predictions."""
+
+    case: MetricCase
+    point: PreparedPoint
+
+    def predict_many(self, params: Sequence[ServingParams]) -> np.ndarray:
+        return self.point.predict_many(params)[:, METRICS.index(self.case.kind)]
+
+    def predict(self, params: ServingParams) -> float:
+        return float(self.predict_many([params])[0])
+
+    def error(self, params: ServingParams) -> float:
+        return self.predict(params) / self.case.measured - 1.0
+
+
+@cache
+def prepared_metrics() -> tuple[PreparedMetric, ...]:
+    """Both metrics of every expressible point (throughput per GPU, median TPOT), in data order."""
+    out = []
+    for pp in prepared_points()[0]:
+        p = pp.point
+        for kind in METRICS:
+            case = MetricCase(f"{p.id}:{kind}", p.source, p.gpu, p.framework, p.model, kind, p.measured[kind])
+            out.append(PreparedMetric(case, pp))
+    return tuple(out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from madmax_opt.studies.serving_cases import DATA_FILE, ServingCase
+from madmax_opt.studies.serving_cases import DATA_FILE, PreparedCase, ServingCase
 from madmax_opt.studies.serving_fit import FIT, Evaluation, evaluate_all
 
 SERVING_LOSO_BAR = 0.15  # issue 11: serving leave-one-source-out median |error|
@@ -19,7 +19,7 @@ def _stats(ev: Evaluation, label: str, key: Callable[[ServingCase], str]) -> lis
         "|---|---|---|---|---|---|",
     ]
     groups: dict[str, list[str]] = {}
-    for c in ev.cases:
+    for c in _modern(ev):
         groups.setdefault(key(c.case), []).append(c.case.id)
     for name, ids in sorted(groups.items()):
         ins, lo = [abs(ev.in_sample[i]) for i in ids], [abs(ev.loso[i]) for i in ids]
@@ -30,19 +30,27 @@ def _stats(ev: Evaluation, label: str, key: Callable[[ServingCase], str]) -> lis
     return lines
 
 
+def _modern(ev: Evaluation) -> list[PreparedCase]:
+    """The runs of inference.yaml among the fitted cases (the InferenceX points: results/validation/inferencex.md)."""
+    return [c for c in ev.cases if isinstance(c, PreparedCase)]
+
+
 def modern_serving_section(ev: Evaluation | None = None) -> list[str]:
-    """Markdown lines of the serving validation (fits and leave-one-source-out refits take ~10-60 s)."""
+    """Markdown lines of the serving validation (the fits and held-out refits take minutes)."""
     ev = ev or evaluate_all()
-    loso, ins = ev.median(ev.loso), ev.median(ev.in_sample)
-    moe = [c.case.id for c in ev.cases if c.case.moe]
+    cases = _modern(ev)
+    ids = [c.case.id for c in cases]
+    loso, ins = ev.median(ev.loso, ids), ev.median(ev.in_sample, ids)
+    moe = [c.case.id for c in cases if c.case.moe]
     lines = [
         "## Serving",
         "",
-        f"Data: all {len(ev.cases)} runs of `data/validation/modern/{DATA_FILE}` (TensorRT-LLM 0.9 / 0.13 / 1.0 on "
+        f"Data: all {len(cases)} runs of `data/validation/modern/{DATA_FILE}` (TensorRT-LLM 0.9 / 0.13 / 1.0 on "
         "H100 and H200, vLLM on H200 and on ROCm for MI300X), each posed as a serving problem and plan (`studies/"
         "serving_cases.py`: static batches, max-load throughput at the running batch the KV cache and max_num_seqs "
         "allow, batch-1 TTFT, fixed-batch end-to-end latency) and priced by the same model as `madmax-opt evaluate`."
-        f" Calibration: per (GPU, framework), {FIT}. Each framework is fitted on all its runs (pooled over GPUs) "
+        f" Calibration: per (GPU, framework), {FIT}, on these runs together with the InferenceX points "
+        "(results/validation/inferencex.md). Each framework is fitted on all its runs (pooled over GPUs) "
         "and each GPU on all its runs (pooled over frameworks); a pair is fitted around the composition of the "
         "two: the GPU's hardware efficiencies (GEMM, attention, HBM) with the framework's runtime parameters "
         "(overheads, collectives, grouped GEMMs), which is also what prices a pair without runs "
@@ -85,7 +93,7 @@ def modern_serving_section(ev: Evaluation | None = None) -> list[str]:
         "| run | source | GPU | framework | model | metric | measured | predicted | in-sample | LOSO |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for c in ev.cases:
+    for c in cases:
         k = c.case
         unit, scale = UNITS[k.kind]
         pred = k.measured * (1.0 + ev.in_sample[k.id])

@@ -13,10 +13,10 @@ Metric definitions follow the data's PROVENANCE.md (caveat 8):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import yaml
@@ -24,7 +24,7 @@ import yaml
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.io.serving_catalog import serving_catalog
 from madmax_opt.model.hardware import HardwareTable
-from madmax_opt.model.inference import ServingArrays, inference_terms
+from madmax_opt.model.inference import InferenceTerms, ServingArrays, inference_terms
 from madmax_opt.model.serving_calibration import CalibrationColumns, ServingFramework, ServingParams
 from madmax_opt.search.serving_space import ServingModel, ServingPlan
 
@@ -42,6 +42,32 @@ MODELS: dict[str, str] = {
     "qwen3_235b_a22b": "qwen3-235b-a22b",
 }
 UNLIMITED_REQUESTS = 1_000_000  # "max load" without a stated request count: the queue never empties
+
+
+class CaseInfo(Protocol):
+    """What the serving fit reads of a measured metric (``ServingCase``, ``inferencex.MetricCase``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def gpu(self) -> str: ...
+    @property
+    def framework(self) -> str: ...
+    @property
+    def measured(self) -> float: ...
+    @property
+    def pair(self) -> tuple[str, str]: ...
+
+
+class FitCase(Protocol):
+    """A measured metric the serving fit prices under candidate calibrations."""
+
+    @property
+    def case(self) -> CaseInfo: ...
+    def predict_many(self, params: Sequence[ServingParams]) -> np.ndarray: ...
+    def error(self, params: ServingParams) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -135,31 +161,66 @@ class PreparedCase:
     model: ServingModel
     plans: ServingArrays
     framework: ServingFramework
+    group: CaseGroup | None = None  # cases sharing model, task and framework: priced in one evaluation
 
     def predict_many(self, params: Sequence[ServingParams]) -> np.ndarray:
-        """The measured metric predicted under each parameter set: one vectorised evaluation, the case's hardware
-        option repeated once per set (option k priced by ``params[k]``)."""
-        m, k = self.model, len(params)
-        table = HardwareTable(tuple(m.table.options) * k)
-        cal = CalibrationColumns.of(list(params), self.framework)
-        plans = self.plans.take([0] * k)
-        plans = ServingArrays(**{**plans.__dict__, "hw": np.arange(k, dtype=np.int64)})
-        t = inference_terms(m.workload, m.task, m.problem.stack, table, plans, cal)
-        rate = t.output_tokens_per_s
-        kind = self.case.kind
-        if kind == "static":
-            return np.asarray(rate / t.gpus)
-        if kind == "max_load":
-            return np.asarray(rate)
-        if kind == "ttft":
-            return np.asarray(t.prefill_s)
-        return np.asarray(self.case.osl * t.running_batch * plans.dp / rate)  # e2e of the batch
+        """The measured metric predicted under each parameter set: one vectorised evaluation of the cases of its
+        group (each case's hardware option repeated once per set, option k priced by ``params[k]``)."""
+        slot = next((j for j, c in enumerate(self.group.cases) if c is self), None) if self.group else None
+        if self.group is None or slot is None:  # a copy (dataclasses.replace) is priced alone
+            return CaseGroup([self]).predict_many(params)[:, 0]
+        return self.group.predict_many(params)[:, slot]
 
     def predict(self, params: ServingParams) -> float:
         return float(self.predict_many([params])[0])
 
     def error(self, params: ServingParams) -> float:
         return self.predict(params) / self.case.measured - 1.0
+
+
+def _metric(case: ServingCase, t: InferenceTerms, dp: np.ndarray) -> np.ndarray:
+    rate = t.output_tokens_per_s
+    if case.kind == "static":
+        return np.asarray(rate / t.gpus)
+    if case.kind == "max_load":
+        return np.asarray(rate)
+    if case.kind == "ttft":
+        return np.asarray(t.prefill_s)
+    return np.asarray(case.osl * t.running_batch * dp / rate)  # e2e of the batch
+
+
+@dataclass(eq=False)
+class CaseGroup:
+    """Cases whose problems differ only in hardware and plan: one evaluation prices them all (row = set x case),
+    the same numbers as one by one; cached for the last parameter sets (the fit asks every case for the same)."""
+
+    cases: list[PreparedCase]
+    _last: tuple[tuple[ServingParams, ...], np.ndarray] | None = None
+
+    def predict_many(self, params: Sequence[ServingParams]) -> np.ndarray:
+        """(k, cases): each case's metric under each parameter set."""
+        key = tuple(params)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        m, k, n = self.cases[0].model, len(params), len(self.cases)
+        table = HardwareTable(tuple(c.model.table.options[0] for c in self.cases) * k)
+        cal = CalibrationColumns.of([q for q in params for _ in range(n)], self.cases[0].framework)
+        plans = ServingArrays.concat([c.plans for c in self.cases] * k)
+        plans = ServingArrays(**{**plans.__dict__, "hw": np.arange(k * n, dtype=np.int64)})
+        t = inference_terms(m.workload, m.task, m.problem.stack, table, plans, cal)
+        out = np.empty((k, n))
+        for j, c in enumerate(self.cases):
+            rows = np.arange(k) * n + j
+            sub = InferenceTerms(**{f.name: _take(getattr(t, f.name), rows) for f in fields(InferenceTerms)})
+            out[:, j] = _metric(c.case, sub, plans.dp[rows])
+        self._last = (key, out)
+        return out
+
+
+def _take(value: Any, rows: np.ndarray) -> Any:
+    if isinstance(value, dict):
+        return {k: v[rows] for k, v in value.items()}
+    return value[rows]
 
 
 @cache
@@ -169,4 +230,12 @@ def prepared_cases() -> tuple[PreparedCase, ...]:
         model = ServingModel(problem_from_dict(case.data, source=f"{DATA_FILE}#{case.id}"))
         framework = serving_catalog().frameworks[case.framework]
         out.append(PreparedCase(case, model, model.arrays([case.plan]), framework))
+    groups: dict[str, list[PreparedCase]] = {}
+    for c in out:
+        key = repr(({k: v for k, v in c.case.data.items() if k != "hardware"}, c.case.framework))
+        groups.setdefault(key, []).append(c)
+    for members in groups.values():
+        g = CaseGroup(members)
+        for c in members:
+            c.group = g
     return tuple(out)

@@ -3,7 +3,8 @@
 Method (MAP estimate, Levenberg-Marquardt on log errors with a numeric Jacobian):
 
     minimise  sum_runs ln(predicted / measured)^2  +  sum_params ((x - x_prior) / sigma)^2
-    x = (ln gemm_eff, ln attn_eff, ln hbm_eff, ln grouped_gemm_ratio, ln comm_eff, layer overhead in us,
+    x = (ln gemm_eff, ln attn_eff, ln hbm_eff, ln grouped_gemm_ratio, ln comm_eff, ln spec_acceptance,
+         layer overhead in us,
          prefill overhead in ms)
 
 Two levels: each framework is first fitted on all its runs (every GPU) around the universal prior of
@@ -17,8 +18,8 @@ cluster and software version the fit has not seen.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -34,14 +35,16 @@ from madmax_opt.model.serving_calibration import (
     ServingParams,
     resolve_params,
 )
-from madmax_opt.studies.serving_cases import PreparedCase, prepared_cases
+from madmax_opt.studies.inferencex import prepared_metrics
+from madmax_opt.studies.serving_cases import CaseInfo, FitCase, prepared_cases
 
-EFFS: tuple[str, ...] = ("gemm_eff", "attn_eff", "hbm_eff", "grouped_gemm_ratio", "comm_eff")
-UPPER = np.log([1.0, 1.0, 1.0, 1.0, 2.0, np.inf, np.inf])  # box of x (the overheads have no upper bound)
+EFFS: tuple[str, ...] = ("gemm_eff", "attn_eff", "hbm_eff", "grouped_gemm_ratio", "comm_eff", "spec_acceptance")
+UPPER = np.log([1.0, 1.0, 1.0, 1.0, 2.0, 1.0, np.inf, np.inf])  # box of x (the overheads have no upper bound)
 N = len(EFFS) + 2
 SIGMA = np.array([1.0] * len(EFFS) + [100.0, 2.0])  # ln-efficiency sigmas; overheads in us and ms
 STEPS = np.array([1e-3] * len(EFFS) + [0.1, 0.01])  # forward-difference steps of the Jacobian
 MAX_ITERATIONS = 30
+TOLERANCE = 1e-4  # stop when an iteration lowers the cost by less than this fraction (errors move < 0.1 %)
 FIT = (
     "MAP fit: Levenberg-Marquardt on ln(predicted/measured), log-normal prior sigma 1.0 on the efficiencies and "
     "100 us on the per-layer overhead, 2 ms on the prefill overhead"
@@ -49,6 +52,8 @@ FIT = (
 METHOD_PAIR = FIT + ", on this pair's runs, around the composition of its GPU's and its framework's pooled fits"
 METHOD_POOLED = FIT + ", on the framework's runs on every GPU, around the universal prior"
 METHOD_GPU = FIT + ", on the GPU's runs under every framework, around the universal prior (hardware efficiencies used)"
+METHOD_FAMILY = FIT + (", on the runs of the family's GPUs under every framework, around the universal prior (hardware "
+                       "efficiencies used for a GPU of the family without runs)")
 
 
 def to_x(p: ServingParams) -> np.ndarray:
@@ -56,27 +61,30 @@ def to_x(p: ServingParams) -> np.ndarray:
 
 
 def from_x(x: np.ndarray) -> ServingParams:
-    effs = {k: float(np.exp(v)) for k, v in zip(EFFS, x[: len(EFFS)], strict=True)}
+    effs = {k: float(np.exp(min(v, u))) for k, v, u in zip(EFFS, x[: len(EFFS)], UPPER, strict=False)}
     return ServingParams(
         **effs, layer_overhead_s=float(max(x[-2], 0.0)) * 1e-6, prefill_overhead_s=float(max(x[-1], 0.0)) * 1e-3
     )
 
 
-def log_errors_many(cases: Sequence[PreparedCase], xs: list[np.ndarray]) -> np.ndarray:
+def log_errors_many(cases: Sequence[FitCase], xs: list[np.ndarray]) -> np.ndarray:
     """ln(predicted / measured), one row per parameter vector, one column per case."""
     params = [from_x(x) for x in xs]
     return np.stack([np.log(c.predict_many(params) / c.case.measured) for c in cases], axis=1)
 
 
-def map_cost(cases: Sequence[PreparedCase], prior: ServingParams, p: ServingParams, sigma: np.ndarray = SIGMA) -> float:
+def map_cost(cases: Sequence[FitCase], prior: ServingParams, p: ServingParams, sigma: np.ndarray = SIGMA) -> float:
     """The minimised objective: sum of squared ln errors plus the prior's squared z-scores."""
     x = to_x(p)
     r = np.concatenate([log_errors_many(cases, [x])[0], (x - to_x(prior)) / sigma])
     return float(r @ r)
 
 
-def fit(cases: Sequence[PreparedCase], prior: ServingParams, sigma: np.ndarray = SIGMA) -> ServingParams:
-    """The MAP parameters of ``cases`` around ``prior`` (the prior itself when there are no cases)."""
+def fit(
+    cases: Sequence[FitCase], prior: ServingParams, sigma: np.ndarray = SIGMA, start: ServingParams | None = None
+) -> ServingParams:
+    """The MAP parameters of ``cases`` around ``prior`` (the prior itself when there are no cases); the iterations
+    start at ``start`` (default: the prior)."""
     if not cases:
         return prior
     x0 = to_x(prior)
@@ -92,7 +100,7 @@ def fit(cases: Sequence[PreparedCase], prior: ServingParams, sigma: np.ndarray =
         out[-2:] = np.maximum(out[-2:], 0.0)
         return out
 
-    x, lam = x0.copy(), 1e-2
+    x, lam = (x0.copy() if start is None else to_x(start)), 1e-2
     r = residuals(x)
     cost = float(r @ r)
     done = False
@@ -108,7 +116,7 @@ def fit(cases: Sequence[PreparedCase], prior: ServingParams, sigma: np.ndarray =
             cost_new = float(r_new @ r_new)
             if cost_new < cost:
                 x, r, lam, improved = x_new, r_new, lam / 3.0, True
-                done = cost - cost_new < 1e-8 * max(cost, 1e-12)
+                done = cost - cost_new < TOLERANCE * max(cost, 1e-12)
                 cost = cost_new
                 break
             lam *= 4.0
@@ -117,80 +125,163 @@ def fit(cases: Sequence[PreparedCase], prior: ServingParams, sigma: np.ndarray =
     return from_x(x)
 
 
-@dataclass(frozen=True)
+def family_key(family: str) -> str:
+    """Catalog key of a GPU family's pooled fit (gpu column)."""
+    return f"family:{family}"
+
+
+@dataclass
 class Fit:
-    pooled: dict[str, ServingParams]  # per framework, over its GPUs
-    by_gpu: dict[str, ServingParams]  # per GPU, over its frameworks (its hardware-bound efficiencies are used)
-    pairs: dict[tuple[str, str], ServingParams]  # per (gpu, framework)
+    """The fits of ``cases`` at every level, made lazily (a held-out refit fits only what its held cases resolve
+    to): per framework (pooled over GPUs), per GPU and per GPU family (pooled over frameworks) around the prior,
+    each pair around the composition of its GPU's (else its family's) and its framework's pooled fits. ``warm``:
+    a fit whose values start the iterations (the full fit, for held-out refits; the optimum is unchanged)."""
+
+    cases: tuple[FitCase, ...]
     prior: ServingParams
+    families: dict[str, str]  # gpu -> family
+    warm: Fit | None = None
+    _done: dict[tuple[str, str], ServingParams | None] = field(default_factory=dict, repr=False)
+
+    def _fit(self, key: tuple[str, str], subset: list[FitCase], around: ServingParams) -> ServingParams | None:
+        if key not in self._done:
+            start = self.warm._done.get(key) if self.warm is not None else None
+            self._done[key] = fit(subset, around, start=start) if subset else None
+        return self._done[key]
+
+    def pooled(self, gpu: str, framework: str) -> dict[tuple[str, str], ServingParams]:
+        """The pooled fits (GPU's, its family's, framework's) that exist for a pair."""
+        family = self.families.get(gpu)
+        out = {
+            (gpu, ANY): self._fit((gpu, ANY), [c for c in self.cases if c.case.gpu == gpu], self.prior),
+            (ANY, framework): self._fit(
+                (ANY, framework), [c for c in self.cases if c.case.framework == framework], self.prior
+            ),
+        }
+        if family is not None and out[(gpu, ANY)] is None:
+            members = [c for c in self.cases if self.families.get(c.case.gpu) == family]
+            out[(family_key(family), ANY)] = self._fit((family_key(family), ANY), members, self.prior)
+        return {k: v for k, v in out.items() if v is not None}
+
+    def resolve_level(self, gpu: str, framework: str) -> tuple[ServingParams, str]:
+        """(parameters, level) as the catalog resolves them (``resolve_params``)."""
+        base = resolve_params(gpu, framework, self.pooled(gpu, framework), self.prior, self.families.get(gpu))
+        mine = [c for c in self.cases if c.case.pair == (gpu, framework)]
+        pair = self._fit((gpu, framework), mine, base[0])
+        return (pair, "calibrated") if pair is not None else base
+
+    def resolve(self, gpu: str, framework: str) -> ServingParams:
+        return self.resolve_level(gpu, framework)[0]
 
     @property
     def fitted(self) -> dict[tuple[str, str], ServingParams]:
-        """Every fitted set by catalog key: (gpu, fw), ("*", fw) and (gpu, "*")."""
-        return {
-            **self.pairs,
-            **{(ANY, fw): p for fw, p in self.pooled.items()},
-            **{(g, ANY): p for g, p in self.by_gpu.items()},
-        }
+        """Every fitted set by catalog key: (gpu, fw), ("*", fw), (gpu, "*") and ("family:NAME", "*")."""
+        for pair in sorted({c.case.pair for c in self.cases}):
+            self.resolve(*pair)
+        for name in sorted({self.families[c.case.gpu] for c in self.cases if c.case.gpu in self.families}):
+            members = [c for c in self.cases if self.families.get(c.case.gpu) == name]
+            self._fit((family_key(name), ANY), members, self.prior)
+        done = {k: v for k, v in self._done.items() if v is not None}
+        order = sorted(done, key=lambda k: (k[0] == ANY or k[1] == ANY, k[0].startswith("family:"), k))
+        return {k: done[k] for k in order}
 
-    def resolve(self, gpu: str, framework: str) -> ServingParams:
-        return resolve_params(gpu, framework, self.fitted, self.prior)[0]
+
+def fit_all(cases: Sequence[FitCase], prior: ServingParams | None = None, warm: Fit | None = None) -> Fit:
+    """Every level fitted on ``cases`` (see ``Fit``)."""
+    cat = serving_catalog()
+    full = Fit(tuple(cases), prior or cat.prior, cat.gpu_family_of(), warm)
+    full.fitted  # noqa: B018 (fits every level)
+    return full
 
 
-def fit_all(cases: Sequence[PreparedCase], prior: ServingParams | None = None) -> Fit:
-    """Framework-pooled and GPU-pooled fits around the prior, then each pair around what it would resolve to
-    without its own runs (the composition of the two)."""
-    prior = prior or serving_catalog().prior
-    pooled = {fw: fit([c for c in cases if c.case.framework == fw], prior) for fw in sorted({c.case.framework for c in cases})}
-    by_gpu = {g: fit([c for c in cases if c.case.gpu == g], prior) for g in sorted({c.case.gpu for c in cases})}
-    base = Fit(pooled, by_gpu, {}, prior)
-    pairs = {pair: fit([c for c in cases if c.case.pair == pair], base.resolve(*pair))
-             for pair in sorted({c.case.pair for c in cases})}
-    return Fit(pooled, by_gpu, pairs, prior)
+def held_out_errors(
+    cases: Sequence[FitCase], full: Fit, group: Callable[[FitCase], str]
+) -> dict[str, float]:
+    """Each case predicted by the fits of the cases outside its group (refitted, warm-started from ``full``)."""
+    out: dict[str, float] = {}
+    for value in sorted({group(c) for c in cases}):
+        rest = Fit(tuple(c for c in cases if group(c) != value), full.prior, full.families, full)
+        for c in cases:
+            if group(c) == value:
+                out[c.case.id] = c.error(rest.resolve(*c.case.pair))
+    return out
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Every case's in-sample and leave-one-source-out error (predicted / measured - 1)."""
+    """Every case's in-sample, leave-one-source-out and leave-one-GPU-out error (predicted / measured - 1)."""
 
     fit: Fit
     in_sample: dict[str, float]  # by case id
     loso: dict[str, float]
-    cases: tuple[PreparedCase, ...]
+    logo: dict[str, float]
+    cases: tuple[FitCase, ...]
+    kfold: dict[str, float] = field(default_factory=dict)  # held-out points: 5 folds (FOLDS)
 
     def median(self, errors: dict[str, float], ids: Sequence[str] | None = None) -> float:
         keys = list(errors) if ids is None else list(ids)
         return statistics.median(abs(errors[k]) for k in keys) if keys else float("nan")
 
 
+def all_cases() -> tuple[FitCase, ...]:
+    """The serving runs of inference.yaml and both metrics of every expressible InferenceX point."""
+    return (*prepared_cases(), *prepared_metrics())
+
+
 @cache
 def evaluate_all() -> Evaluation:
-    """The full fit, its in-sample errors and the leave-one-source-out errors (a minute on two cores)."""
-    cases = prepared_cases()
+    """The full fit, its in-sample errors, leave-one-source-out and leave-one-GPU-out errors (minutes on two
+    cores)."""
+    cases = all_cases()
     full = fit_all(cases)
     in_sample = {c.case.id: c.error(full.resolve(*c.case.pair)) for c in cases}
-    loso: dict[str, float] = {}
-    for source in sorted({c.case.source for c in cases}):
-        rest = fit_all([c for c in cases if c.case.source != source])
-        for c in cases:
-            if c.case.source == source:
-                loso[c.case.id] = c.error(rest.resolve(*c.case.pair))
-    return Evaluation(full, in_sample, loso, cases)
+    loso = held_out_errors(cases, full, lambda c: c.case.source)
+    logo = held_out_errors(cases, full, lambda c: c.case.gpu)
+    kfold = held_out_errors(cases, full, fold)
+    return Evaluation(full, in_sample, loso, logo, cases, kfold)
+
+
+FOLDS = 5
+
+
+def fold(c: FitCase) -> str:
+    """Held-out points: the case's fold, by the number in its run id (both metrics of a point in one fold)."""
+    digits = "".join(ch for ch in c.case.id.split(":")[0] if ch.isdigit()) or "0"
+    return f"fold {int(digits) % FOLDS}"
+
+
+UNCALIBRATED_ABOVE = 0.30  # issue 23: a pair whose held-out median |error| exceeds 30 % is flagged uncalibrated
+
+
+def _members(ev: Evaluation, gpu: str, fw: str) -> list[CaseInfo]:
+    fam = gpu.removeprefix("family:") if gpu.startswith("family:") else None
+    return [
+        c.case for c in ev.cases
+        if fw in (ANY, c.case.framework)
+        and (gpu in (ANY, c.case.gpu) or (fam is not None and ev.fit.families.get(c.case.gpu) == fam))
+    ]
 
 
 def catalog_entries(ev: Evaluation) -> list[ServingCalibrationEntry]:
-    """The fitted parameter sets with the record of each fit (runs, sources, in-sample and LOSO errors)."""
+    """The fitted parameter sets with the record of each fit: runs, sources, the ln residuals of its runs in
+    sample, in-sample / leave-one-source-out / leave-one-GPU-out medians, and its status (uncalibrated when the
+    in-sample or the leave-one-source-out median exceeds 30 %)."""
     out = []
     for (gpu, fw), params in ev.fit.fitted.items():
-        mine = [c.case for c in ev.cases if fw in (ANY, c.case.framework) and gpu in (ANY, c.case.gpu)]
+        mine = _members(ev, gpu, fw)
         ids = [c.id for c in mine]
-        method = METHOD_POOLED if gpu == ANY else METHOD_GPU if fw == ANY else METHOD_PAIR
+        method = (METHOD_POOLED if gpu == ANY else METHOD_FAMILY if gpu.startswith("family:")
+                  else METHOD_GPU if fw == ANY else METHOD_PAIR)
+        ins, loso = ev.median(ev.in_sample, ids), ev.median(ev.loso, ids)
         record = FitRecord(
             runs=len(mine),
             sources=sorted({c.source for c in mine}),
             method=method,
-            in_sample_median_err=round(ev.median(ev.in_sample, ids), 4),
-            loso_median_err=round(ev.median(ev.loso, ids), 4),
+            in_sample_median_err=round(ins, 4),
+            loso_median_err=round(loso, 4),
+            logo_median_err=round(ev.median(ev.logo, ids), 4),
+            status="uncalibrated" if max(ins, loso) > UNCALIBRATED_ABOVE else "calibrated",
+            residuals=[round(float(np.log1p(ev.in_sample[i])), 4) for i in ids],
         )
         rounded = ServingParams(**{k: float(f"{v:.4g}") for k, v in params.model_dump().items()})
         out.append(ServingCalibrationEntry(gpu=gpu, framework=fw, params=rounded, fit=record))
@@ -204,9 +295,11 @@ def write_catalog(path: Path, ev: Evaluation | None = None) -> Path:
     data = cat.model_copy(update={"entries": catalog_entries(ev)}).model_dump(mode="json")
     header = (
         "# Serving calibration (class madmax_opt.model.serving_calibration.ServingCatalog): parameters per (GPU,\n"
-        "# serving framework), fitted ONLY on the measured serving runs of data/validation/modern/inference.yaml.\n"
+        "# serving framework), fitted ONLY on the measured serving runs of data/validation/modern/inference.yaml and\n"
+        "# the expressible InferenceX points of data/validation/modern/inferencex.yaml (throughput/GPU and TPOT).\n"
         "# Regenerated by `madmax-opt fit-serving` (studies/serving_fit.py); do not edit the entries by hand.\n"
-        "# gpu '*' = the framework's fit pooled over GPUs (used, flagged uncalibrated, for GPUs without runs).\n"
+        "# gpu '*' = the framework's fit pooled over GPUs (used, flagged uncalibrated, for GPUs without runs);\n"
+        "# framework '*' = a GPU's (or 'family:NAME' a GPU family's) fit pooled over frameworks.\n"
     )
     path.write_text(header + yaml.safe_dump(data, sort_keys=False, width=115))
     return path
