@@ -119,6 +119,11 @@ def serving_limits(fmt: str, p: ServingPlan, problem: Problem) -> list[str]:
         out.append("disaggregation")
     if fmt == "vllm" and p.prefill_replicas and p.tp * p.pp > 8:
         out.append("disaggregation with replicas over nodes (NIXL side-channel host under Ray)")
+    m = problem.model  # a catalog checkpoint loads at its own quantization, or unquantized ones also at fp8
+    loads = {"fp8": {"vllm": {"fp8"}, "sglang": {"fp8", "fp4"}}, "mxfp4": {"vllm": {"fp4"}, "sglang": {"fp4"}}}
+    if fmt in ("vllm", "sglang") and m.hf_id is not None and precision not in loads.get(
+            m.native_precision or "", {}).get(fmt, {"bf16", "fp16", "fp8"}):
+        out.append("checkpoint quantization")
     if p.ep > 1 and (p.ep % p.tp or any(n % group for n in roles)):
         out.append("expert-parallel groups")
     if fmt == "trtllm" and (p.ep > 1 or problem.model.moe is not None):

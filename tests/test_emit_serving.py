@@ -66,13 +66,29 @@ def servers_of(e: Emitted) -> list[Command]:
     return [c for c in e.commands if c.role != "router"]
 
 
-def expected_limits(fmt: str, p: ServingPlan, problem: Problem) -> bool:
+# precisions a catalog checkpoint loads at without --checkpoint, by the weights it ships (vLLM 0.11 / SGLang 0.5.23:
+# its own quantization method, or fp8 quantized at load from unquantized weights; SGLang also requantizes the MoE
+# experts of an FP8 checkpoint to modelopt_fp4)
+LOADS = {"fp8": {"vllm": {"fp8"}, "sglang": {"fp8", "fp4"}}, "mxfp4": {"vllm": {"fp4"}, "sglang": {"fp4"}}}
+UNQUANTIZED = {"bf16", "fp16", "fp8"}
+
+
+def checkpoint_refuses(fmt: str, precision: str, problem: Problem, checkpoint: str | None) -> bool:
+    m = problem.model
+    if fmt == "trtllm" or checkpoint is not None or m.hf_id is None:
+        return False
+    native = m.native_precision or "bf16"
+    return precision not in (LOADS[native][fmt] if native in LOADS else UNQUANTIZED)
+
+
+def expected_limits(fmt: str, p: ServingPlan, problem: Problem, checkpoint: str | None = None) -> bool:
     """Whether ``fmt`` refuses ``p`` (the limits test_emit states: int8 KV, trtllm disaggregation / MoE, EP
     groups), plus a replica above a node that is not whole nodes."""
-    precision = p.precision or "bf16"
+    precision = p.precision or problem.task.precisions()[0]  # type: ignore[union-attr]
     roles = [p.prefill_replicas, p.dp - p.prefill_replicas] if p.prefill_replicas else [p.dp]
     r = p.tp * p.pp
     return any([
+        checkpoint_refuses(fmt, precision, problem, checkpoint),
         fmt in ("vllm", "sglang") and precision == "int8",
         fmt == "trtllm" and (p.prefill_replicas > 0 or p.ep > 1 or problem.model.moe is not None),
         p.ep > 1 and (p.ep % p.tp != 0 or any(n % (p.ep // p.tp) for n in roles)),
@@ -84,7 +100,7 @@ def expected_limits(fmt: str, p: ServingPlan, problem: Problem) -> bool:
 
 def check_launch(fmt: str, problem: Problem, plan: ServingPlan, checkpoint: str | None = None) -> Emitted | None:
     """Emit, check every start-up rule, the layout and the round trip against what was priced."""
-    if expected_limits(fmt, plan, problem):
+    if expected_limits(fmt, plan, problem, checkpoint):
         with pytest.raises(ProblemError, match=f"{fmt} cannot express"):
             emit_plan(problem, plan, fmt, checkpoint)
         return None
@@ -277,3 +293,25 @@ def test_every_catalog_model_launches_as_priced(name: str) -> None:
     plan = ServingPlan(dp=2, tp=8, batch=16, precision="fp8", ep=16 if m.moe else 1)
     for fmt in FORMATS:
         check_launch(fmt, problem, plan)
+
+
+def test_the_checkpoint_decides_the_quantization_it_loads_with() -> None:
+    """DeepSeek-V3 ships FP8 weights: vLLM refuses fp4 (its modelopt_fp4 would not match the checkpoint's fp8 method:
+    a start-up ValueError), SGLang requantizes the experts (modelopt_fp4 is listed compatible with fp8); gpt-oss
+    ships MXFP4: fp4 loads with the checkpoint's own mxfp4; Llama-3 70B ships bf16: int4 (AWQ) needs --checkpoint."""
+    deepseek = serving("deepseek-v3", gpu="b200")
+    plan = ServingPlan(dp=8, tp=1, ep=8, batch=64, precision="fp4")
+    with pytest.raises(ProblemError, match=r"vllm\.checkpoint-quantization"):
+        emit_plan(deepseek, plan, "vllm")
+    e = check_launch("sglang", deepseek, plan)
+    assert e is not None and "--quantization modelopt_fp4" in " ".join(e.commands[0].args)
+    assert check_launch("vllm", deepseek, plan, checkpoint="/ckpt/deepseek-v3-nvfp4") is not None
+    oss = serving("gpt-oss-120b", gpu="b200")
+    e = check_launch("vllm", oss, ServingPlan(dp=1, tp=4, ep=4, batch=32, precision="fp4"))
+    assert e is not None and parse_flags(e.commands[0].args)["--quantization"] == "mxfp4"
+    with pytest.raises(ProblemError, match=r"sglang\.checkpoint-quantization"):
+        emit_plan(oss, ServingPlan(dp=1, tp=4, batch=32, precision="bf16"), "sglang")
+    llama = serving("llama3-70b")
+    with pytest.raises(ProblemError, match="its weights are not quantized"):
+        emit_plan(llama, ServingPlan(dp=1, tp=4, batch=32, precision="int4"), "vllm")
+    assert check_launch("trtllm", llama, ServingPlan(dp=1, tp=4, batch=32, precision="int4")) is not None  # build

@@ -39,8 +39,9 @@ from madmax_opt.launch.common import (
     refuse,
 )
 from madmax_opt.launch.flagsets import flagset
+from madmax_opt.launch.serving_rules import CHECKPOINT_METHOD, CHECKPOINT_RULES, cite_serving, loads
 from madmax_opt.model.inference import DEFAULT_KV_PRECISION
-from madmax_opt.model.spec import InferenceTask
+from madmax_opt.model.spec import InferenceTask, TransformerModel
 from madmax_opt.search.serving_space import TRAINING_KNOBS, ServingPlan
 
 # weight precision -> (dtype, quantization) per framework; int8 / int4 / fp4 need a pre-quantized checkpoint
@@ -89,6 +90,8 @@ class Serving:
             raise refuse(fmt, f"a {kv_precision} KV cache", f"allowed: {', '.join(kv)}",
                          field="task.kv_precision")
         self.dtype, self.quantization = weights[self.precision]
+        if fmt in CHECKPOINT_RULES and ctx.checkpoint is None:
+            self.quantization = checkpoint_quantization(fmt, ctx.model, self.precision, self.quantization)
         self.kv = kv[kv_precision]
         self.max_len = max(r.prompt_len + r.output_len for r in task.requests())
         self.groups = [("prefill", p.prefill_replicas), ("decode", p.dp - p.prefill_replicas)] \
@@ -115,7 +118,28 @@ class Serving:
 
 
 def precision_from(weights: Mapping[str, tuple[str, str | None]], dtype: str, quantization: str | None) -> str:
+    if quantization == "mxfp4":  # a checkpoint's own MXFP4 (gpt-oss): priced as fp4
+        return "fp4"
     return next(k for k, (d, q) in weights.items() if q == quantization and (q is not None or d == dtype))
+
+
+def checkpoint_quantization(fmt: str, model: TransformerModel, precision: str, wanted: str | None) -> str | None:
+    """The --quantization that loads the catalog checkpoint at the priced precision, or a refusal naming the rule:
+    a quantized checkpoint takes its own method (SGLang also modelopt_fp4 on FP8), an unquantized one only online
+    methods (fp8); weights above that need --checkpoint with pre-quantized weights."""
+    if model.hf_id is None:
+        return wanted
+    method = CHECKPOINT_METHOD.get(model.native_precision or "")
+    if method == "mxfp4" and precision == "fp4":
+        return "mxfp4"
+    if loads(fmt, method, wanted) and not (method is not None and wanted is None):
+        return wanted
+    ships = f"its weights ship in {model.native_precision}" if method else "its weights are not quantized"
+    if method is not None and wanted is None:  # starts, but runs the checkpoint's own quantization
+        ships += f", which the server would load as {method} instead of the priced {precision}"
+    raise refuse(fmt, f"precision {precision} from {model.hf_id}", f"{ships}; {cite_serving(CHECKPOINT_RULES[fmt])}; "
+                 "allowed: a precision the checkpoint loads at, or --checkpoint with weights at this precision",
+                 field="precision")
 
 
 def servers(fmt: str, s: Serving) -> list[tuple[str, int]]:

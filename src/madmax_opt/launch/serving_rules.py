@@ -17,6 +17,7 @@ from typing import Literal
 import yaml
 from pydantic import Field
 
+from madmax_opt.io import catalog
 from madmax_opt.launch.common import Emitted, parse_flags
 from madmax_opt.model.spec import Strict
 
@@ -56,6 +57,7 @@ class Started:
     """One command of a deployment as its program reads it."""
 
     program: str
+    argv_model: str  # the program's positional model argument (vllm serve MODEL, trtllm-serve MODEL)
     node: int
     flags: dict[str, str | bool]
     launcher: dict[str, str | bool]
@@ -74,11 +76,33 @@ class Started:
 
 
 def started(e: Emitted) -> list[Started]:
-    return [Started(program=" ".join(c.program[:2]), node=c.node, flags=parse_flags(c.args),
+    return [Started(program=" ".join(c.program[:2]), argv_model=c.program[-1], node=c.node, flags=parse_flags(c.args),
                     launcher=parse_flags(c.launcher[1:]), env=dict(c.env)) for c in e.commands]
 
 
 Check = Callable[[Emitted, list[Started]], bool]
+
+# the quantization method a catalog checkpoint's config.json declares, by its native precision (None: unquantized)
+CHECKPOINT_METHOD = {"fp8": "fp8", "mxfp4": "mxfp4", "nvfp4": "modelopt"}
+ONLINE = ("fp8",)  # methods vLLM and SGLang apply to unquantized weights at load (no quantization config needed)
+SGLANG_COMPATIBLE = {("modelopt_fp4", "fp8")}  # model_config.py line 2046: MoE experts of an FP8 checkpoint requantized
+CHECKPOINT_RULES = {"vllm": "vllm.checkpoint-quantization", "sglang": "sglang.checkpoint-quantization"}
+
+
+def loads(fmt: str, method: str | None, wanted: str | None) -> bool:
+    """Whether ``--quantization wanted`` loads a checkpoint declaring ``method`` (None: unquantized)."""
+    if method is None:
+        return wanted is None or wanted in ONLINE
+    return wanted in (None, method) or (fmt == "sglang" and (wanted, method) in SGLANG_COMPATIBLE)
+
+
+def checkpoint_loads(fmt: str, checkpoint: str, quantization: str | bool | None) -> bool:
+    """The rule on a catalog checkpoint (by its hf_id); a checkpoint outside the catalog is the user's to match."""
+    native = {m.hf_id: m.native_precision for m in catalog.models().values() if m.hf_id}
+    if checkpoint not in native:
+        return True
+    return loads(fmt, CHECKPOINT_METHOD.get(native[checkpoint] or ""), quantization if isinstance(quantization, str)
+                 else None)
 
 
 def _disjoint(gpus: list[tuple[int, list[int]]]) -> bool:
@@ -134,6 +158,8 @@ def _vllm_checks() -> dict[str, Check]:
             if c.num("--tensor-parallel-size") * c.num("--pipeline-parallel-size") > e.gpus_per_node),
         "vllm.dp-devices": devices,
         "vllm.nixl-side-channel": nixl,
+        "vllm.checkpoint-quantization": lambda e, cmds: all(
+            checkpoint_loads("vllm", c.argv_model, c.flags.get("--quantization")) for c in serves(cmds)),
     }
 
 
@@ -179,6 +205,9 @@ def _sglang_checks() -> dict[str, Check]:
                                                      if c.num("--nnodes") > 1),
         "sglang.node-ranks": node_ranks,
         "sglang.bootstrap-port": bootstrap,
+        "sglang.checkpoint-quantization": lambda e, cmds: all(
+            checkpoint_loads("sglang", str(c.flags.get("--model-path")), c.flags.get("--quantization"))
+            for c in servers(cmds)),
     }
 
 
