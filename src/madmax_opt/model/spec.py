@@ -395,6 +395,11 @@ class Stack(Strict):
     tp_comm_overlap: bool = Field(False, description="overlap TP/SP collectives with GEMMs (Megatron --tp-comm-overlap)")
     dp_overlap: bool = Field(True, description="overlap DP gradient reduction with backward (bucketed DDP)")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Megatron main-grad precision")
+    fp8_params: bool = Field(
+        False, description="fp8/mxfp8 tasks: FP8 primary weights (Megatron-Core --fp8-param-gather, NeMo "
+        "fp8_params): each weight held as FP8 plus its transpose instead of bf16 plus the FP8 cache; ZeRO/FSDP "
+        "all-gathers FP8",
+    )
     dropout: bool = Field(False, description="dropout layers store masks (GPT-3-era); off for LLaMA-style models")
     pp_scatter_gather: bool = Field(
         False,
