@@ -76,3 +76,13 @@ def test_ceiling_lookup() -> None:
     assert utilization_ceiling("b200", "bf16").hfu == 0.793  # no B200 bf16 runs: the best on any GPU
     assert utilization_ceiling("h100-sxm+gemm_eff", "fp8").hfu == 0.439  # a derived GPU takes its base's
     assert utilization_ceiling("h100-sxm", "fp16").hfu == 0.601  # fp16 has no runs: bf16's value
+
+
+def test_fp8_primary_weights_hold_fp8_and_its_transpose_only() -> None:
+    """Megatron-Core + TE keeps bf16 weights plus an FP8 copy and its transpose (4 B per parameter); with FP8
+    primary weights (--fp8-param-gather, NeMo fp8_params) the FP8 copy and transpose replace the bf16 (2 B)."""
+    task = {"kind": "finetune", "seq_len": 4096, "global_batch": 32, "precision": "fp8"}
+    plan = Plan(tp=4, pp=4, sp=True)
+    recs = [evaluate(problem(task, gpus=16, stack={"fp8_params": on}), [plan])[0] for on in (False, True)]
+    assert recs[1]["memory_bytes_per_gpu"]["weights"] == recs[0]["memory_bytes_per_gpu"]["weights"] / 2
+    assert recs[1]["memory_bytes_per_gpu"]["optimizer"] == recs[0]["memory_bytes_per_gpu"]["optimizer"]

@@ -29,7 +29,7 @@ from madmax_opt.model.compute import (
     memory_bound_time_s,
 )
 from madmax_opt.model.hardware import HardwareTable
-from madmax_opt.model.memory import MemoryTerms, layer_activation_bytes, model_state_bytes
+from madmax_opt.model.memory import WEIGHT_BYTES, MemoryTerms, layer_activation_bytes, model_state_bytes
 from madmax_opt.model.ops import exposed_hidden, layer_ops
 from madmax_opt.model.pipeline import bubble_time_s, in_flight_layer_factor, stage_in_flight
 from madmax_opt.model.plan import PlanArrays
@@ -199,11 +199,13 @@ def layer_costs(
         dp_group=dp * cp,  # gradients are reduced (and ZeRO shards) over dp x cp
         zero3_layer_buffers=np.where(plans.zero >= 3, 2.0 * 2.0 * (wl.params_per_layer / tp + ex.params), 0.0),
         # Megatron-Core + TE caches each weight's FP8 copy and its transpose for the step; FSDP2 / torchao casts on
-        # the fly and keeps no copy (torchao Float8Linear)
-        weight_copy_bytes=FP8_WEIGHT_COPY_BYTES.get(task.precision, 0.0) * (stack.framework == "megatron-core"),
+        # the fly and keeps no copy (torchao Float8Linear); FP8 primary weights (stack.fp8_params) replace the bf16
+        # weight by the FP8 copy and its transpose
+        weight_copy_bytes=(FP8_WEIGHT_COPY_BYTES.get(task.precision, 0.0) - WEIGHT_BYTES) if (low and stack.fp8_params)
+        else FP8_WEIGHT_COPY_BYTES.get(task.precision, 0.0) * (stack.framework == "megatron-core"),
         # torchtitan all-gathers FP8 weights for Float8 linears (torchao enable_fsdp_float8_all_gather; inferred
-        # for the Dec 2024 benchmark, torchtitan docs/float8.md)
-        gather_bytes=1.0 if (low and stack.framework == "torchtitan") else 2.0,
+        # for the Dec 2024 benchmark, torchtitan docs/float8.md), and so does --fp8-param-gather
+        gather_bytes=1.0 if (low and (stack.framework == "torchtitan" or stack.fp8_params)) else 2.0,
         expert_params=ex.params,
         expert_group=ex.group,
         expert_stride=ex.stride,
