@@ -76,3 +76,69 @@ def test_no_flag_shows_a_bool_type_in_help() -> None:
         assert r.returncode == 0, name
         assert "<bool>" not in r.stdout, name
     assert "<int range>" in run_main("solve", "--help").stdout  # options with values keep their type
+
+
+# ------------------------------------------------------------------------------------ deadline_hours
+
+
+DEADLINE = {"model": "llama2-7b", "hardware": {"gpu": "h100-sxm", "gpus": [8, 16]},
+            "task": {"kind": "pretrain", "seq_len": 2048, "global_batch": 64, "train_tokens": 1.0e12}}
+
+
+def test_a_deadline_in_a_problem_file_is_the_throughput_floor_it_implies() -> None:
+    from madmax_opt.io.problem import problem_from_dict
+    from madmax_opt.search.result import solve_result
+
+    hours = 5000.0
+    floor = 1.0e12 / (hours * 3600.0)  # tokens/s to train 1e12 tokens in 5000 h, by hand
+    by_deadline = solve_result(problem_from_dict(DEADLINE | {"constraints": {"deadline_hours": hours}}), 1, 30, 1)
+    by_floor = solve_result(problem_from_dict(DEADLINE | {"constraints": {"min_throughput": floor}}), 1, 30, 1)
+    assert by_deadline["best"]["plan"] == by_floor["best"]["plan"]
+    assert by_deadline["best"]["tokens_per_s"] >= floor
+
+
+def test_an_unmeetable_deadline_is_named_in_the_error() -> None:
+    r = run_main_yaml(DEADLINE | {"constraints": {"deadline_hours": 10.0}})
+    assert r.returncode == 3
+    needs = 1.0e12 / (10.0 * 3600.0)
+    assert f"deadline_hours=10 (task.train_tokens 1e+12 in 10 h needs {needs:.4g} tokens/s)" in r.stderr
+    assert "min_throughput" not in r.stderr  # the user never wrote it
+
+
+def test_a_deadline_without_a_token_budget_is_one_line() -> None:
+    task = {k: v for k, v in DEADLINE["task"].items() if k != "train_tokens"}  # type: ignore[attr-defined]
+    r = run_main_yaml(DEADLINE | {"task": task, "constraints": {"deadline_hours": 10.0}})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "constraints.deadline_hours" in r.stderr and "train_tokens" in r.stderr
+
+
+def test_a_sweeps_deadline_reaches_its_problems_so_infeasible_rows_name_it(tmp_path: Path) -> None:
+    import yaml
+
+    from madmax_opt.core.errors import InfeasibleError
+    from madmax_opt.io.problem import problem_from_dict
+    from madmax_opt.search.result import solve_result
+    from madmax_opt.studies.sweep_spec import load_sweep
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"models": ["llama2-7b"], "task": DEADLINE["task"],
+                                    "hardware": [{"gpu": "h100-sxm", "gpus": 8}], "objectives": ["throughput"],
+                                    "constraints": {"deadline_hours": 10.0}}))
+    (combo,) = load_sweep(path).combinations
+    assert combo.problem["constraints"]["deadline_hours"] == 10.0
+    try:
+        solve_result(problem_from_dict(combo.problem), 1, 30, 1)
+        raise AssertionError("a 10-hour deadline for 1e12 tokens on 8 GPUs cannot be met")
+    except InfeasibleError as exc:
+        assert "deadline_hours=10" in str(exc)
+
+
+def run_main_yaml(data: dict[str, object]):  # type: ignore[no-untyped-def]
+    import tempfile
+
+    import yaml
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "p.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return run_main("solve", path)

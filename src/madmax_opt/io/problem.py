@@ -93,6 +93,9 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
     if pf.objective == "time_to_train" and isinstance(pf.task, Task) and pf.task.train_tokens is None:
         raise ProblemError("missing, objective time_to_train needs it; allowed: a token count > 0, e.g. 2.0e+12",
                            file=source, field="task.train_tokens")
+    if pf.constraints.deadline_hours is not None and (not isinstance(pf.task, Task) or pf.task.train_tokens is None):
+        raise ProblemError("needs task.train_tokens (the token budget) of a training task; allowed: a training task "
+                           "with train_tokens, or min_throughput", file=source, field="constraints.deadline_hours")
     return Problem(
         model=model,
         task=pf.task,

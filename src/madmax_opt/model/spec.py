@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
+from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.model.objectives import ObjectiveName
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32", "int8", "int4", "fp4"]
@@ -446,6 +447,21 @@ class Constraints(Strict):
     max_gpus: PositiveInt | None = None
     max_cost_per_hour: PositiveFloat | None = Field(None, description="US$ per hour for the whole job")
     min_throughput: PositiveFloat | None = Field(None, description="tokens/s")
+    deadline_hours: PositiveFloat | None = Field(
+        None, description="training: train task.train_tokens within this many hours (as sweep files accept it): a "
+        "floor of train_tokens / (3600 x hours) tokens/s"
+    )
+
+    def deadline_floor(self, train_tokens: float | None) -> float | None:
+        """tokens/s that deadline_hours needs: train_tokens / (deadline_hours x 3600 s/h); None without both."""
+        if self.deadline_hours is None or train_tokens is None:
+            return None
+        return train_tokens / (self.deadline_hours * SECONDS_PER_HOUR)  # the sweep's floor, the same expression
+
+    def throughput_floor(self, train_tokens: float | None) -> float | None:
+        """The tokens/s the constraints require: the larger of min_throughput and the deadline's floor."""
+        floors = [x for x in (self.min_throughput, self.deadline_floor(train_tokens)) if x is not None]
+        return max(floors) if floors else None
 
 
 Objective = ObjectiveName  # the names of the objective registry (model/objectives.py)

@@ -101,7 +101,7 @@ def limits(model: Model, c: Candidates) -> list[Limit]:
     out = cluster_limits(
         model.problem.hardware, c.plans.hw, c.plans.gpus, c.cost_cents_per_hour, cons.max_gpus, cons.max_cost_per_hour
     )
-    if cons.min_throughput is not None:
+    if cons.throughput_floor(model.problem.training_task.train_tokens) is not None:  # min_throughput, deadline
         out.append(Limit(c.step_us, _max_step_us(model)))
     return out
 
@@ -112,10 +112,11 @@ def admissible(model: Model, c: Candidates) -> NDArray[np.bool_]:
 
 
 def _max_step_us(model: Model) -> int:
-    cons = model.problem.constraints
-    assert cons.min_throughput is not None
-    tokens_per_step = model.problem.training_task.global_batch * model.workload.seq_len
-    return int(np.floor(tokens_per_step / cons.min_throughput * US))  # tokens/step_s >= min  <=>  step <= ...
+    task = model.problem.training_task
+    floor = model.problem.constraints.throughput_floor(task.train_tokens)
+    assert floor is not None
+    tokens_per_step = task.global_batch * model.workload.seq_len
+    return int(np.floor(tokens_per_step / floor * US))  # tokens/step_s >= min  <=>  step <= ...
 
 
 def brute_force_order(model: Model, c: Candidates, objective: str) -> IntArr:
@@ -361,11 +362,14 @@ def explain_infeasible(model: Model, c: Candidates) -> str:
             f"max_cost_per_hour={cons.max_cost_per_hour}: the cheapest feasible option costs "
             f"${c.met.cost_per_hour[feas].min():.2f}/h"
         )
-    if cons.min_throughput is not None and not (feas & (c.step_us <= _max_step_us(model))).any():
-        reasons.append(
-            f"min_throughput={cons.min_throughput:.4g} tokens/s: the fastest feasible plan reaches "
-            f"{c.met.tokens_per_s[feas].max():.4g} tokens/s"
-        )
+    tokens = p.training_task.train_tokens
+    floor = cons.throughput_floor(tokens)
+    if floor is not None and not (feas & (c.step_us <= _max_step_us(model))).any():
+        deadline = cons.deadline_floor(tokens)
+        what = (f"deadline_hours={cons.deadline_hours:g} (task.train_tokens {tokens:.4g} in {cons.deadline_hours:g} h "
+                f"needs {floor:.4g} tokens/s)" if deadline is not None and deadline >= floor
+                else f"min_throughput={floor:.4g} tokens/s")  # the constraint the user wrote that binds
+        reasons.append(f"{what}: the fastest feasible plan reaches {c.met.tokens_per_s[feas].max():.4g} tokens/s")
     supply = supplies(p.hardware)
     within_supply = admissible_mask(
         np.ones(len(c.plans), dtype=bool),

@@ -288,8 +288,7 @@ def _combination(
 ) -> Combination:
     price_per_hour = system.price_per_gpu_hour * n
     constraints = spec.constraints.model_dump(mode="json", exclude_none=True)
-    constraints.pop("deadline_hours", None)
-    constraints.pop("budget_usd", None)
+    constraints.pop("budget_usd", None)  # deadline_hours goes on: the problem's infeasible reason then names it
     floor = min_throughput_tokens_per_s(spec.constraints, task.train_tokens, price_per_hour)
     if floor is not None:
         constraints["min_throughput"] = floor
