@@ -7,14 +7,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from madmax_opt.analysis.evaluator import evaluate
+from madmax_opt.analysis.evaluator import Model, evaluate, metrics
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.model.compute import utilization_ceiling
-from madmax_opt.model.spec import Plan
+from madmax_opt.model.spec import FRAMEWORKS, Plan
 from madmax_opt.model.workload import lower
 from madmax_opt.search.result import solve_result
+from madmax_opt.search.space import enumerate_plans
+from strategies import small_models
 
 # Llama-2 70B: 80 layers, h 8192, 64 heads, 8 KV heads of 128, SwiGLU ffn 28672, vocab 32000, untied head
 L, H, A, G, DH, F, V = 80, 8192, 64, 8, 128, 28672, 32000
@@ -86,3 +91,23 @@ def test_fp8_primary_weights_hold_fp8_and_its_transpose_only() -> None:
     recs = [evaluate(problem(task, gpus=16, stack={"fp8_params": on}), [plan])[0] for on in (False, True)]
     assert recs[1]["memory_bytes_per_gpu"]["weights"] == recs[0]["memory_bytes_per_gpu"]["weights"] / 2
     assert recs[1]["memory_bytes_per_gpu"]["optimizer"] == recs[0]["memory_bytes_per_gpu"]["optimizer"]
+
+
+# ------------------------------------------------------------------- ceilings on any plan (hypothesis)
+
+@settings(max_examples=5, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(model=small_models(layers=[4, 8]), system=st.sampled_from(["dgx-a100", "dgx-h100", "dgx-b200", "dgx-h200"]),
+       precision=st.sampled_from(["bf16", "fp8"]), framework=st.sampled_from(FRAMEWORKS),
+       kind=st.sampled_from([{"kind": "pretrain"}, {"kind": "finetune", "lora_rank": 8}]),
+       seq_len=st.sampled_from([512, 4096]))
+def test_no_plan_beats_the_measured_ceiling(model: dict[str, Any], system: str, precision: str, framework: str,
+                                            kind: dict[str, Any], seq_len: int) -> None:
+    if system == "dgx-a100":
+        precision = "bf16"
+    p = problem_from_dict({"model": model, "hardware": {"system": system, "gpus": [8]},
+                           "task": {**kind, "seq_len": seq_len, "global_batch": 32, "precision": precision},
+                           "stack": {"framework": framework}})
+    met = metrics(Model(p), enumerate_plans(p))
+    ceiling = utilization_ceiling(p.hardware[0].gpu.name, precision).hfu
+    assert np.all(met.mfu <= met.hfu * (1 + 1e-12))
+    assert np.all(met.hfu <= ceiling * (1 + 1e-9))
