@@ -142,3 +142,18 @@ def run_main_yaml(data: dict[str, object]):  # type: ignore[no-untyped-def]
         path = Path(d) / "p.yaml"
         path.write_text(yaml.safe_dump(data))
         return run_main("solve", path)
+
+
+def test_verify_prints_the_solver_beside_brute_force(tmp_path: Path) -> None:
+    import yaml
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(DEADLINE | {"hardware": {"gpu": "h100-sxm", "gpus": 8}}))
+    text = run_main("verify", path).stdout
+    js = __import__("json").loads(run_main("verify", path, "--json").stdout)
+    assert "{'dp'" not in text and "solver" in text and "brute force" in text
+    from madmax_opt.model.plan_settings import plan_text
+
+    plan = plan_text(js["solver_plan"])
+    assert re.search(rf"│ plan\s+│ {re.escape(plan)}\s+│ {re.escape(plan_text(js['brute_force_plan']))}", text)
+    assert "equals brute force" in text if js["agree"] else "worse than brute force" in text

@@ -101,8 +101,9 @@ def verify(
     if json_out:
         print(json.dumps(report, indent=2))
     else:
-        for k, v in report.items():
-            console().print(f"{k}: {v}")
+        from madmax_opt.report.report import verify_table
+
+        console().print(verify_table(report))
     if not report["agree"]:
         raise typer.Exit(1)
 

@@ -130,6 +130,40 @@ def options_table(rows: list[dict[str, Any]], objective: str, serving: bool) -> 
     return t
 
 
+def _value_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, dict) and "dp" in v:  # a plan
+        return plan_text(v)
+    if isinstance(v, float):
+        return f"{v:,.6g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def verify_table(report: Mapping[str, Any]) -> Table:
+    """``madmax-opt verify``: the solver's answer beside brute force's (keys solver_X / brute_force_X side by side),
+    the other facts of the check above them."""
+    agree = report.get("agree")
+    title = "verify: " + ("[green]the solver's optimum equals brute force[/green]" if agree else
+                          "[red]the solver's optimum is worse than brute force[/red]")
+    t = Table(title=title, header_style="bold")
+    t.add_column("quantity", no_wrap=True)
+    t.add_column("solver", overflow="fold")
+    t.add_column("brute force", overflow="fold")
+    pairs = [k.removeprefix("solver_") for k in report if k.startswith("solver_")]
+    for k, v in report.items():
+        if k == "agree" or k.startswith(("solver_", "brute_force_")):
+            continue
+        t.add_row(k.replace("_", " "), _value_text(v), "")
+    t.add_section()
+    for k in pairs:
+        name = k.replace("_", " ") + (" value" if k in report else "")  # 'objective' above names it
+        t.add_row(name, _value_text(report[f"solver_{k}"]), _value_text(report.get(f"brute_force_{k}", "-")))
+    return t
+
+
 def print_evaluations(records: list[TrainingRecord], console: Console) -> None:
     if len(records) == 1:
         console.print(evaluation_table(records[0]))
