@@ -6,14 +6,18 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from madmax_opt.cli.app import app, console
 from madmax_opt.cli.core import SolverParamsOpt
 from madmax_opt.core.errors import ProblemError
+
+if TYPE_CHECKING:
+    from madmax_opt.fleet.options import SearchJob, SearchRunner
 
 
 @app.command("fleet")
@@ -30,8 +34,13 @@ def fleet_cmd(
     workers: Annotated[int | None, typer.Option("--workers", min=1, max=64, help="CP-SAT workers (1 = "
                                                 "deterministic)")] = None,
     solver_params: SolverParamsOpt = None,
-    search_workers: Annotated[int, typer.Option("--search-workers", min=1, max=256, help="processes for the "
-                                                "per-option plan searches")] = 1,
+    search_workers: Annotated[int, typer.Option("--search-workers", min=1, max=256, help="processes (or Ray "
+                                                "tasks in flight / 4) for the per-option plan searches")] = 1,
+    backend: Annotated[str, typer.Option("--backend", help="where the plan searches run: local (a process pool "
+                                         "of --search-workers) or ray (tasks on a Ray cluster), as in sweep")]
+    = "local",
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (--backend ray; default: "
+                                                "a running ray.init or a local Ray)")] = None,
     cache: Annotated[Path | None, typer.Option("--cache", help="option cache directory (default: "
                                                "~/.cache/madmax-opt/fleet)")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="search every option again, store nothing")] = False,
@@ -61,8 +70,9 @@ def fleet_cmd(
     from madmax_opt.report.progress import progress_bar
 
     err = Console(stderr=True)
+    runner = search_runner(backend, search_workers, address)
     with progress_bar("fleet: plan searches (job on size x system)", None) as bar:  # cached ones are not counted
-        tables = option_tables(loaded, cache_dir, progress=bar.step, workers=search_workers)
+        tables = option_tables(loaded, cache_dir, progress=bar.step, runner=runner)
     run = FleetRun(loaded, tables, opts, option_wall_s=time.perf_counter() - t0)
     with progress_bar("fleet: allocating (CP-SAT)" + (" and what-if re-solves" if what_if else ""), 1) as bar:
         result = solve_fleet(run, what_if=what_if)
@@ -83,6 +93,25 @@ def fleet_cmd(
         print(json.dumps(result.model_dump(mode="json"), indent=2))
     elif out is None:
         fleet_report.print_fleet(result, console())
+
+
+def search_runner(backend: str, workers: int, address: str | None) -> SearchRunner:
+    """The fleet's option searches through a sweep backend (studies.sweep): a local process pool or Ray tasks."""
+    from madmax_opt.fleet.options import search_row
+    from madmax_opt.studies.sweep import run_local, run_ray
+
+    if backend not in ("local", "ray"):
+        raise ProblemError(f"{backend!r}; allowed: local, ray", field="--backend")
+    if backend == "local" and address is not None:
+        raise ProblemError("--address needs --backend ray; allowed: leave it out", field="--address")
+
+    def run(todo: list[SearchJob], on_row: Callable[[dict[str, Any]], None]) -> None:
+        if backend == "ray":
+            run_ray(todo, "fleet", {}, workers if workers > 1 else None, address, on_row, fn=search_row)
+        else:
+            run_local(todo, "fleet", {}, min(workers, len(todo)), on_row, fn=search_row)
+
+    return run
 
 
 @app.command("bench-fleet")

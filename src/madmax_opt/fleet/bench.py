@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from madmax_opt.fleet.allocate import greedy, solve_allocation
-from madmax_opt.fleet.options import JobOption, OptionTable, option_tables
+from madmax_opt.fleet.options import JobOption, OptionTable, SearchRunner, option_tables
 from madmax_opt.fleet.solve import FleetRun, instance, value_of
 from madmax_opt.fleet.spec import Fleet, FleetFile, Job, load_fleet, resolve_pool
 from madmax_opt.io import catalog
@@ -76,6 +80,76 @@ def synthetic_fleet(jobs: int = 50, systems: int = 10, objective: str = "through
     return Fleet("synthetic", fleet_spec, pools, resolved), tables
 
 
+# ------------------------------------------------------------------ real fleets at scale (whole processes)
+
+SCALE_SYSTEMS = ("dgx-h100", "dgx-a100", "dgx-h200", "dgx-b200", "mi300x-platform", "dgx-a100-40gb", "cloud-a-p5",
+                 "cloud-a-p4d")  # 8 systems of 8-GPU nodes, sizes a node x 1, 2, 4, 8, 16
+TRAINING_TEMPLATES: tuple[dict[str, Any], ...] = (
+    {"model": "llama2-13b", "task": {"kind": "pretrain", "seq_len": 4096, "global_batch": 1024},
+     "space": {"tp": [1, 2, 4, 8], "recompute": ["none", "selective", "full"]}},
+    {"model": "llama3-8b", "task": {"kind": "finetune", "seq_len": 8192, "global_batch": 256},
+     "space": {"tp": [1, 2, 4, 8], "recompute": ["none", "selective", "full"]}},
+    {"model": "llama2-7b", "task": {"kind": "pretrain", "seq_len": 4096, "global_batch": 512},
+     "space": {"tp": [1, 2, 4], "recompute": ["none", "full"]}},
+    {"model": "llama2-70b", "task": {"kind": "pretrain", "seq_len": 4096, "global_batch": 1024},
+     "space": {"tp": [4, 8], "pp": [1, 2, 4, 8], "recompute": ["selective", "full"]}},
+)
+SERVING_TEMPLATES: tuple[dict[str, Any], ...] = (
+    {"model": "llama3-8b", "task": {"kind": "inference", "prompt_len": 1024, "output_len": 256,
+                                    "precision": ["bf16", "fp8"], "ttft_s": 0.5, "tpot_s": 0.03}},
+    {"model": "llama3-70b", "task": {"kind": "inference", "prompt_len": 2048, "output_len": 256,
+                                     "precision": ["bf16", "fp8"], "ttft_s": 2.0, "tpot_s": 0.1}},
+)
+
+
+def scaled_fleet(jobs: int, seed: int = 0) -> dict[str, Any]:
+    """A fleet file (mapping) of ``jobs`` jobs on the 8 SCALE_SYSTEMS x 5 sizes, 30 % serving: each job one of
+    the templates above (so problems repeat, as in a real portfolio) with its own budget, deadline, rate, weight."""
+    rng = np.random.default_rng(seed)
+    systems = {f"s{i}-{name}": {"system": name, "gpus": 1024, "sizes": [8, 16, 32, 64, 128]}
+               for i, name in enumerate(SCALE_SYSTEMS)}
+    out: dict[str, Any] = {}
+    for j in range(jobs):
+        spec: dict[str, Any] = {"weight": float(rng.choice([0.5, 1.0, 2.0]))}
+        if rng.random() < 0.3:
+            spec["problem"] = SERVING_TEMPLATES[int(rng.integers(len(SERVING_TEMPLATES)))]
+            spec["arrival_rate_rps"] = float(rng.choice([2.0, 5.0, 10.0]))
+        else:
+            spec["problem"] = TRAINING_TEMPLATES[int(rng.integers(len(TRAINING_TEMPLATES)))]
+            spec["train_tokens"] = float(rng.choice([1e9, 5e9, 2e10]))
+            if rng.random() < 0.5:
+                spec["deadline_h"] = float(rng.choice([24.0, 72.0, 168.0]))
+        out[f"job{j:03d}"] = spec
+    return {"objective": "throughput", "horizon_h": 720.0, "systems": systems, "jobs": out,
+            "solver": {"time_limit_s": 20.0}}
+
+
+def time_fleet_command(jobs: int, extra: tuple[str, ...] = (), seed: int = 0) -> dict[str, Any]:
+    """``madmax-opt fleet`` on ``scaled_fleet(jobs)`` as whole processes: cold (an empty cache) then warm."""
+    import yaml
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"fleet-{jobs}.yaml"
+        path.write_text(yaml.safe_dump(scaled_fleet(jobs, seed), sort_keys=False))
+        cmd = [sys.executable, "-m", "madmax_opt.cli.main", "fleet", str(path), "--json", "--cache",
+               str(Path(tmp) / "cache"), *extra]
+        walls, outs = [], []
+        for _ in ("cold", "warm"):
+            t0 = time.perf_counter()
+            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            walls.append(time.perf_counter() - t0)
+            if res.returncode != 0:
+                raise RuntimeError(f"fleet benchmark failed: {res.stderr.strip()[-500:]}")
+            outs.append(res.stdout)
+        import json
+
+        result = json.loads(outs[0])
+        searches = len(list((Path(tmp) / "cache").glob("*.json")))
+    return {"jobs": jobs, "cold_s": walls[0], "warm_s": walls[1], "searches": searches,
+            "options": result["solver"]["options"], "status": result["solver"]["status"],
+            "placed": sum(j["placed"] for j in result["jobs"]), "same": outs[0] == outs[1]}
+
+
 def bench_row(objective: str, workers: int, seed: int, jobs: int = 50, systems: int = 10) -> dict[str, Any]:
     fleet, tables = synthetic_fleet(jobs, systems, objective, seed)
     run = FleetRun(fleet, tables, CpSatOptions(time_limit_s=fleet.spec.solver.time_limit_s, workers=workers))
@@ -90,15 +164,16 @@ def bench_row(objective: str, workers: int, seed: int, jobs: int = 50, systems: 
             "gain": run.better(value, greedy_value), "placed": sum(c is not None for c in alloc.choice)}
 
 
-def real_example_lines(path: Path) -> list[str]:
-    """The example fleet with real option tables (plan searches, no cache) in 1 and 2 processes."""
+def real_example_lines(path: Path, runner_for: Callable[[int], SearchRunner] | None = None) -> list[str]:
+    """The example fleet with real option tables (plan searches, no cache) in 1 and 2 processes (``runner_for``:
+    the CLI's local backend with that many processes)."""
     if not path.is_file():
         return []
     fleet = load_fleet(path)
     walls = []
     for workers in (1, 2):
         t0 = time.perf_counter()
-        tables = option_tables(fleet, None, workers=workers)
+        tables = option_tables(fleet, None, runner=runner_for(workers) if runner_for and workers > 1 else None)
         walls.append(time.perf_counter() - t0)
     run = FleetRun(fleet, tables, CpSatOptions(time_limit_s=fleet.spec.solver.time_limit_s))
     inst = instance(fleet, run.scored)

@@ -2,9 +2,11 @@
 
 Training jobs go through ``search.solver.solve_records`` and serving jobs through ``search.serving.solve_serving``
 (both cross-checked against the exact evaluator), once per hardware option with objective throughput: at a fixed
-system and GPU count the fastest plan is also the cheapest per token. Results are cached on disk, keyed by the
-sha256 of the job's problem, the system, the GPU count and the source of the cost model and search (a change to
-either invalidates the entry).
+system and GPU count the fastest plan is also the cheapest per token. Each distinct search is run once: jobs whose
+resolved problems are identical on a (system, size) share it (the key: sha256 of the resolved problem, the time
+limit and the source of the cost model and search). Searches run in this process or through a sweep backend
+(``studies.sweep.run_local`` / ``run_ray``, passed in by the CLI as a ``SearchRunner``). Results are cached on
+disk under that key; an entry that is not JSON of the expected shape is searched again.
 """
 
 from __future__ import annotations
@@ -13,13 +15,12 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import fields, is_dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from madmax_opt.core.errors import InfeasibleError, ProblemError, TimeLimitError
 from madmax_opt.fleet.spec import Fleet, Job, Pool
@@ -29,6 +30,9 @@ from madmax_opt.search.solver import solve_records
 
 CACHE_VERSION = 1
 Progress = Callable[[str], None]
+# a sweep backend's job (key, label, payload) and row callback: studies.sweep.run_local / run_ray with search_row
+SearchJob = tuple[str, dict[str, Any], dict[str, Any]]
+SearchRunner = Callable[[list[SearchJob], Callable[[dict[str, Any]], None]], None]
 
 
 class JobOption(BaseModel):
@@ -86,6 +90,22 @@ def default_cache_dir() -> Path:
 def option_key(job: Job, pool: Pool, gpus: int, time_limit_s: float) -> str:
     """sha256 of the resolved problem on this hardware (catalog entries, calibration and files it names read in),
     the search's time limit and the code digest."""
+    # the resolved problem depends only on the problem mapping, the directory its files are read from, the system
+    # and the size: computed once per distinct combination (jobs often repeat a problem)
+    memo = (json.dumps(job.problem, sort_keys=True, default=str), str(Path(job.source).parent),
+            pool.system.model_dump_json(), gpus, time_limit_s)
+    if memo not in _KEYS:
+        if len(_KEYS) > MAX_MEMO:
+            _KEYS.clear()
+        _KEYS[memo] = _resolved_key(job, pool, gpus, time_limit_s)
+    return _KEYS[memo]
+
+
+_KEYS: dict[tuple[str, str, str, int, float], str] = {}
+MAX_MEMO = 100_000
+
+
+def _resolved_key(job: Job, pool: Pool, gpus: int, time_limit_s: float) -> str:
     problem = job.on(pool, [gpus])
     payload = {
         "v": CACHE_VERSION,
@@ -108,39 +128,49 @@ def _plain(v: Any) -> Any:
 
 
 def option_tables(
-    fleet: Fleet, cache_dir: Path | None = None, progress: Progress | None = None, workers: int = 1
+    fleet: Fleet, cache_dir: Path | None = None, progress: Progress | None = None, runner: SearchRunner | None = None
 ) -> list[OptionTable]:
-    """One table per job (in file order); each (job, system, size) searched once (``workers`` processes), then
-    read from the cache."""
+    """One table per job (in file order). Each distinct search (``option_key``) runs once, through ``runner``
+    (default: one by one in this process), unless the cache holds it; jobs with the same key share its result."""
     limit = fleet.spec.solver.option_time_limit_s
     tasks = [(j, pool, n) for j, job in enumerate(fleet.jobs) for pool in fleet.pools
              if job.spec.systems is None or pool.name in job.spec.systems
              for n in pool.sizes if job.spec.max_gpus is None or n <= job.spec.max_gpus]
-    paths = [cache_dir / f"{option_key(fleet.jobs[j], pool, n, limit)}.json" if cache_dir else None
-             for j, pool, n in tasks]
-    entries: list[dict[str, Any] | None] = [_read_cache(p) for p in paths]
-    todo = [i for i, e in enumerate(entries) if e is None]
-    args = [(fleet.jobs[tasks[i][0]], tasks[i][1], tasks[i][2], limit) for i in todo]
-    if workers > 1 and len(todo) > 1:
-        with ProcessPoolExecutor(max_workers=min(workers, len(todo))) as pool_exec:
-            futures = [pool_exec.submit(search_option, *a) for a in args]
-            for k, (i, fut) in enumerate(zip(todo, futures, strict=True)):
-                entries[i] = _store(paths[i], fut.result(), progress, args[k])
-    else:
-        for i, a in zip(todo, args, strict=True):
-            if progress is not None:
-                progress(f"{a[0].name} on {a[2]} x {a[1].system.name}")
-            entries[i] = _store(paths[i], search_option(*a), None, a)
+    keys = [option_key(fleet.jobs[j], pool, n, limit) for j, pool, n in tasks]
+    first: dict[str, tuple[int, Pool, int]] = {}  # one search per distinct key, named after its first job
+    for k, t in zip(keys, tasks, strict=True):
+        first.setdefault(k, t)
+    found: dict[str, dict[str, Any]] = {}
+    for k in first:
+        entry = _read_cache(cache_dir / f"{k}.json" if cache_dir else None)
+        if entry is not None:
+            found[k] = entry
+    todo: list[SearchJob] = [(k, {}, {"job": fleet.jobs[j], "pool": pool, "gpus": n, "limit": limit})
+                             for k, (j, pool, n) in first.items() if k not in found]
+
+    def on_row(row: dict[str, Any]) -> None:
+        k = row["key"]
+        if row.get("status") == "error":  # the worker failed (not the search): listed as missing, never cached
+            entry = {"infeasible": f"search failed: {row['error']['message']}", "transient": True}
+        else:
+            entry = {key: v for key, v in row.items() if key != "key"}
+        j, pool, n = first[k]
+        found[k] = _store(cache_dir / f"{k}.json" if cache_dir else None, entry, progress,
+                          f"{fleet.jobs[j].name} on {n} x {pool.system.name}")
+
+    if todo:
+        (runner or run_here)(todo, on_row)
     tables = []
     for j, job in enumerate(fleet.jobs):
         options: list[JobOption] = []
         infeasible: dict[str, str] = {}
         input_errors: list[str] = []
-        for (jj, pool, n), entry in zip(tasks, entries, strict=True):
+        for (jj, pool, n), k in zip(tasks, keys, strict=True):
+            entry = found.get(k)
             if jj != j or entry is None:
                 continue
-            if "option" in entry:
-                options.append(JobOption.model_validate(entry["option"]))
+            if "option" in entry:  # the shared search, under this job's name
+                options.append(JobOption.model_validate({**entry["option"], "job": job.name}))
             else:
                 infeasible[f"{pool.name} x{n}"] = str(entry["infeasible"])
                 if entry.get("input_error"):
@@ -151,20 +181,47 @@ def option_tables(
     return tables
 
 
+def run_here(todo: list[SearchJob], on_row: Callable[[dict[str, Any]], None]) -> None:
+    """The default runner: every search in this process, in order."""
+    for key, label, payload in todo:
+        on_row(search_row(key, label, payload, "", {}))
+
+
+def search_row(key: str, label: dict[str, Any], payload: dict[str, Any], source: str, solver: dict[str, Any]
+               ) -> dict[str, Any]:
+    """One option search with a sweep backend's signature (``studies.sweep`` SolveFn): ``payload`` holds the job,
+    pool, GPU count and time limit; the row is the cache entry with its key."""
+    return {"key": key, **search_option(payload["job"], payload["pool"], payload["gpus"], payload["limit"])}
+
+
+class CachedOption(BaseModel):
+    """A cache entry: a feasible option, or why a (system, size) has none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    option: JobOption | None = None
+    infeasible: str | None = None
+    input_error: bool = False
+
+
 def _read_cache(path: Path | None) -> dict[str, Any] | None:
+    """The entry at ``path``, or None when it is missing, unreadable, not JSON, or not of the expected shape
+    (exactly one of option / infeasible): it is searched again."""
     if path is None or not path.is_file():
         return None
     try:
-        entry: dict[str, Any] = json.loads(path.read_text())
-        return entry
-    except (OSError, json.JSONDecodeError):
-        return None  # a damaged entry is searched again
+        raw = json.loads(path.read_bytes())
+        entry = CachedOption.model_validate(raw)
+    except (OSError, ValidationError, ValueError):
+        return None
+    if (entry.option is None) == (entry.infeasible is None):
+        return None
+    return dict(raw)
 
 
-def _store(path: Path | None, entry: dict[str, Any], progress: Progress | None, what: tuple[Job, Pool, int, float]
-           ) -> dict[str, Any]:
+def _store(path: Path | None, entry: dict[str, Any], progress: Progress | None, what: str) -> dict[str, Any]:
     if progress is not None:
-        progress(f"{what[0].name} on {what[2]} x {what[1].system.name}")
+        progress(what)
     if path is not None and not entry.get("transient"):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")

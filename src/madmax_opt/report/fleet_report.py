@@ -12,10 +12,12 @@ from rich.console import Console
 from rich.table import Table
 
 from madmax_opt.fleet.solve import FleetResult, JobResult, WhatIf
-from madmax_opt.model.plan_settings import plan_text
+from madmax_opt.model.plan_settings import plan_text, settings
 from madmax_opt.studies.sweep_results import CSV_COLUMNS
 
 FLEET_COLUMNS = ("fleet_system", "weight", "placed", "deadline_h", "meets_targets", "ttft_s", "tpot_s", "note")
+# the plan settings the sweep CSV has columns for (dp ... ep); the system column is the pool's catalog system
+PLAN_COLUMNS = tuple(s.name for s in settings() if s.name in CSV_COLUMNS and s.name != "system")
 
 
 
@@ -136,7 +138,7 @@ def sweep_rows(result: FleetResult) -> list[dict[str, Any]]:
                 "fleet_system": j.system, "weight": j.weight, "placed": j.placed, "deadline_h": j.deadline_h,
                 "meets_targets": j.meets_targets, "ttft_s": j.ttft_s, "tpot_s": j.tpot_s, "note": j.note}
         if j.placed and j.system is not None and j.throughput is not None:
-            row |= {k: (j.plan or {}).get(k) for k in ("dp", "tp", "pp", "cp", "vpp", "mbs", "zero", "recompute", "sp")}
+            row |= {k: (j.plan or {}).get(k) for k in PLAN_COLUMNS}
             row |= {"system": catalog[j.system], "gpu": j.gpu, "gpus": j.gpus, "step_time_s": j.step_time_s,
                     "tokens_per_s": j.throughput, "tokens_per_s_per_gpu": j.throughput / j.gpus, "mfu": j.mfu,
                     "cost_per_hour_usd": j.cost_per_hour_usd, "usd_per_million_tokens": j.usd_per_million_tokens,

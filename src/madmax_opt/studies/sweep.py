@@ -198,8 +198,10 @@ def run_ray(
     workers: int | None,
     address: str | None,
     on_row: OnRow,
+    fn: SolveFn | None = None,
 ) -> None:
-    """The same problems as Ray tasks on an existing cluster (``address``; a running ray.init is reused)."""
+    """The same problems as Ray tasks on an existing cluster (``address``; a running ray.init is reused); ``fn``
+    as in ``run_local`` (default: solve one sweep problem)."""
     try:
         import ray
     except ImportError:
@@ -211,7 +213,7 @@ def run_ray(
         ray.init(address=address, log_to_driver=False)
     try:
         window = 4 * (workers or max(int(ray.cluster_resources().get("CPU", 1)), 1))
-        remote = ray.remote(num_cpus=1, max_retries=1)(solve_one)
+        remote = ray.remote(num_cpus=1, max_retries=1)(fn or solve_one)
         queue = list(reversed(todo))
         pending: dict[Any, Job] = {}
         try:

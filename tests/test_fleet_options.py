@@ -1,0 +1,77 @@
+"""Fleet option searches: identical problems are searched once per (system, size) and shared under each job's
+name; a cache entry that is JSON of the wrong shape is searched again; the CSV's plan columns (ep included) come from
+the plan settings registry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from madmax_opt.fleet import options
+from madmax_opt.fleet.spec import load_fleet
+
+TRAIN = {"model": "vtrain-gpt-3.6b", "task": {"kind": "pretrain", "seq_len": 2048, "global_batch": 64,
+                                               "train_tokens": 2.0e9}, "space": {"tp": [1, 2], "recompute": "full"}}
+OTHER = {**TRAIN, "space": {"tp": [1, 2, 4], "recompute": "full"}}
+
+
+def _fleet(tmp: Path, jobs: dict[str, Any]) -> Path:
+    path = tmp / "fleet.yaml"
+    path.write_text(yaml.safe_dump({"objective": "throughput", "jobs": jobs, "solver": {"what_if_gpus": [8]},
+                                    "systems": {"h100": {"system": "dgx-h100", "gpus": 16, "sizes": [8, 16]}}}))
+    return path
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    calls: list[tuple[str, int]] = []
+    real = options.search_option
+
+    def spy(job: Any, pool: Any, gpus: int, limit: float) -> dict[str, Any]:
+        calls.append((job.name, gpus))
+        return real(job, pool, gpus, limit)
+
+    monkeypatch.setattr(options, "search_option", spy)
+    return calls
+
+
+def test_identical_problems_are_searched_once_and_shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _counting(monkeypatch)
+    jobs = {"a": {"problem": TRAIN, "weight": 1.0}, "b": {"problem": TRAIN, "weight": 2.0, "deadline_h": 50.0},
+            "c": {"problem": OTHER}}
+    tables = options.option_tables(load_fleet(_fleet(tmp_path, jobs)))
+    assert sorted(calls) == [("a", 8), ("a", 16), ("c", 8), ("c", 16)]  # b shares a's problem: 2 + 2 searches
+    a, b, c = tables
+    assert [o.job for o in b.options] == ["b", "b"]
+    assert [o.model_dump(exclude={"job"}) for o in a.options] == [o.model_dump(exclude={"job"}) for o in b.options]
+    # c's space holds a's: its optimum is at least as fast on each size (a different search)
+    assert all(oc.throughput >= oa.throughput for oa, oc in zip(a.options, c.options, strict=True))
+
+
+def test_damaged_cache_entries_are_searched_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet = load_fleet(_fleet(tmp_path, {"a": {"problem": TRAIN}}))
+    cache = tmp_path / "cache"
+    first = options.option_tables(fleet, cache)
+    files = sorted(cache.glob("*.json"))
+    assert len(files) == 2
+    calls = _counting(monkeypatch)
+    assert options.option_tables(fleet, cache) == first and calls == []  # warm: nothing searched
+    bad = ['{"option": {"job": "a"}}', "[]", '{"infeasible": 3}', '{"option": null, "infeasible": null}', "{}",
+           '{"infeasible": "x", "surprise": 1}', "null", '"text"']
+    for text in bad:
+        files[0].write_text(text)
+        assert options.option_tables(fleet, cache) == first, text
+    assert len(calls) == len(bad)  # each damaged entry searched again (and rewritten whole)
+    assert options._read_cache(files[0]) == json.loads(files[0].read_text())  # a valid entry again
+
+
+def test_fleet_csv_plan_columns_come_from_the_plan_settings() -> None:
+    from madmax_opt.model.plan_settings import settings
+    from madmax_opt.report.fleet_report import PLAN_COLUMNS
+    from madmax_opt.studies.sweep_results import CSV_COLUMNS
+
+    assert "ep" in PLAN_COLUMNS
+    assert set(PLAN_COLUMNS) == {s.name for s in settings() if s.name in CSV_COLUMNS} - {"system"}
