@@ -57,7 +57,8 @@ VLLM_KV = {"bf16": "auto", "fp16": "auto", "fp8": "fp8"}
 SGLANG_KV = {"bf16": "auto", "fp16": "auto", "fp8": "fp8_e4m3"}
 TRTLLM_KV = {"bf16": None, "fp16": None, "fp8": "FP8", "int8": "INT8"}
 TRTLLM_CONFIG = "trtllm.yaml"
-PREQUANTIZED = "int8, int4 and fp4 weights load from a pre-quantized checkpoint: pass --checkpoint with one"
+PREQUANTIZED = "int8, int4 and fp4 weights load from a pre-quantized checkpoint: the checkpoint must hold them"
+REQUANTIZED = "SGLang requantizes the FP8 checkpoint's MoE experts to NVFP4 at load (modelopt_fp4)"
 HEALTH = "/health"  # vLLM, SGLang and trtllm-serve all answer GET /health once the model is loaded
 VLLM_PORT, SGLANG_PORT, TRTLLM_PORT, ROUTER_PORT = 8000, 30001, 8000, 30000
 VLLM_RPC_PORT, SGLANG_DIST_PORT, SGLANG_BOOTSTRAP_PORT = 13345, 5000, 8998
@@ -110,7 +111,11 @@ class Serving:
         if self.task.arrival_rate is not None:
             notes = [*(notes or []), f"online load: Poisson arrivals at {self.task.arrival_rate:g} requests/s over "
                      "the deployment"]
-        if self.precision in ("int8", "int4", "fp4"):
+        if fmt == "sglang" and self.quantization == "modelopt_fp4" and m.native_precision == "fp8" and \
+                self.ctx.checkpoint is None:
+            notes = [*(notes or []), REQUANTIZED]
+        elif fmt != "trtllm" and self.precision in ("int8", "int4", "fp4") and (
+                self.ctx.checkpoint is not None or m.hf_id is None):  # a catalog checkpoint was checked above
             notes = [*(notes or []), PREQUANTIZED]
         return Emitted(format=fmt, framework=fs.framework, version=fs.version, kind="serving",
                        system=self.ctx.option.system.name, gpus=gpus, nodes=nodes, gpus_per_node=min(gpus, gpn),
