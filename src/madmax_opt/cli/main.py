@@ -4,8 +4,10 @@ and imports the domain layers only when it runs, so ``madmax-opt --help`` starts
 from __future__ import annotations
 
 import os
+import re
 import sys
-from typing import Annotated, NoReturn
+import warnings
+from typing import Annotated, NoReturn, TextIO
 
 import typer
 
@@ -22,9 +24,12 @@ from madmax_opt.cli import (  # noqa: F401  (each module registers its commands 
     timeline,
 )
 from madmax_opt.cli.app import app, group_commands
-from madmax_opt.core.errors import MadmaxError
+from madmax_opt.core.errors import InputWarning, MadmaxError
 
 group_commands()  # bench and development commands apart from the user's in --help
+
+NUMERIC_WARNING = re.compile(r"overflow|underflow|divide by zero|invalid value|Mean of empty|Degrees of freedom")
+MAX_ERROR_CHARS = 4_000  # an error line longer than this keeps its head and tail (the file, field and "allowed")
 
 
 def _version(value: bool) -> None:
@@ -51,11 +56,35 @@ def main() -> None:
     """Entry point: one-line errors, exit codes 2 (input), 3 (infeasible), 4 (internal), 5 (time limit, no plan found); no tracebacks."""
 
     def fail(message: str, code: int) -> NoReturn:
-        print("error: " + " ".join(message.split()), file=sys.stderr)  # always one line
+        line = " ".join(message.split())  # always one line, and a readable one: a value of megabytes is cut
+        if len(line) > MAX_ERROR_CHARS:
+            line = f"{line[:MAX_ERROR_CHARS // 2]} ... ({len(line) - MAX_ERROR_CHARS:,} characters cut) ... " \
+                f"{line[-MAX_ERROR_CHARS // 2:]}"
+        print("error: " + line, file=sys.stderr)
         sys.exit(code)
 
+    numeric: list[str] = []  # numpy's floating-point warnings, held back (one summary line instead)
+    shown = warnings.showwarning
+    said: set[str] = set()
+
+    def hold_numeric(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                     file: TextIO | None = None, line: str | None = None) -> None:
+        if issubclass(category, InputWarning):
+            if str(message) not in said:  # a problem loaded again (sweep, sensitivity) warns once
+                said.add(str(message))
+                print("warning: " + " ".join(str(message).split()), file=sys.stderr)
+        elif issubclass(category, RuntimeWarning) and NUMERIC_WARNING.search(str(message)) and not os.environ.get(
+                "MADMAX_TRACEBACK"):
+            numeric.append(f"{message} ({os.path.basename(filename)}:{lineno})")
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = hold_numeric
     try:
         code = app(standalone_mode=False)  # returns the code of a typer.Exit raised by a command
+        if numeric:  # the command finished: say once that a number overflowed on the way, and where first
+            print(f"warning: {len(numeric)} numerical warning(s) held back, first: {numeric[0]} "
+                  "(MADMAX_TRACEBACK=1 shows each)", file=sys.stderr)
     except MadmaxError as exc:
         fail(str(exc), exc.exit_code)
     except typer.TyperException as exc:  # usage: unknown command or option, missing argument, bad value

@@ -36,3 +36,8 @@ class TimeLimitError(MadmaxError):
     """The solver's time limit ran out before it found any plan (CP-SAT UNKNOWN): not a proof of infeasibility."""
 
     exit_code = 5
+
+
+class InputWarning(UserWarning):
+    """Input that is valid but partly unused (e.g. overlay entries for GPUs a problem does not run): the CLI prints
+    it as one ``warning:`` line on stderr, once per message."""

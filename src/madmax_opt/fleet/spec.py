@@ -4,6 +4,7 @@ an objective. Strict pydantic shapes (unknown keys are errors), bounded sizes, o
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,8 +217,8 @@ def _job(name: str, j: FleetJob, spec: FleetFile, pools: tuple[Pool, ...], base:
     field = f"jobs.{name}"
     if isinstance(j.problem, str):
         source = str(base / j.problem)
-        if not (base / j.problem).is_file():
-            raise ProblemError(f"{j.problem} not found (looked for {(base / j.problem).resolve()}); allowed: a problem "
+        if not os.path.lexists(base / j.problem):  # a symlink loop or a FIFO: read_yaml says which, in one line
+            raise ProblemError(f"{j.problem} not found (looked for {os.path.abspath(base / j.problem)}); allowed: a problem "
                                "file, relative to the fleet file", file=file, field=f"{field}.problem")
         raw = read_yaml(base / j.problem, what=f"problem file of {field}")
         if not isinstance(raw, dict):

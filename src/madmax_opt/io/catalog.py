@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.io.yaml_files import shorten
 from madmax_opt.model.spec import GPU, FamilyCalibration, System, TransformerModel
 
 T = TypeVar("T", bound=BaseModel)
@@ -64,7 +65,7 @@ def lookup(kind: str, name: str, *, file: str | None, field: str) -> Any:
     if name not in table:
         allowed = ", ".join(sorted(table))
         hint = ", or a Hugging Face config: {hf_config: config.json}" if kind == "model" else ""
-        raise ProblemError(f"unknown {kind} {name!r}; allowed: {allowed}{hint}", file=file, field=field)
+        raise ProblemError(f"unknown {kind} {shorten(repr(name))}; allowed: {allowed}{hint}", file=file, field=field)
     return table[name]
 
 

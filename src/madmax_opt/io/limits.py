@@ -70,7 +70,9 @@ MAX_INT = 10**18  # any other integer: int64-safe with room for products of two 
 MAX_CLUSTER_SIZES = 1_024  # cluster sizes one `gpus` field may stand for (a list or a range)
 MAX_LIST = 100_000  # items of any other list (plans in a plan file, table groups, ...)
 MAX_DEPTH = 64  # nesting depth of mappings and lists in a YAML/JSON file
-MAX_FILE_BYTES = 16 * 2**20  # size of a problem, plan or sweep file
+MAX_FILE_BYTES = 16 * 2**20  # size of any input file: problem, plan, hf_config, overlay, runs, sweep, fleet
+MAX_RESULTS_BYTES = 2**30  # a sweep's results.jsonl: ~6 KB a row, so ~170,000 rows > MAX_SWEEP_PROBLEMS
+MAX_SHOWN_CHARS = 200  # characters of an input value an error message repeats (a 2 MB string stays one short line)
 
 
 def check_input(data: Any, *, file: str | None, prefix: str = "") -> None:

@@ -4,6 +4,7 @@ resolved catalog (precisions, spaces), models from catalogs and Hugging Face con
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,14 @@ from pydantic import BaseModel
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import calibration, catalog
 from madmax_opt.io.derive import derive_hardware
+from madmax_opt.io.overlays import check_overlay
 from madmax_opt.io.problem_file import HardwareEntry, HFConfig, Problem, ProblemFile
 from madmax_opt.io.validate import validate
-from madmax_opt.io.yaml_files import read_text, read_yaml
+from madmax_opt.io.yaml_files import read_text, read_yaml, shorten
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.objectives import OBJECTIVES
 from madmax_opt.model.spec import (
+    FRAMEWORKS,
     GPU,
     InferenceTask,
     Space,
@@ -29,8 +32,9 @@ from madmax_opt.model.spec import (
 
 def load_overlay(path: Path, *, file: str) -> calibration.Overlay:
     """A `calibration:` overlay file (written by madmax-opt calibrate), validated; one-line errors."""
-    calibration.check_overlay_file(path, file=file)
-    data = read_yaml(path, what="calibration overlay")
+    if not os.path.lexists(path):
+        calibration.check_overlay_file(path, file=file)  # not found: named with the problem file and its field
+    data = read_yaml(path, what="calibration overlay")  # a FIFO, device, directory or symlink loop: one line
     overlay: calibration.Overlay = validate(calibration.Overlay, data, file=str(path))
     return overlay
 
@@ -68,10 +72,17 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
     pf = validate(ProblemFile, data, file=source)
     model = resolve_model(pf.model, file=source)
     options = hardware_options(pf.hardware, file=source)
-    overlay = None if pf.calibration is None else load_overlay(
-        (Path(source).parent if source != "<inline>" else Path(".")) / pf.calibration, file=source)
+    overlay = None
+    if pf.calibration is not None:
+        overlay_path = (Path(source).parent if source != "<inline>" else Path(".")) / pf.calibration
+        overlay = load_overlay(overlay_path, file=source)
+        check_overlay(overlay, options=options, framework=pf.stack.framework, training=isinstance(pf.task, Task),
+                      file=source, overlay_file=str(overlay_path))
     if isinstance(pf.task, Task):  # the training (GPU, framework) fit prices the plan (serving: serving_calibration)
         options = calibration.apply(options, pf.stack.framework, overlay)
+    if isinstance(pf.task, Task) and pf.stack.framework not in FRAMEWORKS:  # a serving engine prices no training
+        raise ProblemError(f"{pf.stack.framework} is a serving engine, it does not train; allowed for kind "
+                           f"{pf.task.kind}: {', '.join(FRAMEWORKS)}", file=source, field="stack.framework")
     if isinstance(pf.task, InferenceTask) and model.family != "llm":
         raise ProblemError(f"kind inference needs an llm, got a {model.family}", file=source, field="task.kind")
     if isinstance(pf.task, InferenceTask) and OBJECTIVES[pf.objective].needs_total_units:
@@ -225,5 +236,37 @@ def model_from_hf_config(path: Path, *, file: str | None) -> TransformerModel:
     values["tied_embeddings"] = bool(cfg.get("tie_word_embeddings", not gated))
     values["bias"] = not gated
     values["name"] = str(cfg.get("_name_or_path") or cfg.get("model_type") or path.stem)
+    values |= _hf_moe(cfg, values["ffn"], path=path, file=file)
     values["source"] = f"Hugging Face config {path}"
     return validate(TransformerModel, values, file=file, prefix="model.hf_config")
+
+
+# Mixture-of-experts keys of Hugging Face configs (transformers, src/transformers/models/: mixtral/configuration_mixtral.py
+# @ad467bd: num_local_experts, num_experts_per_tok; deepseek_v3/configuration_deepseek_v3.py @0fc683d: n_routed_experts,
+# n_shared_experts, moe_intermediate_size, kv_lora_rank, qk_rope_head_dim; qwen2_moe/configuration_qwen2_moe.py
+# @765e4fb: num_experts, moe_intermediate_size, shared_expert_intermediate_size). gpt-oss and Llama 4 use Mixtral's.
+_HF_EXPERTS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
+_HF_TOP_K = ("num_experts_per_tok", "moe_top_k", "experts_per_token")
+
+
+def _hf_moe(cfg: dict[str, Any], ffn: Any, *, path: Path, file: str | None) -> dict[str, Any]:
+    """The MoE fields of a Hugging Face config ({} for a dense model): experts, top-k, expert width (ffn = the
+    expert width, as in the catalog's MoE entries), shared experts, and DeepSeek's MLA cache width for serving."""
+    experts_key = next((k for k in _HF_EXPERTS if cfg.get(k) is not None), None)
+    if experts_key is None or cfg[experts_key] in (0, 1):  # no experts, or a single expert: a dense MLP
+        return {}
+    top_key = next((k for k in _HF_TOP_K if cfg.get(k) is not None), None)
+    if top_key is None:
+        raise ProblemError(f"{path} has {experts_key} = {shorten(repr(cfg[experts_key]))} but no {' / '.join(_HF_TOP_K)}; "
+                           "allowed: a mixture-of-experts config with both, or neither (a dense model)",
+                           file=file, field="model.hf_config")
+    width = cfg.get("moe_intermediate_size") or ffn
+    shared = cfg.get("n_shared_experts") or 0
+    shared_width = cfg.get("shared_expert_intermediate_size")
+    if not shared and isinstance(shared_width, int) and isinstance(width, int) and width > 0 and shared_width > 0:
+        shared = max(1, round(shared_width / width))  # Qwen-MoE: one shared MLP as wide as this many experts
+    out: dict[str, Any] = {"ffn": width, "moe": {"num_experts": cfg[experts_key], "top_k": cfg[top_key],
+                                                "expert_ffn": width, "shared_experts": shared}}
+    if cfg.get("kv_lora_rank") is not None:  # DeepSeek MLA caches the latent plus the RoPE key per token and layer
+        out["mla_kv_dim"] = cfg["kv_lora_rank"] + (cfg.get("qk_rope_head_dim") or 0)
+    return out

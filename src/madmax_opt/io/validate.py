@@ -17,6 +17,7 @@ from madmax_opt.io.limits import (
     check_finite,
     check_input,
 )
+from madmax_opt.io.yaml_files import shorten
 
 # -------------------------------------------------------------------------------- one-line errors
 
@@ -87,7 +88,7 @@ def _one_line(cls: type[BaseModel], exc: ValidationError) -> tuple[str, str]:
     allowed = _describe(where.annotation, where.metadata)
     got = _shown(err.get("input"))
     if kind == "literal_error":
-        return field, f"unknown value {err.get('input')!r}; allowed: {allowed}"
+        return field, f"unknown value {shorten(repr(err.get('input')))}; allowed: {allowed}"
     if all(_is_type_error(e) for w, e in deepest if w.path == where.path):
         return field, f"wrong type ({got}); allowed: {allowed}"
     msg = str(err["msg"]).removeprefix("Value error, ").removeprefix("Input ")
@@ -174,7 +175,7 @@ def _shown(value: Any) -> str:
         return "got a mapping"
     if isinstance(value, list | tuple):
         return "got a list"
-    return f"got {value!r}"
+    return f"got {shorten(repr(value))}"  # a 2 MB string stays a short line
 
 
 def _strip(annotation: Any) -> Any:

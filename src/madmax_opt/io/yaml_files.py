@@ -1,8 +1,12 @@
-"""Reading problem, plan and data files: YAML/JSON through libyaml with bounded nesting, unique keys and any
-parser error as one line naming the file."""
+"""Reading input files (problem, plan, hf_config, overlay, runs, sweep, fleet and sweep-result files): regular
+files only, symlink loops caught, a size cap; YAML/JSON through libyaml with bounded nesting and unique keys; every
+error one line naming the file."""
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,7 @@ from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.limits import (
     MAX_DEPTH,
     MAX_FILE_BYTES,
+    MAX_SHOWN_CHARS,
 )
 
 # ------------------------------------------------------------------------------------------- loading
@@ -32,22 +37,83 @@ def read_yaml(path: str | Path, what: str = "file") -> Any:
         raise ProblemError(f"malformed YAML: {type(exc).__name__}: {exc}", file=str(path)) from None
 
 
-def read_text(path: Path, *, what: str, file: str, field: str | None = None) -> str:
-    """A text file's contents; not found / a directory / unreadable / not UTF-8 become one-line errors."""
-    named = what if str(path) == file else f"{what} {path}"
-    if not path.exists():
-        raise ProblemError(f"{what} not found (looked for {path.resolve()})", file=file, field=field)
-    if path.is_dir():
-        raise ProblemError(f"{named} is a directory; allowed: a file", file=file, field=field)
+def read_text(path: Path, *, what: str, file: str, field: str | None = None,
+              max_bytes: int = MAX_FILE_BYTES) -> str:
+    """A text input file's contents through :func:`read_input_bytes`; not UTF-8 is a one-line error too."""
+    data = read_input_bytes(path, what=what, file=file, field=field, max_bytes=max_bytes)
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise ProblemError(f"{named} has {path.stat().st_size:,} bytes; allowed: at most {MAX_FILE_BYTES:,}",
-                               file=file, field=field)
-        return path.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        named = what if str(path) == file else f"{what} {path}"
         raise ProblemError(f"{named} is not UTF-8 text (byte {exc.start})", file=file, field=field) from None
+
+
+def read_input_bytes(path: Path, *, what: str, file: str, field: str | None = None,
+                     max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The one way an input file is read: a regular file only (a FIFO, device, socket or directory would block,
+    never end or fail late), symlinks followed with the kernel's loop check (ELOOP), at most ``max_bytes`` read
+    (``/proc`` files report size 0, so the cap holds on the bytes read, not only on ``st_size``); every failure
+    is one ProblemError line naming the path."""
+    named = what if str(path) == file else f"{what} {path}"
+    try:
+        st = os.stat(path)  # follows symlinks; a loop is ELOOP here, never Python's RuntimeError
     except OSError as exc:
-        raise ProblemError(f"cannot read {named}: {exc.strerror}", file=file, field=field) from None
+        if exc.errno == errno.ENOENT:
+            raise ProblemError(f"{what} not found (looked for {_absolute(path)})", file=file, field=field) from None
+        raise ProblemError(f"cannot read {named}: {_reason(exc)}", file=file, field=field) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ProblemError(f"{named} is {_kind(st.st_mode)}; allowed: a regular file", file=file, field=field)
+    if st.st_size > max_bytes:
+        raise ProblemError(f"{named} has {st.st_size:,} bytes; allowed: at most {max_bytes:,}", file=file,
+                           field=field)
+    try:  # O_NONBLOCK: should the path become a FIFO between stat and open, open returns instead of waiting
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ProblemError(f"cannot read {named}: {_reason(exc)}", file=file, field=field) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ProblemError(f"{named} is {_kind(os.fstat(fd).st_mode)}; allowed: a regular file", file=file,
+                               field=field)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ProblemError(f"cannot read {named}: {_reason(exc)}", file=file, field=field) from None
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        raise ProblemError(f"{named} has more than {max_bytes:,} bytes; allowed: at most {max_bytes:,}", file=file,
+                           field=field)
+    return b"".join(chunks)
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def _reason(exc: OSError) -> str:
+    """An OSError in words: a symlink loop named as such, else the system's message."""
+    if exc.errno == errno.ELOOP:
+        return "a symlink loop (too many levels of symbolic links)"
+    return exc.strerror or type(exc).__name__
+
+
+def _absolute(path: Path) -> str:
+    """The absolute path, without resolving symlinks (Path.resolve raises RuntimeError on a loop in Python 3.11)."""
+    return os.path.abspath(path)
+
+
+def shorten(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
+    """A value as an error message shows it: at most ``limit`` characters, the cut marked with its length."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 _SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 10x faster, nesting capped at 1000

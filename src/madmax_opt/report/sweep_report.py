@@ -5,19 +5,19 @@ sweep's current combinations are used. Human units (hours, US$, GB) appear only 
 
 from __future__ import annotations
 
-import json
 import math
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.model.plan_settings import plan_text
-from madmax_opt.studies.sweep_results import read_rows, tokens_per_joule
-from madmax_opt.studies.sweep_spec import MANIFEST_FILE, RESULTS_FILE, TABLE_FILE
+from madmax_opt.studies.sweep_results import tokens_per_joule
+from madmax_opt.studies.sweep_schema import load_folder
+from madmax_opt.studies.sweep_spec import RESULTS_FILE, TABLE_FILE
 
 REFERENCE_TOKENS = 1.0e9  # time and cost are per 1e9 tokens when the task has no token budget
 PLOTS = {
@@ -98,15 +98,13 @@ def point(row: dict[str, Any]) -> Point:
 
 
 def load(outdir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The manifest and the rows of the sweep's current combinations, in sweep order."""
-    manifest_path = outdir / MANIFEST_FILE
-    if not manifest_path.exists():
-        raise ProblemError(
-            f"no {MANIFEST_FILE} here; allowed: a directory written by madmax-opt sweep", file=str(outdir)
-        )
-    manifest = json.loads(manifest_path.read_text())
-    rows = read_rows(outdir / RESULTS_FILE)
-    return manifest, [rows[k] for k in manifest["keys"] if k in rows]
+    """The manifest and the rows of the sweep's current combinations, in sweep order, validated against the
+    schema of studies/sweep_schema.py (a damaged folder is a one-line error; damaged lines are counted on stderr)."""
+    manifest, rows, damaged = load_folder(outdir)
+    if damaged:
+        print(f"warning: {outdir / RESULTS_FILE}: {damaged} damaged line(s) skipped (not JSON, or no key); their "
+              "problems count as not run (madmax-opt sweep solves them again)", file=sys.stderr)
+    return manifest, rows
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:

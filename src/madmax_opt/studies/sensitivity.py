@@ -31,6 +31,7 @@ from madmax_opt.analysis.records import Record
 from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.core.units import J_PER_KWH
 from madmax_opt.io.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant, parameter_value
+from madmax_opt.io.yaml_files import shorten
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.plan_settings import plan_text
@@ -41,6 +42,34 @@ from madmax_opt.search.solver import solve_records
 from madmax_opt.search.space import enumerate_plans
 
 DEFAULT_FACTORS: tuple[float, ...] = (0.5, 2.0, 4.0)
+# A what-if factor moves one datasheet figure; 1/1000 to 1000x spans any GPU generation step (V100 -> B200 peak
+# bf16: ~18x) many times over, while 1e308 would overflow the cost model (inf x 0 = NaN step times). Each factor is
+# one solve per parameter, so the list is bounded too.
+FACTOR_RANGE: tuple[float, float] = (1e-3, 1e3)
+MAX_FACTORS = 50
+
+
+def check_study(params: Sequence[str], factors: Sequence[float]) -> None:
+    """One-line errors for a parameter or factor list a study cannot mean: unknown or repeated names, factors
+    outside FACTOR_RANGE (or not finite), repeated factors, more than MAX_FACTORS."""
+    for name in params:
+        if name not in PARAMETERS:
+            raise ProblemError(f"unknown parameter {shorten(repr(name))}; allowed: {', '.join(PARAMETERS)}",
+                               field="--params")
+    twice = sorted({n for n in params if list(params).count(n) > 1})
+    if twice:
+        raise ProblemError(f"{', '.join(twice)} listed twice; allowed: each parameter once", field="--params")
+    if len(factors) > MAX_FACTORS:
+        raise ProblemError(f"{len(factors):,} factors; allowed: at most {MAX_FACTORS} (each one is a solve per "
+                           "parameter)", field="--factors")
+    low, high = FACTOR_RANGE
+    for f in factors:
+        if not (math.isfinite(f) and low <= f <= high):
+            raise ProblemError(f"factor {f:g} is out of range; allowed: numbers from {low:g} to {high:g}",
+                               field="--factors")
+    if len(set(factors)) != len(factors):
+        raise ProblemError(f"a factor is listed twice ({', '.join(f'{f:g}' for f in factors)}); allowed: each "
+                           "factor once", field="--factors")
 
 
 # ------------------------------------------------------------------------------------------- variants
@@ -147,12 +176,7 @@ def run_sensitivity(
     not depend on it). ``share_plans=False`` enumerates every variant afresh (to measure what the sharing saves).
     ``on_variant`` is called with the base and then each variant as it is done (the CLI's progress bar)."""
     t0 = time.perf_counter()
-    for name in params:
-        if name not in PARAMETERS:
-            raise ProblemError(f"unknown parameter {name!r}; allowed: {', '.join(PARAMETERS)}", field="--params")
-    for f in factors:
-        if not (math.isfinite(f) and f > 0.0):
-            raise ProblemError(f"factor {f:g} is not possible; allowed: numbers > 0", field="--factors")
+    check_study(params, factors)
     plans = shared_plans(problem) if share_plans and not is_serving(problem) else None
     kwargs: dict[str, Any] = {"time_limit_s": time_limit_s, "workers": workers}
     done = on_variant or (lambda v: None)

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from madmax_opt.core.errors import InfeasibleError
+from madmax_opt.io.limits import MAX_RESULTS_BYTES
 from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.io.yaml_files import read_input_bytes
 from madmax_opt.model.plan_settings import degree_settings
 
 # ------------------------------------------------------------------------------------------ one problem
@@ -73,9 +75,9 @@ def comparable(row: dict[str, Any]) -> dict[str, Any]:
 
 def read_rows(path: Path, *, repair: bool = False) -> dict[str, dict[str, Any]]:
     """Rows by key; a last line without its newline (cut by a crash) is ignored (cut off by ``repair``)."""
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return {}
-    data = path.read_bytes()
+    data = read_input_bytes(path, what="sweep results", file=str(path), max_bytes=MAX_RESULTS_BYTES)
     end = data.rfind(b"\n") + 1  # everything after the last newline is a partial write
     rows: dict[str, dict[str, Any]] = {}
     bad = 0
@@ -83,7 +85,7 @@ def read_rows(path: Path, *, repair: bool = False) -> dict[str, dict[str, Any]]:
         try:
             row = json.loads(line)
             rows.setdefault(row["key"], row)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             bad += 1
     if repair and (end < len(data) or bad or len(rows) != data[:end].count(b"\n")):
         if bad == 0 and data[:end].count(b"\n") == len(rows):
