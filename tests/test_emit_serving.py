@@ -287,10 +287,12 @@ LLMS = sorted(n for n, m in catalog.models().items() if m.family == "llm")
 
 @pytest.mark.parametrize("name", LLMS)
 def test_every_catalog_model_launches_as_priced(name: str) -> None:
-    """Each catalog LLM, dense as tp 8 x 2 replicas, MoE as one expert-parallel group of 2 replicas (ep 16)."""
+    """Each catalog LLM, dense as tp 8 x 2 replicas, MoE as one expert-parallel group of 2 replicas (ep 16), at fp8
+    (fp4 for a checkpoint shipping MXFP4, the precision it loads at)."""
     m = catalog.models()[name]
-    problem = serving(name, gpu="h200-sxm", kv_precision="fp8")
-    plan = ServingPlan(dp=2, tp=8, batch=16, precision="fp8", ep=16 if m.moe else 1)
+    problem = serving(name, gpu="b200", kv_precision="fp8")
+    precision = "fp4" if m.native_precision == "mxfp4" else "fp8"
+    plan = ServingPlan(dp=2, tp=8, batch=16, precision=precision, ep=16 if m.moe else 1)
     for fmt in FORMATS:
         check_launch(fmt, problem, plan)
 
