@@ -157,3 +157,20 @@ def test_verify_prints_the_solver_beside_brute_force(tmp_path: Path) -> None:
     plan = plan_text(js["solver_plan"])
     assert re.search(rf"│ plan\s+│ {re.escape(plan)}\s+│ {re.escape(plan_text(js['brute_force_plan']))}", text)
     assert "equals brute force" in text if js["agree"] else "worse than brute force" in text
+
+
+def test_timeline_says_which_plan_of_a_list_it_simulates(tmp_path: Path, capsys: object) -> None:
+    import yaml
+
+    from madmax_opt.cli.timeline import _say_which
+
+    plans = ROOT / "problems" / "plans" / "llama2-70b-3d.yaml"
+    n = len(yaml.safe_load(plans.read_text()))
+    assert n > 1
+    _say_which(plans)  # what `timeline` does when --index is not given
+    err = capsys.readouterr().err  # type: ignore[attr-defined]
+    assert f"{plans} holds {n} plans; simulating plan 0 (the first); --index K (0 to {n - 1})" in err
+    one = tmp_path / "one.yaml"
+    one.write_text(yaml.safe_dump([yaml.safe_load(plans.read_text())[0]]))
+    _say_which(one)  # a single plan: nothing to say
+    assert capsys.readouterr().err == ""  # type: ignore[attr-defined]
