@@ -70,8 +70,11 @@ class FitRecord(_Strict):
     in_sample_median_err: float | None = None
     loso_median_err: float | None = Field(None, description="leave-one-source-out median |error| of these runs")
     logo_median_err: float | None = Field(None, description="leave-one-GPU-out median |error| of these runs")
+    kfold_median_err: float | None = Field(
+        None, description="median |error| of these runs as held-out points (5 folds, each refitted without it)"
+    )
     status: Literal["calibrated", "uncalibrated"] = Field(
-        "calibrated", description="uncalibrated: the in-sample or leave-one-source-out median |error| exceeds 30 %"
+        "calibrated", description="uncalibrated: the in-sample or held-out-point median |error| exceeds 30 %"
     )
     residuals: list[float] = Field(
         default_factory=list, description="ln(predicted / measured) of each run in sample (error bars)"

@@ -98,7 +98,8 @@ def inferencex_lines(ev: Evaluation | None = None) -> list[str]:
     lines += _table(ev, points, "GPU / framework", lambda p: f"{p.gpu} / {p.framework} ({records[p.pair]})")
     lines += [
         "",
-        f"A pair whose in-sample or LOSO median exceeds {UNCALIBRATED_ABOVE:.0%} is recorded `uncalibrated` in "
+        f"A pair whose in-sample or 5-fold (held-out points) median exceeds {UNCALIBRATED_ABOVE:.0%} is recorded "
+        "`uncalibrated` in "
         "`data/serving_calibration.yaml` (its `fit.status`), and evaluate/solve records say so.",
         "",
         "## Per source, GPU, framework and serving feature",
