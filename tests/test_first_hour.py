@@ -174,3 +174,48 @@ def test_timeline_says_which_plan_of_a_list_it_simulates(tmp_path: Path, capsys:
     one.write_text(yaml.safe_dump([yaml.safe_load(plans.read_text())[0]]))
     _say_which(one)  # a single plan: nothing to say
     assert capsys.readouterr().err == ""  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------------------------- 80 columns
+
+
+def _table_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line[:1] in "┏┃┡│└├"]
+
+
+def test_evaluate_ops_at_80_columns_keeps_op_names_and_fits(monkeypatch: object) -> None:
+    import json
+
+    monkeypatch.setenv("COLUMNS", "80")  # type: ignore[attr-defined]
+    args = ("evaluate", ROOT / "problems" / "llama2-70b-h100.yaml", "--plan",
+            ROOT / "problems" / "plans" / "llama2-70b-3d.yaml", "--ops")
+    text = run_main(*args).stdout
+    assert "…" not in text
+    assert all(len(line) <= 80 for line in _table_lines(text))
+    ops = {op["op"].split()[0] for rec in json.loads(run_main(*args, "--json").stdout) for op in rec["ops"]}
+    cells = {cell.strip() for line in _table_lines(text) for cell in line.split("│")}
+    assert ops <= {c.split()[0] for c in cells if c}  # every op's first word stands whole in its cell
+
+
+def test_sensitivity_and_pareto_tables_at_80_columns_keep_their_words() -> None:
+    from rich.console import Console
+
+    from madmax_opt.model.plan_settings import plan_text
+    from madmax_opt.report.sensitivity_report import print_study
+    from madmax_opt.report.serving_tables import pareto_table
+
+    study = run_sensitivity(load_problem(SMALL), ["nvlink_bandwidth", "hbm_capacity"], [2.0], time_limit_s=30.0)
+    console = Console(width=80, record=True)
+    print_study(study, console)
+    text = console.export_text()
+    assert "…" not in text and all(len(line) <= 80 for line in _table_lines(text))
+    assert "│ nvlink_bandwidth │" in text and "│ hbm_capacity" in text
+    rows = [{"tpot_s": 0.0123, "ttft_s": 0.1, "output_tokens_per_s_per_gpu": 1234.5, "output_tokens_per_s": 9876.0,
+             "hardware": {"system": "dgx-b200", "gpus": 8}, "meets_targets": True,
+             "plan": {"dp": 8, "tp": 1, "pp": 1, "ep": 8, "batch": 192, "precision": "fp4"}}]
+    console = Console(width=80, record=True)
+    console.print(pareto_table(rows))
+    text = console.export_text()
+    assert "…" not in text and all(len(line) <= 80 for line in _table_lines(text))
+    words = plan_text(rows[0]["plan"]).split()  # type: ignore[arg-type]
+    assert all(w in text for w in words) and "precision=fp4" in text

@@ -105,10 +105,14 @@ def print_layer_ops(rec: LayerOpsRecord, console: Console) -> None:
     knobs = ", ".join(f"{k}={v}" for k, v in rec.plan.model_dump(exclude_none=True).items())
     where = "" if rec.stages is None else f" (stages {', '.join(map(str, rec.stages))})"
     t = Table(title=f"One layer{where}, one micro-batch, one GPU: {knobs}")
-    for col in ("op", "pass", "roofline", "GFLOP", "MB", "time (us)", "% of op time"):
-        t.add_column(col, justify="left" if col in ("op", "pass", "roofline") else "right")
+    # at 80 columns the words that tell rows apart stay whole: numbers never wrap, op and roofline fold (no "…")
+    t.add_column("op", overflow="fold", min_width=11)
+    t.add_column("pass", no_wrap=True)
+    t.add_column("roofline", overflow="fold")
+    for col in ("GFLOP", "MB", "time\nus", "% of\ntime"):
+        t.add_column(col, justify="right", no_wrap=True)
     for r in rec.ops:
-        t.add_row(r.op, r.pass_, r.roofline, f"{r.flops / 1e9:,.2f}", f"{r.bytes / MB:,.2f}",
+        t.add_row(r.op, r.pass_, r.roofline, f"{r.flops / 1e9:,.1f}", f"{r.bytes / MB:,.1f}",
                   f"{r.time_s * US:,.1f}", f"{100.0 * r.time_s / total:.1f}")
     console.print(t)
     terms = ", ".join(f"{k} {v * US:,.1f}" for k, v in rec.terms_s.items())

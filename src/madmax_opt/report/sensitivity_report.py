@@ -29,8 +29,13 @@ from madmax_opt.studies.sensitivity import (
 def print_study(study: Study, console: Console) -> None:
     t = Table(title=f"hardware sensitivity of {study.problem.source} ({study.solves} solves, {study.wall_s:.2f} s)",
               header_style="bold")
-    for c in ("parameter", "x", "value", unit(study), "gain", "fixed plan", "$/M tok", "new plan"):
-        t.add_column(c, justify="left" if c in ("parameter", "value", "new plan") else "right")
+    # at 80 columns the parameter names stay whole and numbers never wrap; value and new plan fold
+    t.add_column("parameter", no_wrap=True, min_width=max([len(v.param) for v in study.variants] + [9]))
+    t.add_column("x", justify="right", no_wrap=True)
+    t.add_column("value", min_width=7)  # "$/GPU-h" whole
+    for c in (unit(study), "gain", "fixed\nplan", "$/M\ntok"):
+        t.add_column(c, justify="right", no_wrap=True)
+    t.add_column("new\nplan", overflow="fold", min_width=4)
     for v in study.variants:
         r = variant_row(study, v)
         if v.record is None:

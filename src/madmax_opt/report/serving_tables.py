@@ -58,8 +58,10 @@ def record_table(rec: dict[str, Any], title: str = "plan") -> Table:
 
 def pareto_table(rows: list[dict[str, Any]], title: str = "throughput vs latency (Pareto front)") -> Table:
     t = Table(title=title, header_style="bold")
-    for col in ("TPOT ms", "TTFT ms", "tok/s/GPU", "tok/s", "hardware", "plan", "targets"):
-        t.add_column(col, justify="left" if col in ("hardware", "plan") else "right")
+    # at 80 columns numbers never wrap and the plan folds rather than losing its last words ("precision=...")
+    for col in ("TPOT\nms", "TTFT\nms", "tok/s\nper GPU", "tok/s", "hardware", "plan", "targets"):
+        left = col in ("hardware", "plan")
+        t.add_column(col, justify="left" if left else "right", no_wrap=not left, overflow="fold" if left else "ellipsis")
     for r in rows:
         t.add_row(
             _ms(r["tpot_s"]),
