@@ -317,3 +317,26 @@ def test_the_checkpoint_decides_the_quantization_it_loads_with() -> None:
     with pytest.raises(ProblemError, match="its weights are not quantized"):
         emit_plan(llama, ServingPlan(dp=1, tp=4, batch=32, precision="int4"), "vllm")
     assert check_launch("trtllm", llama, ServingPlan(dp=1, tp=4, batch=32, precision="int4")) is not None  # build
+
+
+def test_router_commands_parse_with_the_sglang_router_itself() -> None:
+    """Optional (pip install sglang-router==0.3.2, no GPU or torch needed): the emitted router command goes through
+    the router's own argparse and RouterArgs, and routes to exactly the servers started (PD mode: prefill with its
+    bootstrap port, decode)."""
+    import argparse
+
+    router_args = pytest.importorskip("sglang_router.router_args")
+    for plan in (ServingPlan(dp=3, tp=4, batch=16), ServingPlan(dp=4, tp=2, batch=16, prefill_replicas=1)):
+        e = emit_plan(DENSE, plan, "sglang")
+        parser = argparse.ArgumentParser()
+        router_args.RouterArgs.add_cli_args(parser)
+        args = router_args.RouterArgs.from_cli_args(parser.parse_args(e.commands[-1].args))
+        urls = {role: [str(c.ready).removesuffix("/health") for c in servers_of(e) if c.ready and c.role == role]
+                for role in ("run", "prefill", "decode")}  # each server's command on its first node
+        if plan.prefill_replicas:
+            bootstrap = [int(str(parse_flags(c.args)["--disaggregation-bootstrap-port"])) for c in servers_of(e)
+                         if c.ready and c.role == "prefill"]
+            assert args.pd_disaggregation and args.prefill_urls == list(zip(urls["prefill"], bootstrap, strict=True))
+            assert args.decode_urls == urls["decode"]
+        else:
+            assert args.worker_urls == urls["run"]
