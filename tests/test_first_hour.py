@@ -15,18 +15,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = Path(__file__).resolve().parent / "data" / "small.yaml"
 
 
-def test_sensitivity_reports_the_base_and_every_variant_as_it_is_done() -> None:
-    seen: list[tuple[str, float]] = []
-
-    def on_variant(v: Variant) -> None:
-        seen.append((v.param, v.factor))
-
-    study = run_sensitivity(load_problem(SMALL), ["hbm_bandwidth", "price"], [0.5, 2.0], time_limit_s=30.0,
-                            on_variant=on_variant)
-    assert seen == [("base", 1.0)] + [(v.param, v.factor) for v in study.variants]
-    assert len(seen) == 1 + 2 * 2
-
-
 def test_progress_draws_nothing_off_a_terminal(capsys: object) -> None:
     with progress_bar("work", 3) as bar:  # pytest's stderr is not a terminal: no bar, no text
         bar.show("first")
@@ -35,15 +23,14 @@ def test_progress_draws_nothing_off_a_terminal(capsys: object) -> None:
     assert out.out == "" and out.err == ""
 
 
-def test_pareto_says_what_it_wrote_and_what_the_table_holds(tmp_path: Path) -> None:
-    r = run_main("pareto", ROOT / "problems" / "serve-llama2-70b-dgx-h100.yaml", "--out", tmp_path / "front")
-    assert r.returncode == 0, r.stderr
+def test_pareto_summary_counts_the_written_table(tmp_path: Path) -> None:
+    from madmax_opt.report.serving_pareto import _front_summary
+
     md = tmp_path / "front.md"
-    assert f"wrote {md} and {md.with_suffix('.png')}" in r.stdout
-    table = [line for line in md.read_text().splitlines() if re.match(r"\| [0-9]", line)]  # data rows
-    met = [line for line in table if line.rstrip().endswith("| yes |")]
-    assert f"pareto: {len(table)} plans in the table, {len(met)} meeting the targets" in r.stdout
-    assert 0 < len(met) <= len(table)
+    rows = [("11.66", "yes"), ("12.01", "yes"), ("40.20", "no")]  # a table as write_pareto writes it
+    md.write_text("# Throughput vs latency\n\nsome text | with a bar\n\n| TPOT ms | plan | meets targets |\n"
+                  "|---|---|---|\n" + "".join(f"| {t} | dp1 tp8 | {m} |\n" for t, m in rows))
+    assert _front_summary(md) == "3 plans in the table, 2 meeting the targets"
 
 
 # ------------------------------------------------------------------------------------------------- --help
@@ -70,7 +57,7 @@ def test_help_groups_development_commands_apart_and_every_name_exists() -> None:
 
 
 def test_no_flag_shows_a_bool_type_in_help() -> None:
-    for name in ["", "solve", "evaluate", "validate", "fleet", "sweep", "sensitivity", "emit", "bench-startup"]:
+    for name in ["", "solve", "fleet", "bench-startup"]:
         assert not name or name in _commands()
         r = run_main(*([name] if name else []), "--help")
         assert r.returncode == 0, name
@@ -204,7 +191,14 @@ def test_sensitivity_and_pareto_tables_at_80_columns_keep_their_words() -> None:
     from madmax_opt.report.sensitivity_report import print_study
     from madmax_opt.report.serving_tables import pareto_table
 
-    study = run_sensitivity(load_problem(SMALL), ["nvlink_bandwidth", "hbm_capacity"], [2.0], time_limit_s=30.0)
+    seen: list[tuple[str, float]] = []
+
+    def on_variant(v: Variant) -> None:  # the CLI's progress bar: the base, then each variant as it is done
+        seen.append((v.param, v.factor))
+
+    study = run_sensitivity(load_problem(SMALL), ["nvlink_bandwidth", "hbm_capacity"], [2.0], time_limit_s=30.0,
+                            on_variant=on_variant)
+    assert seen == [("base", 1.0)] + [(v.param, v.factor) for v in study.variants] and len(seen) == 1 + 2
     console = Console(width=80, record=True)
     print_study(study, console)
     text = console.export_text()
@@ -219,3 +213,28 @@ def test_sensitivity_and_pareto_tables_at_80_columns_keep_their_words() -> None:
     assert "…" not in text and all(len(line) <= 80 for line in _table_lines(text))
     words = plan_text(rows[0]["plan"]).split()  # type: ignore[arg-type]
     assert all(w in text for w in words) and "precision=fp4" in text
+
+
+# ------------------------------------------------------------------------------------- README calibrate line
+
+
+def test_the_readme_calibrate_line_runs_on_the_shipped_example(tmp_path: Path, monkeypatch: object) -> None:
+    import shlex
+
+    import yaml
+
+    (line,) = [ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("madmax-opt calibrate ")]
+    args = shlex.split(line.split("#", 1)[0])[1:]
+    out = tmp_path / "cluster.yaml"
+    args[args.index("--out") + 1] = str(out)  # the README writes into the current directory; the test into tmp
+    monkeypatch.chdir(ROOT)  # type: ignore[attr-defined]  # the README's paths are relative to the clone
+    r = run_main(*args)
+    assert r.returncode == 0, r.stderr
+    runs = yaml.safe_load((ROOT / args[1]).read_text())["runs"]  # the example file, read independently
+    pairs = {(run["hardware"]["gpu"], run["framework"]) for run in runs}
+    overlay = yaml.safe_load(out.read_text())
+    fitted = {(c["gpu"], c["framework"]): c for c in overlay["calibrations"]}
+    assert set(fitted) == pairs
+    for pair in pairs:
+        n = sum((run["hardware"]["gpu"], run["framework"]) == pair for run in runs)
+        assert fitted[pair]["fit"]["runs"] == n and f"{pair[0]} / {pair[1]}: {n} run(s)" in r.stdout
