@@ -57,7 +57,7 @@ def calibrate_command(
         fitted = ", ".join(f"{k} {v:g}" for k, v in r.fit.params.items()) or "nothing"
         con.print(f"fitted: {fitted}")
         for name, why in r.fit.left_out.items():
-            con.print(f"left at the prior: {name}: {why}")
+            con.print(f"not fitted (kept as before): {name}: {why}")
         for note in r.notes:
             con.print(f"note: {note}", markup=False)
     con.print(f"wrote {out}")

@@ -38,11 +38,19 @@ def solve(
     emit: Annotated[str | None, typer.Option("--emit", help=f"also emit the best plan as FORMAT: {FORMAT_HELP}")]
     = None,
     out: Annotated[Path | None, typer.Option("--out", help="with --emit: write its files and launch.sh here")] = None,
+    benchmark: Annotated[int | None, typer.Option("--benchmark", metavar="N", help="with --emit and --out: each "
+                         "returned plan FORMAT can run, as a short measured run (N iterations / a serving client) "
+                         "in OUT/plan-i, with measure.sh, runs.yaml for calibrate and the problem naming its "
+                         "overlay")] = None,
 ) -> None:
     """Search the plan space (and hardware options) for the optimal plan; cross-checked by the evaluator."""
     from madmax_opt.report.families import SolveOptions, family_of
 
     check_emit(problem, emit)  # an unknown or wrong-kind format fails before the search
+    if benchmark is not None:
+        from madmax_opt.launch.benchmark import check_benchmark_options
+
+        check_benchmark_options(benchmark, emit, out)
     family = family_of(problem)
     result = family.solve(problem, SolveOptions(top_k, time_limit, workers, solver_params, export_model,
                                                 robust=robust))
@@ -54,6 +62,13 @@ def solve(
         result = rerank_and_plot(load_problem(problem), result, rerank, plot)
     if emit is not None:  # runnable configuration of the best plan (launch formats)
         result["emitted"] = emit_best(problem, result, emit, out)
+    if benchmark is not None and emit is not None and out is not None:  # measured runs of the returned plans
+        from madmax_opt.cli.emit import report_written
+        from madmax_opt.io.problem import load_problem
+        from madmax_opt.launch.benchmark import benchmark_plans
+
+        records = result.get("top") or [result["best"]]
+        report_written(benchmark_plans(problem, load_problem(problem), records, emit, out, benchmark))
     if json_out:
         print(json.dumps(result, indent=2))
     else:

@@ -95,6 +95,9 @@ def emit_cmd(
                                         "never an invalid one")] = False,
     checkpoint: Annotated[str | None, typer.Option("--checkpoint", help="serving: the weights to load, a path or "
                                                    "Hugging Face id (default: the model's hf_id)")] = None,
+    benchmark: Annotated[int | None, typer.Option("--benchmark", metavar="N", help="with --out: a short measured "
+                         "run (N logged iterations, or a serving client writing result JSON) and, for training, "
+                         "measure.sh + runs.yaml for calibrate")] = None,
 ) -> None:
     """Emit plan(s) as a framework's commands and config files. Each plan first passes the evaluator's checks: an
     invalid plan is exit 2, one that does not fit exit 3 (--force emits it); a setting the framework cannot
@@ -104,6 +107,10 @@ def emit_cmd(
     from madmax_opt.launch.checks import check_before_emit
     from madmax_opt.launch.emit import emit_plan, load_plan_file, locate_refusal, write_emitted
 
+    if benchmark is not None:
+        from madmax_opt.launch.benchmark import check_benchmark_options
+
+        check_benchmark_options(benchmark, fmt, out)
     loaded = _load(problem)
     plans = load_plan_file(plan, loaded)
     listed = isinstance(read_yaml(plan, what="plan file"), list)
@@ -115,9 +122,18 @@ def emit_cmd(
             emitted = emit_plan(loaded, p, fmt, checkpoint)
         except ProblemError as exc:  # name the plan file and field (or the problem's, for a task/model setting)
             raise locate_refusal(exc, problem, plan, f"[{i}]" if listed else "") from None
+        if benchmark is not None:
+            from madmax_opt.launch.benchmark import benchmark_emitted
+
+            emitted = benchmark_emitted(emitted, loaded, p, benchmark)
         if out is not None:
             report_written(write_emitted(emitted, out if len(plans) == 1 else out / f"plan-{i}"))
         records.append(emitted.model_dump())
+    if benchmark is not None and out is not None and fmt in ("megatron", "nemo", "torchtitan", "deepspeed"):
+        from madmax_opt.launch.benchmark import loop_files, write_loop_files
+
+        dirs = ["."] if len(plans) == 1 else [f"plan-{i}" for i in range(len(plans))]
+        report_written(write_loop_files(loop_files(problem, loaded, plans, dirs), out))
     if json_out:
         print(json.dumps(records[0] if len(records) == 1 else records, indent=2))
     else:

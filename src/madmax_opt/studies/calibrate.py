@@ -44,7 +44,7 @@ from madmax_opt.io.run_logs import step_time_s as log_step_time_s
 from madmax_opt.io.validate import validate
 from madmax_opt.io.yaml_files import read_yaml
 from madmax_opt.model.problem import Problem
-from madmax_opt.model.spec import Framework, FrameworkFit, Plan, Strict
+from madmax_opt.model.spec import Framework, FrameworkCalibration, FrameworkFit, Plan, Strict
 from madmax_opt.model.training import INVALID_REASONS
 from madmax_opt.studies import fit as fit_mod
 from madmax_opt.studies.fit import FIT_PARAMS, Run
@@ -59,8 +59,9 @@ MAX_RUNS = 1_000  # calibrate costs ~1 s a run on one core (linear): 1,000 runs 
 # Nodes of the runs file with every YAML alias expanded (the shipped modern file: 5,288 for 80 runs); a file of
 # nested aliases ("billion laughs") would otherwise expand in the validators until memory runs out.
 MAX_EXPANDED_NODES = 1_000_000
-METHOD = ("madmax-opt calibrate (madmax_opt.studies.fit.fit): coordinate descent over fit.FIT_GRID from the GPU prior, "
-          "objective mean |ln(predicted/measured)| + 0.05 x sum |ln(value/prior)| (fit.PRIOR_WEIGHT)")
+METHOD = ("madmax-opt calibrate (madmax_opt.studies.fit.fit): coordinate descent over fit.FIT_GRID from the pair's catalog "
+          "calibration, objective mean |ln(predicted/measured)| + 0.05 x sum |ln(value/start)| (fit.PRIOR_WEIGHT)")
+OVERRIDE_FIELDS: tuple[str, ...] = tuple(n for n in FrameworkCalibration.model_fields if n != "fit")
 
 
 class Measured(Strict):
@@ -109,7 +110,20 @@ class PairResult:
             in_sample_median_err=round(ins, 4),
             loso_median_err=round(float(np.median(np.abs(loo))), 4) if len(loo) else None, method=METHOD,
         )
-        return OverlayEntry(gpu=self.key[0], framework=self.key[1], fit=record, **self.fit.params)
+        return OverlayEntry(gpu=self.key[0], framework=self.key[1], fit=record, **self.values())
+
+    def values(self) -> dict[str, float]:
+        """The overlay's values (replacing the GPU prior's): the fitted ones, and every other field where the base
+        the fit started from (the pair's catalog calibration) differs from the prior, so that the overlay prices as
+        the fit did."""
+        (gpu,) = self.fit.bases
+        final, base = self.fit.bases[gpu].scaled(self.fit.factors), fit_mod.prior(gpu)
+        out = {}
+        for name in OVERRIDE_FIELDS:
+            v, b = getattr(final, name), getattr(base, name)
+            if v is not None and (name in self.fit.factors or v != b):
+                out[name] = round(float(v), 6)
+        return out
 
 
 def _step_s(r: MinimalRun, problem: Problem, file: str, field: str) -> float:
@@ -257,14 +271,14 @@ def read_runs(path: Path) -> tuple[list[Run], Notes]:
     return minimal_runs(data, str(path))
 
 
-def _check_params(runs: Sequence[Run], params: Sequence[str] | None, file: str) -> list[str]:
+def _check_params(runs: Sequence[Run], params: Sequence[str] | None, file: str, bases: fit_mod.Bases) -> list[str]:
     """The candidate parameters; asking for one the runs do not determine is an error that says which and why."""
     if params is None:
         return list(FIT_PARAMS)
     unknown = [p for p in params if p not in FIT_PARAMS]
     if unknown:
         raise ProblemError(f"unknown parameter {unknown[0]!r}; allowed: {', '.join(FIT_PARAMS)}", field="--params")
-    _, left = fit_mod.determined(runs, params)
+    _, left = fit_mod.determined(runs, params, bases)
     if left:
         name, why = next(iter(left.items()))
         gpu, framework = runs[0].gpu, runs[0].framework
@@ -296,7 +310,9 @@ class MemoPredict:
 
 
 def calibrate(path: Path, params: Sequence[str] | None = None) -> list[PairResult]:
-    """Fit every (GPU, framework) of the runs file; per run the before, after and leave-one-out errors."""
+    """Fit every (GPU, framework) of the runs file, starting from the calibration that prices the pair now (its
+    catalog fit, else its family's, else the prior: what ``before`` uses), so that a few runs refine it; per run the
+    before, after and leave-one-out errors."""
     runs, notes = read_runs(path)
     groups: dict[Key, list[Run]] = {}
     for r in runs:
@@ -306,17 +322,19 @@ def calibrate(path: Path, params: Sequence[str] | None = None) -> list[PairResul
         groups.setdefault((r.gpu, r.framework), []).append(r)
     out = []
     for key, rs in groups.items():
-        names = _check_params(rs, params, str(path))
+        bases = {key[0]: rs[0].problem.hardware[0].gpu.calibration}  # as the problem loader prices the pair
+        names = _check_params(rs, params, str(path), bases)
         measured = np.array([r.measured_s for r in rs])
         before = np.array([float(metrics(m := Model(r.problem), m.arrays([r.plan])).step_time_s[0]) for r in rs])
         memo = MemoPredict()
-        f = fit_mod.fit(rs, names, predict=memo)
+        f = fit_mod.fit(rs, names, bases=bases, predict=memo)
         loo = np.full(len(rs), np.nan)
         if len(rs) > 1:
             for i in range(len(rs)):
                 rest = [r for j, r in enumerate(rs) if j != i]
-                g = fit_mod.fit(rest, fit_mod.determined(rest, names, predict=memo)[0], predict=memo)
-                loo[i] = fit_mod.predict([rs[i]], [g.params])[0, 0] / rs[i].measured_s - 1.0
+                g = fit_mod.fit(rest, fit_mod.determined(rest, names, bases, predict=memo)[0], bases=bases,
+                                predict=memo)
+                loo[i] = memo([rs[i]], [g.factors], bases)[0, 0] / rs[i].measured_s - 1.0
         mine = tuple(note for run, note in notes if any(run is r for r in rs))
         out.append(PairResult(key, rs, f, before / measured - 1.0, loo, mine))
     return out
