@@ -493,7 +493,7 @@ def test_validation_bars_on_the_shared_measurements() -> None:
     from madmax_opt.studies.validation import shared_dir
 
     if not (shared_dir() / "validation" / "inference_measured.yaml").exists():
-        pytest.skip("shared/validation is not beside the checkout")
+        pytest.skip("validation data not found")
     thr, lat = summary_errors(validation_rows())
     assert len(thr) == 7 and len(lat) == 8  # every case of the file
     assert statistics.median(abs(e) for e in thr) <= BAR_THROUGHPUT

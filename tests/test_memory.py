@@ -1,6 +1,6 @@
 """Memory per GPU: model states (ZeRO 0-3) and activations, by hand and against Korthikanti et al. 2022, Fig. 1.
 
-Fig. 1 anchors (/work/shared/validation/korthikanti2022_table5.yaml, GiB per GPU, tp = 8): weights + gradients +
+Fig. 1 anchors (data/validation/korthikanti2022_table5.yaml, GiB per GPU, tp = 8): weights + gradients +
 optimizer 45.56 / 45.56 / 31.64 / 32.96 and activations without recomputation 59.25 / 66.84 / 114.02 / 131.25,
 with sequence parallelism + selective recomputation 9.56 / 12.35 / 23.08 / 26.56 for 22B / 175B / 530B / 1T.
 """

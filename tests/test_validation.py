@@ -1,7 +1,7 @@
 """Validation bars (issue 2, item 8): the training model against measured A100 runs, recomputed here.
 
 The predictions are recomputed from the model (never read from results/validation/training.md); the measured
-values come from shared/validation. Formula checks recompute terms by hand from the catalog numbers.
+values come from data/validation (the package's copy, or $MADMAX_SHARED). Formula checks recompute terms by hand from the catalog numbers.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ try:
     SHARED = v.shared_dir()
 except ProblemError:
     SHARED = None
-needs_data = pytest.mark.skipif(SHARED is None, reason="shared/validation not found (set MADMAX_SHARED)")
+needs_data = pytest.mark.skipif(SHARED is None, reason="validation data not found (set MADMAX_SHARED)")
 
 # Bars that the model does not reach on vTrain (see results/validation/training.md and the calibration source):
 # rank correlation within the 18.4B and 39.1B sweeps (achieved 0.668 and 0.547). Their measured tp2/tp4 rows run

@@ -115,7 +115,7 @@ def test_korthikanti_model_flops_formula(name: str, batch: int, seq_len: int) ->
 
 @pytest.mark.parametrize(
     ("case", "gpus", "batch", "iter_s", "reported_mfu"),
-    [  # /work/shared/validation/korthikanti2022_table5.yaml: measured time and the paper's MFU
+    [  # data/validation/korthikanti2022_table5.yaml: measured time and the paper's MFU
         ("megatron-gpt-22b", 8, 4, 1.10, 0.417),
         ("megatron-gpt-175b", 64, 64, 13.75, 0.514),
         ("megatron-gpt-530b", 280, 280, 37.83, 0.560),

@@ -40,7 +40,7 @@ def bench_sensitivity_command(
 def validate_inference_command(
     out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/validation"),
 ) -> None:
-    """Inference model vs the measured serving runs in shared/validation; writes results/validation/inference.md."""
+    """Inference model vs the measured serving runs in data/validation; writes results/validation/inference.md."""
     from madmax_opt.report.serving_validation import validate_inference_cmd
 
     validate_inference_cmd(out=out)

@@ -12,7 +12,7 @@ Collectives run hierarchically (NCCL's intra-node/inter-node phases; Thakur et a
 
 with B_i = bandwidth x efficiency (NCCL bus bandwidth) per GPU in one direction, and alpha_i a per-collective
 latency for each tier that the group crosses (10 us NVLink / 20 us IB in the common analytical setting of
-shared/reference/hardware.md). Every function works on numpy arrays (one entry per plan) and on scalars.
+docs/reference/hardware.md). Every function works on numpy arrays (one entry per plan) and on scalars.
 """
 
 from __future__ import annotations

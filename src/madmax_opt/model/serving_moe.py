@@ -16,7 +16,7 @@ per replica:
     TP restore             all-gather of T h 2 B over tp after the combine (ep > 1; replaces the MLP all-reduce)
 
 Grouped GEMMs run at ``grouped_gemm_ratio`` of dense-GEMM efficiency (B200: 0.30 / 0.49 of peak,
-shared/reference/hardware.md); at decode the few tokens per expert make them weight-bandwidth-bound, which the
+docs/reference/hardware.md); at decode the few tokens per expert make them weight-bandwidth-bound, which the
 roofline's memory term (active experts only) models. The KV cache is the attention's: unchanged by EP.
 """
 

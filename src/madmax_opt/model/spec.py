@@ -44,7 +44,7 @@ class Calibration(Strict):
     grouped_gemm_ratio: Fraction = Field(
         0.61,
         description="MoE grouped-GEMM efficiency relative to dense GEMMs; default from B200 measurements "
-        "(grouped 0.30 / dense 0.49 of peak, shared/reference/hardware.md)",
+        "(grouped 0.30 / dense 0.49 of peak, docs/reference/hardware.md)",
     )
     fp8_gemm_eff: Fraction | None = Field(
         None, description="fraction of the FP8 peak reached by large FP8 GEMMs; default: gemm_eff"

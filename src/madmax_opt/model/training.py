@@ -39,7 +39,7 @@ from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
 # Adam step reads grad + master + m + v (16 B), writes master + m + v (12 B) and the bf16 copy (2 B), and the
 # grad zeroing/unscale pass touches the fp32 grad again (4 B): 34 B per local trainable parameter, memory-bound.
 OPTIMIZER_BYTES_PER_PARAM = 34.0
-COMM_INTERFERENCE = 0.15  # compute slowdown while NVLink collectives overlap it (shared/reference/hardware.md)
+COMM_INTERFERENCE = 0.15  # compute slowdown while NVLink collectives overlap it (docs/reference/hardware.md)
 STAGE_TERMS: tuple[str, ...] = (
     "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "overhead"
 )
@@ -131,7 +131,7 @@ def layer_costs(
     tp_comm = ops.total_s("tp_comm", "fwd", "recompute") + bwd_exposed + bwd_hidden
     # --tp-comm-overlap (userbuffers): everything hides behind the GEMMs it joins (fwd, 2x bwd, recompute fwd)
     tp_hidden = np.minimum(tp_comm, gemm_fwd * (3.0 + full_rc)) if stack.tp_comm_overlap else bwd_hidden
-    # overlapped collectives take SMs from the GEMMs under them (~15 % on NVLink; shared/reference/hardware.md)
+    # overlapped collectives take SMs from the GEMMs under them (~15 % on NVLink; docs/reference/hardware.md)
     tp_exposed = tp_comm - tp_hidden + COMM_INTERFERENCE * tp_hidden
     # MoE token dispatch + combine: 2 all-to-alls forward, 2 backward, 2 more in a full recompute
     ep_comm = ops.total_s("ep_comm", "fwd", "recompute", "bwd-input")

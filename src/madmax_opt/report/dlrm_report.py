@@ -242,7 +242,7 @@ def write_dlrm_study(out_dir: Path, plot: bool = True) -> Path:
         f"{platform.python_version()}). "
         "Do not edit by hand.",
         "",
-        f"Setup (shared/reference/madmax-paper.md): DLRM-A (4096 tables x 2.08 M rows, dim 94, pooling 15, fp16 "
+        f"Setup (Hsia et al., ISCA 2024, arXiv 2310.02784): DLRM-A (4096 tables x 2.08 M rows, dim 94, pooling 15, fp16 "
         f"embeddings; 10 + 10 MLP layers of width 3994, fp32 dense on TF32 tensor cores), global batch "
         f"{STUDY_BATCH:,} samples, {STUDY_SAMPLES:.0e} samples to train. Per hardware option the solver picks the "
         "dense plan (DDP, FSDP, or TP inside the node x DDP) and the embedding placement (CP-SAT over table-wise, "

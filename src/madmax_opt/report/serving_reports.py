@@ -145,7 +145,7 @@ def write_inference_study(out_dir: Path) -> Path:
         )
     lines += [
         "- Differences from the paper: the paper's inference baseline and workloads are not fully specified in "
-        "shared/reference/madmax-paper.md; here both plans get continuous batching, the same precision and their "
+        "Hsia et al., ISCA 2024, arXiv 2310.02784; here both plans get continuous batching, the same precision and their "
         "own best batch, so the speedups come from the parallel layout alone. Prices: the default serving framework "
         "(vLLM) with the serving calibration of `data/serving_calibration.yaml`; neither A100 nor H100 has measured "
         "vLLM runs (flagged uncalibrated): H100 combines its own efficiencies (TensorRT-LLM runs) with vLLM's "

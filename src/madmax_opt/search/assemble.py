@@ -1,6 +1,6 @@
 """CP-SAT assembly shared by the training and serving searches: pick the best candidate(s) under linear limits.
 
-"Enumerate, then assemble" (shared/reference/solver-notes.md): candidates arrive with integer objective values
+"Enumerate, then assemble" (docs/reference/solver-notes.md): candidates arrive with integer objective values
 (rounded once) and integer columns for the side constraints. Each candidate gets one Boolean, exactly one is
 chosen, every limit is a linear constraint over the Booleans, and ties break by enumeration order (objective x n +
 position, exact in integers), so the answer equals a brute-force sort. Within one group (hardware option) every

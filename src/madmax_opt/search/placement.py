@@ -1,6 +1,6 @@
 """Embedding-table placement by CP-SAT (with a greedy baseline and a brute force), and the DLRM plan search.
 
-Placement ("enumerate, then assemble", shared/reference/solver-notes.md): ``dlrm.embedding_options`` enumerates every
+Placement ("enumerate, then assemble", docs/reference/solver-notes.md): ``dlrm.embedding_options`` enumerates every
 way to hold a table and what one shard adds to each per-GPU term (lookup time, memory, each collective lane) as a
 GPU's owner / node-mate / remote. Those coefficients are rounded once here (time to 1 ns, memory up to 1 MB) and
 CP-SAT chooses, for every table group, how many tables take each option and where:

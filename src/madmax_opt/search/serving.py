@@ -1,7 +1,7 @@
 """Serving search: CP-SAT over the enumerated candidates under latency targets, exact records, explanations of
 infeasibility and the throughput-latency Pareto front.
 
-Same design as ``solver`` (shared/reference/solver-notes.md, "enumerate, then assemble"); the candidates and their
+Same design as ``solver`` (docs/reference/solver-notes.md, "enumerate, then assemble"); the candidates and their
 integer columns come from ``search.serving_space`` (re-exported here).
 """
 

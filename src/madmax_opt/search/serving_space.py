@@ -1,6 +1,6 @@
 """Serving plans and their candidates: the plan record, the prepared model, enumeration and the integer columns.
 
-Same design as ``solver`` (shared/reference/solver-notes.md, "enumerate, then assemble"): the vectorised model
+Same design as ``solver`` (docs/reference/solver-notes.md, "enumerate, then assemble"): the vectorised model
 (``inference.inference_terms``) evaluates every candidate (tp, pp, dp replicas, batch, precision, prefill split,
 GPU type and count), each metric is rounded once to an integer (ns of GPU time per output token, micro-dollars
 per million tokens, us of TTFT/TPOT, tokens/s, cents/hour), and CP-SAT picks one candidate (``add_exactly_one``)

@@ -1,6 +1,6 @@
 """CP-SAT search: enumerate candidates with the exact cost model, round their terms, assemble with CP-SAT.
 
-Design (shared/reference/solver-notes.md, "enumerate, then assemble"): every cost term of the model depends on
+Design (docs/reference/solver-notes.md, "enumerate, then assemble"): every cost term of the model depends on
 5-7 of the 9 knobs, so the terms are computed for all candidates at once by the vectorised model
 (``training.training_terms``), each additive term is rounded once to an integer (microseconds; the objectives in their units, search/objectives.py),
 and CP-SAT picks one candidate (one Boolean each, ``add_exactly_one``) under the linear side constraints

@@ -36,7 +36,7 @@ from madmax_opt.studies.sensitivity import (
 PRETRAIN_GPUS = 2048
 SERVE_GPUS = 128
 SYSTEMS: tuple[str, ...] = ("dc-a", "dgx-h100")
-# the paper's suite (shared/reference/madmax-paper.md): seq 4096 for Llama-2 70B, 2048 for GPT-3; global batch as in
+# the paper's suite (Hsia et al., ISCA 2024, arXiv 2310.02784): seq 4096 for Llama-2 70B, 2048 for GPT-3; global batch as in
 # the pre-training study (results/paper/pretraining.md); serving as problems/serve-llama2-70b-dgx-h100.yaml
 WORKLOADS: tuple[tuple[str, dict[str, Any], int], ...] = (
     ("Llama-2 70B pre-training", {"model": "llama2-70b", "task": {"seq_len": 4096, "global_batch": 2048}},

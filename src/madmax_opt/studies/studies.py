@@ -16,7 +16,7 @@ from madmax_opt.search.solver import solve_records
 COMM_TERMS: tuple[str, ...] = ("tp_comm", "cp_comm", "pp_comm", "zero3_comm", "dp_comm")
 # MAD-Max's pre-training baseline: FSDP over all GPUs, no tensor/pipeline/context parallelism (Sec. 5 of the paper).
 FSDP_BASELINE_SPACE: dict[str, Any] = {"tp": 1, "pp": 1, "cp": 1, "zero": 3}
-# The paper's LLM suite (shared/reference/madmax-paper.md) and context lengths.
+# The paper's LLM suite (Hsia et al., ISCA 2024, arXiv 2310.02784) and context lengths.
 PRETRAIN_SUITE: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("gpt3-175b", (2048, 4096)),
     ("llama-7b", (2048, 4096)),
