@@ -89,7 +89,9 @@ def _training_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None
     loaded = load_problem(path)
     records = evaluate(loaded, load_plans(plan, loaded))
     if plot is not None:
-        plots.plan_figures(records, plot)
+        paths = plots.plan_figures(records, plot)
+        Console(stderr=True).print(f"wrote {', '.join(map(str, paths))} ({len(records)} plan(s) plotted)",
+                                   soft_wrap=True)
     if json_out:  # a file with one plan mapping gives one object, a list gives a list in the same order
         print(json.dumps(records if isinstance(read_yaml(plan), list) else records[0], indent=2))
     else:
