@@ -157,8 +157,17 @@ def test_catalog_holds_the_documented_fit() -> None:
 # --------------------------------------------------------------------------------- madmax-opt calibrate
 
 
-def _runs_file(tmp_path: Path, truth: dict[str, float]) -> Path:
+def _from_start(truth: dict[str, float]) -> tuple[list[F.Run], F.Bases]:
+    """_synthetic's runs generated where calibrate starts: the calibration that prices h100-sxm / megatron-core now
+    (its catalog fit), with the truth's values in place of its own."""
     runs = _synthetic(truth)
+    bases = {"h100-sxm": runs[0].problem.hardware[0].gpu.calibration}
+    t = F.predict_scaled(runs, [{k: v / bases["h100-sxm"].value(k) for k, v in truth.items()}], bases)[:, 0]
+    return [F.Run(r.name, r.source, r.problem, r.plan, float(x)) for r, x in zip(runs, t, strict=True)], bases
+
+
+def _runs_file(tmp_path: Path, truth: dict[str, float]) -> Path:
+    runs, _ = _from_start(truth)
     items = [{"name": r.name, "model": MODEL, "hardware": {"gpu": "h100-sxm", "gpus": 8},
               "task": {"seq_len": r.problem.training_task.seq_len, "global_batch": r.problem.training_task.global_batch},
               "precision": r.problem.training_task.precision, "plan": r.plan.model_dump(exclude_defaults=True),
@@ -178,11 +187,11 @@ def test_calibrate_writes_an_overlay_that_problems_honour(tmp_path: Path) -> Non
     assert {k: report[k] for k in truth} == truth
     assert max(abs(x["after_err"]) for x in report["runs"]) < 1e-9
     # exact data: a left-out run is predicted exactly whenever the other runs still determine all three parameters
-    synthetic = _synthetic(truth)
+    synthetic, bases = _from_start(truth)
     exact = 0
     for i, x in enumerate(report["runs"]):
         rest = synthetic[:i] + synthetic[i + 1:]
-        if len(F.determined(rest, list(truth))[0]) == 3:
+        if len(F.determined(rest, list(truth), bases)[0]) == 3:
             assert abs(x["loo_err"]) < 1e-9
             exact += 1
     assert exact == len(synthetic)
