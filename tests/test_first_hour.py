@@ -15,6 +15,19 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = Path(__file__).resolve().parent / "data" / "small.yaml"
 
 
+def test_progress_on_a_terminal_counts_steps_on_stderr_only(capsys: object, monkeypatch: object) -> None:
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # type: ignore[attr-defined]  # rich: treat stderr as a terminal
+    with progress_bar("work", 3) as bar:
+        bar.show("first")
+        bar.step("second")
+        bar.step()
+        assert bar._progress is not None and bar._task is not None
+        task = bar._progress.tasks[0]
+        assert (task.completed, task.total) == (2, 3) and task.description == "work: second"
+    out = capsys.readouterr()  # type: ignore[attr-defined]
+    assert out.out == ""  # tables and JSON on stdout stay as they were
+
+
 def test_progress_draws_nothing_off_a_terminal(capsys: object) -> None:
     with progress_bar("work", 3) as bar:  # pytest's stderr is not a terminal: no bar, no text
         bar.show("first")

@@ -74,9 +74,9 @@ def fleet_cmd(
     with progress_bar("fleet: plan searches (job on size x system)", None) as bar:  # cached ones are not counted
         tables = option_tables(loaded, cache_dir, progress=bar.step, runner=runner)
     run = FleetRun(loaded, tables, opts, option_wall_s=time.perf_counter() - t0)
-    with progress_bar("fleet: allocating (CP-SAT)" + (" and what-if re-solves" if what_if else ""), 1) as bar:
+    with progress_bar("fleet: allocating (CP-SAT)" + (" and what-if re-solves" if what_if else ""), None,
+                      count=False):
         result = solve_fleet(run, what_if=what_if)
-        bar.step()
     if out is not None:
         command = "madmax-opt fleet " + shlex.join([str(fleet), "--out", str(out)])
         path = fleet_report.write_report(result, out, str(fleet), command, loaded.spec.horizon_h)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -41,13 +42,20 @@ class Bar:
 
 
 @contextmanager
-def progress_bar(description: str, total: int | None) -> Iterator[Bar]:
-    """A bar of ``total`` steps (None: a counter without an end)."""
+def progress_bar(description: str, total: int | None, *, count: bool = True) -> Iterator[Bar]:
+    """A bar of ``total`` steps (None: a counter without an end; ``count=False``: a spinner and the elapsed time,
+    for one long step such as a CP-SAT search)."""
     err = Console(stderr=True)
     if not err.is_terminal:
         yield Bar(description, None, total)
         return
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
+    if not count:
+        columns: tuple[Any, ...] = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    elif total is None:
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.completed} done"),
+                   TimeElapsedColumn())
+    else:
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as progress:
         yield Bar(description, progress, total)
