@@ -8,6 +8,8 @@ dropped again, so the candidates are the same plans, in the same order, with the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,10 +20,15 @@ from madmax_opt.core.numeric import IntArr
 from madmax_opt.core.units import US
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.training import STEP_TERMS, TrainingTerms
-from madmax_opt.search.space import enumerate_plans, memory_rounds
+from madmax_opt.search.space import check_space_size, default_vpp, enumerate_plans, memory_rounds
 
 ROUNDING_TOLERANCE_S = len(STEP_TERMS) * 0.5 / US  # each term is rounded once to 1 us
 MERGE_PLANS = CHUNK_PLANS  # consecutive memory rounds evaluated in one pass while they hold at most this many plans
+# vpp = 1 plans enumerated per batch of hardware options in ``best_candidates`` (~0.5 kB each with their terms while
+# the batch is pruned): bounds the memory of a search over many options
+BATCH_PLANS = 1 << 17
+LAST_ROUND = 1 << 40  # round key of the vpp > 1 plans: after every memory round of the vpp = 1 plans
+Score = Callable[[PlanArrays, Metrics], tuple[IntArr, NDArray[np.bool_]]]  # integer objective, admissible
 
 
 def take_rows(obj: Any, index: IntArr) -> Any:
@@ -56,6 +63,36 @@ def space_candidates(
     kept (for ``explain_infeasible``); ``verify`` checks the result against the whole space."""
     given = plans is not None
     plans = enumerate_plans(model.problem) if plans is None else plans
+    ev = _rounds(model, plans, keep_best)
+    taken, passes, row, rows = ev.taken, ev.passes, ev.row, ev.rows
+    if not taken:
+        return plans, metrics(model, plans)
+    order = np.concatenate(taken)
+    if given:  # the caller's order (ties between equal objectives go to the earlier plan, as without pruning)
+        order = np.sort(order)
+    kept = plans.take(order)
+    all_terms = passes[0][1] if len(passes) == 1 else concat_chunks([t for _, t in passes])
+    if rows == len(order) and np.array_equal(row[order], np.arange(rows)):
+        return kept, metrics(model, kept, all_terms)
+    return kept, metrics(model, kept, take_rows(all_terms, row[order]))
+
+
+@dataclass
+class _Passes:
+    """The memory rounds of a plan set, evaluated: plan indices per round (round order), the model passes, and each
+    taken plan's row in the passes end to end; ``ok`` (taken and within capacity) and ``floor_s`` (step time less
+    bubble) per plan."""
+
+    taken: list[NDArray[np.int64]]
+    passes: list[tuple[NDArray[np.int64], TrainingTerms]]
+    row: IntArr
+    rows: int
+    ok: NDArray[np.bool_]
+    floor_s: NDArray[np.float64]
+    rounds: IntArr
+
+
+def _rounds(model: Model, plans: PlanArrays, keep_best: int) -> _Passes:
     n = len(plans)
     rounds, parent = memory_rounds(plans)
     last = int(rounds.max(initial=0))
@@ -104,16 +141,7 @@ def space_candidates(
             passes.append((every, t))
             rows += len(every)
         r = end
-    if not taken:
-        return plans, metrics(model, plans)
-    order = np.concatenate(taken)
-    if given:  # the caller's order (ties between equal objectives go to the earlier plan, as without pruning)
-        order = np.sort(order)
-    kept = plans.take(order)
-    all_terms = passes[0][1] if len(passes) == 1 else concat_chunks([t for _, t in passes])
-    if rows == len(order) and np.array_equal(row[order], np.arange(rows)):
-        return kept, metrics(model, kept, all_terms)
-    return kept, metrics(model, kept, take_rows(all_terms, row[order]))
+    return _Passes(taken, passes, row, rows, ok, floor_s, rounds)
 
 
 def _kth_best_s(
@@ -131,8 +159,107 @@ def _kth_best_s(
     at = row[idx]
     step = np.concatenate([t.step_time_s for _, t in passes])[at]
     valid = np.concatenate([t.invalid == 0 for _, t in passes])[at]
-    for h in np.unique(plans.hw[idx]):
-        s = np.sort(step[valid & (plans.hw[idx] == h)])
-        if len(s) >= k:
-            best[h] = s[k - 1]
+    hw, step = plans.hw[idx][valid], step[valid]
+    by = np.lexsort((step, hw))  # by option, then step time
+    hw, step = hw[by], step[by]
+    first = np.searchsorted(hw, hw, side="left")  # each plan's option's first position
+    kth = np.arange(len(hw)) - first == k - 1
+    best[hw[kth]] = step[kth]
     return best
+
+
+def enumeration_order(plans: PlanArrays, round_key: IntArr) -> IntArr:
+    """Indices sorting ``plans`` by (round, hardware option, then the knobs in ``enumerate_plans`` order): the order
+    of ``space_candidates`` on the whole space (rounds in turn, each in enumeration order)."""
+    return np.lexsort((plans.ep, plans.sp, plans.recompute, plans.zero, plans.mbs, plans.vpp, plans.cp, plans.pp,
+                       plans.tp, plans.hw, round_key))
+
+
+def _siblings(plans: PlanArrays, index: IntArr, layers: int) -> PlanArrays:
+    """The vpp > 1 plans of the default space whose vpp = 1 sibling is ``plans[index]`` (every vpp with pp x vpp
+    dividing the layers, ``space.default_vpp``), in enumeration order."""
+    parts, values = [], []
+    for pp in np.unique(plans.pp[index]).tolist():
+        vpps = np.array(default_vpp(layers, pp)[1:], dtype=np.int64)
+        at = index[plans.pp[index] == pp]
+        parts.append(np.repeat(at, len(vpps)))
+        values.append(np.tile(vpps, len(at)))
+    rep, vpp = np.concatenate(parts), np.concatenate(values)
+    out = plans.take(rep)
+    out = PlanArrays(**{**out.__dict__, "vpp": vpp})
+    return out.take(enumeration_order(out, np.zeros(len(out), dtype=np.int64)))
+
+
+def _batch_candidates(
+    model: Model, plans: PlanArrays, keep_best: int, lazy_vpp: bool
+) -> tuple[PlanArrays, TrainingTerms, IntArr, int]:
+    """``space_candidates`` of a batch of whole hardware options (in its round order), with each plan's round key
+    and the plans evaluated; ``lazy_vpp``: ``plans`` are the vpp = 1 plans of a default space, and the vpp > 1 plans
+    are built here, only those the vpp bound lets through (the same plans ``space_candidates`` evaluates)."""
+    ev = _rounds(model, plans, keep_best)
+    order = np.concatenate(ev.taken) if ev.taken else np.zeros(0, dtype=np.int64)
+    all_terms = ev.passes[0][1] if len(ev.passes) == 1 else concat_chunks([t for _, t in ev.passes])
+    kept, terms = plans.take(order), take_rows(all_terms, ev.row[order])
+    key = np.where(kept.vpp > 1, LAST_ROUND, ev.rounds[order])
+    evaluated = ev.rows
+    if lazy_vpp:
+        kth = _kth_best_s(plans, ev.taken, ev.passes, ev.row, keep_best)
+        bound = ev.ok & (plans.pp > 1) & (ev.floor_s <= kth[plans.hw] + 2 * ROUNDING_TOLERANCE_S)
+        index = np.flatnonzero(bound)
+        if len(index):
+            more = _siblings(plans, index, model.problem.model.layers)
+            t = model.terms(more)
+            kept, terms = PlanArrays.concat([kept, more]), concat_chunks([terms, t])
+            key = np.concatenate([key, np.full(len(more), LAST_ROUND, dtype=np.int64)])
+            evaluated += len(more)
+    return kept, terms, key, evaluated
+
+
+def best_candidates(model: Model, keep_best: int, score: Score) -> tuple[PlanArrays, Metrics, int]:
+    """The space's candidates that can be in the top-``keep_best`` (and the plans evaluated to find them): every
+    hardware option's ``keep_best`` best admissible plans by (integer objective, position in ``space_candidates``'
+    order), in that order. Within one option every constraint is monotone in the objective (``assemble``), so
+    ``pick_best`` and a brute-force sort give the same answer on these as on all of ``space_candidates``.
+
+    The space is enumerated and pruned a batch of hardware options at a time (at most ``BATCH_PLANS`` vpp = 1
+    plans), and only the top plans of each batch are kept, so the memory of a search over a whole catalog is that
+    of one batch. In a default vpp space the vpp > 1 plans (three quarters of it) are never enumerated whole: only
+    the siblings of the vpp = 1 plans the vpp bound lets through. ``score``: integer objective and admissibility of
+    evaluated plans (``solver.Candidates`` and ``solver.limits``)."""
+    problem = model.problem
+    check_space_size(problem)
+    lazy = problem.space.vpp is None
+    plans: list[PlanArrays] = []
+    terms: list[TrainingTerms] = []
+    keys: list[IntArr] = []
+    evaluated = 0
+    batch: list[PlanArrays] = []
+
+    def flush() -> None:
+        nonlocal evaluated
+        if not batch:
+            return
+        kept, t, key, n = _batch_candidates(model, PlanArrays.concat(batch), keep_best, lazy)
+        batch.clear()
+        evaluated += n
+        obj, ok = score(kept, metrics(model, kept, t))
+        idx = np.flatnonzero(ok)
+        idx = idx[np.lexsort((idx, obj[idx], kept.hw[idx]))]  # by option, objective, position
+        hw = kept.hw[idx]
+        top = np.sort(idx[np.arange(len(idx)) - np.searchsorted(hw, hw) < keep_best])
+        plans.append(kept.take(top))
+        terms.append(take_rows(t, top))
+        keys.append(key[top])
+
+    for hw in range(len(problem.hardware)):
+        batch.append(enumerate_plans(problem, options=[hw], vpp_one=lazy))
+        if sum(map(len, batch)) >= BATCH_PLANS:
+            flush()
+    flush()
+    if not plans or not sum(map(len, plans)):
+        empty = enumerate_plans(problem, options=[])
+        return empty, metrics(model, empty), evaluated
+    every = PlanArrays.concat(plans)
+    order = enumeration_order(every, np.concatenate(keys))
+    every = every.take(order)
+    return every, metrics(model, every, take_rows(concat_chunks(terms), order)), evaluated

@@ -48,7 +48,7 @@ from madmax_opt.search.assemble import (
 from madmax_opt.search.cpsat import INT_LIMIT, CpSatOptions, time_limit_error, to_int
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.objectives import UUSD, integer_objective, training_units  # noqa: F401 (UUSD: re-export)
-from madmax_opt.search.prune import ROUNDING_TOLERANCE_S, space_candidates
+from madmax_opt.search.prune import ROUNDING_TOLERANCE_S, best_candidates, space_candidates
 from madmax_opt.search.space import empty_space_reason
 from madmax_opt.search.stages import UnevenResult, solve_uneven
 
@@ -59,6 +59,7 @@ class Candidates:
 
     plans: PlanArrays
     met: Metrics
+    evaluated: int | None = None  # plans the search evaluated to find these (None: these)
     step_us: IntArr = field(init=False)
     cost_cents_per_hour: IntArr = field(init=False)
 
@@ -85,11 +86,20 @@ class Candidates:
         return self.int_objective(kind).values
 
 
-def candidates(model: Model, plans: PlanArrays | None = None, keep_best: int = 1) -> Candidates:
+def candidates(model: Model, plans: PlanArrays | None = None, keep_best: int = 1, top_only: bool = False) -> Candidates:
     """``plans`` evaluated; by default the problem's space less the plans proven infeasible or proven outside every
-    hardware option's ``keep_best`` best (``space_candidates``)."""
+    hardware option's ``keep_best`` best (``space_candidates``); ``top_only``: only every option's ``keep_best``
+    best admissible plans, the space streamed in bounded memory (``prune.best_candidates``)."""
     if plans is not None:
         return Candidates(plans, metrics(model, plans))
+    if top_only:
+        objective = model.problem.objective
+
+        def score(p: PlanArrays, met: Metrics) -> tuple[IntArr, NDArray[np.bool_]]:
+            c = Candidates(p, met)
+            return c.objective(objective), admissible(model, c)
+
+        return Candidates(*best_candidates(model, keep_best, score))
     plans, met = space_candidates(model, keep_best)
     return Candidates(plans, met)
 
@@ -141,7 +151,9 @@ class SolveOutcome:
     def summary(self) -> dict[str, Any]:
         """The ``solver`` object of the solve JSON: objective, bound and gap of the returned plan; wall time and
         model size of the search that produced it (``search``); ``total_wall_s`` over all searches run."""
-        size = len(self.candidates.plans) if self.search == "uniform" or self.uneven is None else (
+        c = self.candidates
+        size = (len(c.plans) if c.evaluated is None else c.evaluated) if self.search == "uniform" or \
+            self.uneven is None else (
             self.uneven.bases_solved + self.uneven.bases_pruned)  # uneven: pipeline bases (each a CP-SAT model)
         out = solver_summary(self.objective, self.best_bound, self.wall_s, size, self.model_size)
         out["search"] = self.search
@@ -172,7 +184,7 @@ def solve(
     t0 = time.perf_counter()
     opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
     model = model or Model(problem)
-    c = candidates(model, plans, keep_best=top_k) if plans is None or not prune else Candidates(
+    c = candidates(model, plans, keep_best=top_k, top_only=True) if plans is None or not prune else Candidates(
         *space_candidates(model, top_k, plans))
     lims = limits(model, c)
 
@@ -191,8 +203,8 @@ def solve(
         label=label,
         file=problem.source,
     )
-    if pick is None:
-        raise InfeasibleError(explain_infeasible(model, c))
+    if pick is None:  # explained on the pruned space (the kept top plans hold no infeasible ones)
+        raise InfeasibleError(explain_infeasible(model, c if c.evaluated is None else candidates(model)))
     return SolveOutcome(
         status=pick.status,
         top=pick.top,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 
@@ -31,8 +32,13 @@ def _powers_of_two(limit: int) -> list[int]:
 
 def divisors(n: int) -> list[int]:
     """All positive divisors of ``n``, ascending."""
+    return list(_divisors(n))
+
+
+@functools.cache
+def _divisors(n: int) -> tuple[int, ...]:
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
+    return tuple(sorted({*small, *(n // d for d in small)}))
 
 
 def default_vpp(layers: int, pp: int) -> list[int]:
@@ -106,10 +112,14 @@ def _shape_count(
 ) -> int:
     """Rows ``_shape_product`` would build (before duplicates are dropped)."""
     vpp_of = uneven_vpp if uneven else default_vpp
-    return sum(
-        len(kv["vpp"] or vpp_of(layers, pp)) * len(kv["mbs"] or default_mbs(global_batch, dp)) * fixed
-        for dp, _, pp, _ in shapes
-    )
+    rows: dict[tuple[int, int], int] = {}  # (dp, pp) -> rows per shape
+    total = 0
+    for dp, _, pp, _ in shapes:
+        n = rows.get((dp, pp))
+        if n is None:
+            n = rows[(dp, pp)] = len(kv["vpp"] or vpp_of(layers, pp)) * len(kv["mbs"] or default_mbs(global_batch, dp))
+        total += n * fixed
+    return total
 
 
 def _shape_product(
@@ -122,55 +132,88 @@ def _shape_product(
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Rows (dp, tp, pp, cp) x (vpp, mbs, zero, recompute, sp, ep): vpp and mbs per shape (the defaults depend on
     pp and dp), the other knobs the same for every shape."""
-    base_rows, rest_rows = [], []
+    rest_rows, counts = [], []
     fixed_arr = np.array(fixed, dtype=np.int64).reshape(len(fixed), 4)
     cache: dict[tuple[tuple[int, ...], tuple[int, ...]], NDArray[np.int64]] = {}
-    for shape in shapes:
-        dp, _, pp, _ = shape
-        vpps = tuple(kv["vpp"] or (uneven_vpp(layers, pp) if uneven else default_vpp(layers, pp)))
-        mbss = tuple(kv["mbs"] or default_mbs(global_batch, dp))
-        key = (vpps, mbss)
-        if key not in cache:
-            vm = np.array(list(itertools.product(vpps, mbss)), dtype=np.int64).reshape(-1, 2)
-            cache[key] = np.hstack([np.repeat(vm, len(fixed_arr), axis=0), np.tile(fixed_arr, (len(vm), 1))])
-        rest = cache[key]
+    by_shape: dict[tuple[int, int], NDArray[np.int64]] = {}  # (dp, pp) -> rows of (vpp, mbs) x fixed
+    for dp, _, pp, _ in shapes:
+        rest = by_shape.get((dp, pp))
+        if rest is None:
+            vpps = tuple(kv["vpp"] or (uneven_vpp(layers, pp) if uneven else default_vpp(layers, pp)))
+            mbss = tuple(kv["mbs"] or default_mbs(global_batch, dp))
+            key = (vpps, mbss)
+            if key not in cache:
+                vm = np.array(list(itertools.product(vpps, mbss)), dtype=np.int64).reshape(-1, 2)
+                cache[key] = np.hstack([np.repeat(vm, len(fixed_arr), axis=0), np.tile(fixed_arr, (len(vm), 1))])
+            rest = by_shape[(dp, pp)] = cache[key]
         rest_rows.append(rest)
-        base_rows.append(np.repeat(np.array([shape], dtype=np.int64), len(rest), axis=0))
-    if not base_rows:
+        counts.append(len(rest))
+    if not rest_rows:
         return np.zeros((0, 4), dtype=np.int64), np.zeros((0, 6), dtype=np.int64)
-    return np.vstack(base_rows), np.vstack(rest_rows)
+    return np.repeat(np.array(shapes, dtype=np.int64).reshape(-1, 4), counts, axis=0), np.concatenate(rest_rows)
 
 
-def enumerate_plans(problem: Problem, uneven: bool = False) -> PlanArrays:
+def _option_shapes(option: HardwareOption, kv: dict[str, list[int]]) -> list[tuple[int, int, int, int]]:
+    """(dp, tp, pp, cp) of every allowed shape that uses all of ``option``'s GPUs, in enumeration order."""
+    shapes = []
+    for tp, pp, cp in itertools.product(kv["tp"], kv["pp"], kv["cp"]):
+        if option.gpus % (tp * pp * cp):
+            continue
+        dp = option.gpus // (tp * pp * cp)
+        if kv["dp"] and dp not in kv["dp"]:
+            continue
+        shapes.append((dp, tp, pp, cp))
+    return shapes
+
+
+def _too_many(problem: Problem, option: HardwareOption) -> ProblemError:
+    return ProblemError(
+        f"the plan space holds more than {MAX_PLANS:,} plans (at hardware option {option.name}), too many to "
+        "enumerate in memory; allowed: a smaller space, e.g. restrict space.mbs, space.vpp, space.cp or "
+        "space.zero, or fewer hardware options (nothing is dropped silently)",
+        file=problem.source, field="space",
+    )
+
+
+def check_space_size(problem: Problem, uneven: bool = False) -> None:
+    """Refuse a space of more than MAX_PLANS plans (rows before duplicates go), as ``enumerate_plans`` does, without
+    enumerating it (for searches that enumerate it option by option)."""
+    total = 0
+    for option in problem.hardware:
+        kv = knob_values(problem, option, uneven)
+        fixed = len(kv["zero"]) * len(kv["recompute"]) * len(kv["sp"]) * len(kv["ep"])
+        total += _shape_count(_option_shapes(option, kv), kv, fixed, problem.model.layers,
+                              problem.training_task.global_batch, uneven)
+        if total > MAX_PLANS:
+            raise _too_many(problem, option)
+
+
+def enumerate_plans(
+    problem: Problem, uneven: bool = False, options: Sequence[int] | None = None, vpp_one: bool = False
+) -> PlanArrays:
     """Every plan in the space on every hardware option that uses all the option's GPUs (``uneven``: the bases of
-    the uneven pipeline search: any pp, and any vpp with ``uneven_vpp``).
+    the uneven pipeline search: any pp, and any vpp with ``uneven_vpp``). ``options``: only these hardware options
+    (indices, ascending); ``vpp_one``: only the vpp = 1 plans of a default vpp space (every vpp > 1 plan of it is a
+    vpp = 1 plan with another vpp; ``prune.best_candidates`` adds them when a bound allows).
 
-    Cross-knob validity (divisibility, memory) is left to the evaluator's ``invalid`` code, so that brute
-    force and the solver see exactly the same candidates.
+    Plans come in enumeration order: by option, then lexicographically by (tp, pp, cp, vpp, mbs, zero, recompute,
+    sp, ep) (every knob's values ascend; ``prune.enumeration_key``). Cross-knob validity (divisibility, memory) is
+    left to the evaluator's ``invalid`` code, so that brute force and the solver see exactly the same candidates.
     """
     parts = []
     total = 0
-    for hw, option in enumerate(problem.hardware):
+    for hw in range(len(problem.hardware)) if options is None else options:
+        option = problem.hardware[hw]
         kv = knob_values(problem, option, uneven)
-        shapes = []
-        for tp, pp, cp in itertools.product(kv["tp"], kv["pp"], kv["cp"]):
-            if option.gpus % (tp * pp * cp):
-                continue
-            dp = option.gpus // (tp * pp * cp)
-            if kv["dp"] and dp not in kv["dp"]:
-                continue
-            shapes.append((dp, tp, pp, cp))
+        if vpp_one:
+            kv["vpp"] = [1]
+        shapes = _option_shapes(option, kv)
         if not shapes:
             continue
         fixed = list(itertools.product(kv["zero"], kv["recompute"], kv["sp"], kv["ep"]))
         total += _shape_count(shapes, kv, len(fixed), problem.model.layers, problem.training_task.global_batch, uneven)
         if total > MAX_PLANS:
-            raise ProblemError(
-                f"the plan space holds more than {MAX_PLANS:,} plans (at hardware option {option.name}), too many to "
-                "enumerate in memory; allowed: a smaller space, e.g. restrict space.mbs, space.vpp, space.cp or "
-                "space.zero, or fewer hardware options (nothing is dropped silently)",
-                file=problem.source, field="space",
-            )
+            raise _too_many(problem, option)
         b, r = _shape_product(shapes, kv, fixed, problem.model.layers, problem.training_task.global_batch, uneven)
         # knobs without effect are no-ops, as in Megatron-Core (sp is turned off at tp 1; ZeRO over dp x cp = 1
         # shards nothing): such a row becomes its sp-off / zero-0 twin, and the duplicates go; vpp without pp too
