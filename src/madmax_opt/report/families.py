@@ -66,10 +66,16 @@ class Family:
 def _problem_solve(path: Path, opts: SolveOptions) -> dict[str, Any]:
     """Training and serving: search.result.solve_result routes by the task (uniform, steady or online serving)."""
     from madmax_opt.io.problem import load_problem
+    from madmax_opt.report.progress import progress_bar
     from madmax_opt.search.result import solve_result
 
-    return solve_result(load_problem(path), opts.top_k, opts.time_limit_s, opts.workers, cpsat=opts.cpsat(),
-                        robust=opts.robust)
+    problem = load_problem(path)
+    systems = len({o.system.name for o in problem.hardware})
+    what = f"solve {path.name}: {len(problem.hardware)} hardware option(s)" + (
+        f" on {systems} systems, each system's best kept" if systems > 1 else "")
+    with progress_bar(what, None, count=False):  # stderr, on a terminal only: a search can take a minute
+        return solve_result(problem, opts.top_k, opts.time_limit_s, opts.workers, cpsat=opts.cpsat(),
+                            robust=opts.robust)
 
 
 def _training_show(result: dict[str, Any], console: Console) -> None:
