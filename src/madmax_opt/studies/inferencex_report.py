@@ -94,7 +94,12 @@ def inferencex_lines(ev: Evaluation | None = None) -> list[str]:
         "## Per (GPU, framework)",
         "",
     ]
-    records = {(g, f): ev.fit.resolve_level(g, f)[1] for g, f in {(p.gpu, p.framework) for p in points.values()}}
+    def status(pair: tuple[str, str]) -> str:  # as the catalog records it (serving_fit.catalog_entries)
+        ids = [c.case.id for c in ev.cases if c.case.pair == pair]
+        worst = max(ev.median(ev.in_sample, ids), ev.median(ev.kfold, ids))
+        return "uncalibrated" if worst > UNCALIBRATED_ABOVE else "calibrated"
+
+    records = {pair: status(pair) for pair in {p.pair for p in points.values()}}
     lines += _table(ev, points, "GPU / framework", lambda p: f"{p.gpu} / {p.framework} ({records[p.pair]})")
     lines += [
         "",

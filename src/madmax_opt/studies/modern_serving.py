@@ -86,7 +86,7 @@ def modern_serving_section(ev: Evaluation | None = None) -> list[str]:
         "GPU `*` = a framework's fit pooled over GPUs (its runtime parameters are used); framework `*` = a GPU's "
         "fit pooled over frameworks (its hardware efficiencies are used). Parameters the runs of a pair do not "
         "determine stay at that composition (e.g. vLLM on H200 has only batch-8 latency runs: its GEMM efficiency "
-        "is H200's). SGLang has no runs: its runtime parameters are the prior's (flagged uncalibrated).",
+        "is H200's). SGLang and ATOM have runs only among the InferenceX points (results/validation/inferencex.md).",
         "",
         "### Every serving run",
         "",
@@ -103,9 +103,9 @@ def modern_serving_section(ev: Evaluation | None = None) -> list[str]:
         )
     lines += [
         "",
-        "Known gaps, visible above: MI300X max-load throughput cannot be predicted from the other sources (leaving "
-        "the AMD throughput page out leaves only batch 1-4 latency runs on MI300X, which do not determine GEMM "
-        "efficiency at 1500-3200 concurrent sequences); MoE rows are optimistic (the fit has one grouped-GEMM ratio "
+        "Known gaps, visible above: MI300X max-load throughput is the hardest to predict from the other sources "
+        "(leaving the AMD throughput page out leaves batch 1-4 latency runs and the InferenceX SGLang points on "
+        "MI300X, which do not pin vLLM's GEMM efficiency at 1500-3200 concurrent sequences); MoE rows are optimistic (the fit has one grouped-GEMM ratio "
         "per pair and the model routes tokens uniformly; real routing is imbalanced and TensorRT-LLM 0.9's Mixtral "
         "FP8 kernels were slow); the 405B 128/2048 run of TensorRT-LLM 0.13 is 1.8x slower than the 1.0 run of the "
         "same configuration, which one parameter set per (GPU, framework) cannot follow.",
