@@ -124,3 +124,16 @@ def test_memo_gives_the_plain_fit_and_prices_each_set_once() -> None:
     finally:
         F.predict_scaled = original  # type: ignore[assignment]
     assert calls == []
+
+
+def test_link_loops_and_unwritable_outputs_are_one_line(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    r = run_main("calibrate", a, "--out", tmp_path / "o.yaml")
+    assert r.returncode == 2 and "symlink loop" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    runs = _write(tmp_path, [RUN, {**RUN, "name": "b"}])
+    for out in (tmp_path, Path("/proc/version")):  # a directory; a file that answers EIO to a write
+        if out.exists():
+            r = run_main("calibrate", runs, "--out", out)
+            assert r.returncode == 2 and str(out) in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

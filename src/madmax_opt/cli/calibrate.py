@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from madmax_opt.cli.app import JsonOpt, app, console
+
+
+def _same_file(out: Path, runs: Path) -> bool:
+    """--out names the runs file (the same path after links, or the same inode); a link loop is not the same."""
+    if os.path.realpath(out) == os.path.realpath(runs):
+        return True
+    try:
+        return out.exists() and runs.exists() and out.samefile(runs)
+    except (OSError, RuntimeError):  # a loop or an unreadable path: the read of RUNS says what is wrong
+        return False
 
 
 def _pct(x: float) -> str:
@@ -30,12 +41,16 @@ def calibrate_command(
     from madmax_opt.core.errors import ProblemError
     from madmax_opt.studies.calibrate import calibrate, overlay_yaml
 
-    if out.resolve() == runs.resolve() or (out.exists() and runs.exists() and out.samefile(runs)):
+    if _same_file(out, runs):
         raise ProblemError(f"{out} is the runs file; allowed: another file (the overlay would overwrite the "
                            "measurements)", field="--out")
     names = [p.strip() for p in params.split(",") if p.strip()] if params else None
     results = calibrate(runs, names)
-    out.write_text(overlay_yaml(results, runs))
+    try:
+        out.write_text(overlay_yaml(results, runs))
+    except OSError as exc:  # /proc/version: EIO without a file name; a directory; no permission
+        raise ProblemError(f"cannot write the overlay: {exc.strerror or exc}; allowed: a writable file path",
+                           file=str(out), field="--out") from None
     if json_out:
         print(json.dumps({"overlay": str(out), "calibrations": [
             {**r.entry().model_dump(mode="json", exclude_none=True), "left_at_prior": r.fit.left_out,
