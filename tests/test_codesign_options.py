@@ -58,3 +58,21 @@ def test_a_system_without_a_plan_says_why_and_the_table_shows_both(tmp_path: Pat
     text = console.export_text()
     assert "best plan per system" in text and "optimum" in text and "cloud-a-p3-16xlarge" in text
     assert "no admissible plan" in text
+
+
+def test_online_serving_compares_systems_by_requests_per_gpu_second(tmp_path: Path) -> None:
+    task = {"kind": "inference", "prompt_len": 512, "output_len": 128, "arrival_rate": 2.0, "ttft_p99_s": 1.0,
+            "tpot_p99_s": 0.05}
+    hardware = [{"gpu": "h100-sxm", "gpus": 1}, {"gpu": "a100-80gb", "gpus": 1}]
+    result = _solve(tmp_path, "online", {"model": "llama2-7b", "hardware": hardware, "task": task})
+    rows = result["options"]
+    assert rows[0]["vs_optimum"] == 0.0 and rows[0]["best"]["plan"] == result["best"]["plan"]
+    # the objective is GPU-seconds per request = 1 / (max requests/s per GPU): the gap is the inverse rate ratio
+    best_rate = rows[0]["best"]["max_rate_per_gpu"]
+    for r in rows[1:]:
+        assert r["vs_optimum"] == pytest.approx(best_rate / r["best"]["max_rate_per_gpu"] - 1, rel=1e-3)
+    console = Console(width=80, record=True)
+    from madmax_opt.report.online_reports import print_online
+
+    print_online(result, console)
+    assert "best plan per system" in console.export_text()

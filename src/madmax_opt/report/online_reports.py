@@ -49,6 +49,10 @@ def print_online(result: dict[str, Any], console: Console) -> None:
                   f"{s['wall_s']:.2f} s")
     for i, r in enumerate(result["top"]):
         console.print(record_table(r, "best plan" if i == 0 else f"plan {i + 1}"))
+    if result.get("options"):  # several systems: each one's best and how far from the optimum
+        from madmax_opt.report.report import options_table
+
+        console.print(options_table(result["options"], result["objective"], serving=True, online=True))
 
 
 def curves(problem: Problem) -> tuple[list[dict[str, Any]], Any]:

@@ -101,15 +101,16 @@ def plans_table(records: list[TrainingRecord], title: str) -> Table:
     return t
 
 
-def options_table(rows: list[dict[str, Any]], objective: str, serving: bool) -> Table:
+def options_table(rows: list[dict[str, Any]], objective: str, serving: bool, online: bool = False) -> Table:
     """Co-design: the best plan on each system of the problem and how far its objective is from the optimum
     (``solve`` output ``options``); systems without an admissible plan say why in the caption."""
     t = Table(title=f"best plan per system (objective: {objective})", header_style="bold")
     t.add_column("system", no_wrap=True, min_width=max(len(r["system"]) for r in rows))  # names stay whole
     t.add_column("GPUs", justify="right", no_wrap=True)
     t.add_column("plan", overflow="fold", min_width=7)
-    metrics = ("tok/s\nper GPU", "TPOT\nms") if serving else ("tokens/s", "step\nms")
-    for col in (*metrics, "$/M\ntok", "vs\noptimum"):
+    metrics = ("max rate\nreq/s", "req/s\nper GPU") if online else (
+        ("tok/s\nper GPU", "TPOT\nms") if serving else ("tokens/s", "step\nms"))
+    for col in (*metrics, "$/h" if online else "$/M\ntok", "vs\noptimum"):
         t.add_column(col, justify="right", no_wrap=True)
     why = []
     for r in rows:
@@ -118,14 +119,19 @@ def options_table(rows: list[dict[str, Any]], objective: str, serving: bool) -> 
             t.add_row(r["system"], "-", "[red]none[/red] (see below)", "-", "-", "-", "-")
             why.append(f"{r['system']}: no admissible plan: {r['reason']}")
             continue
-        first = (f"{b['output_tokens_per_s_per_gpu']:,.1f}", f"{b['tpot_s'] * 1e3:,.1f}") if serving else (
-            f"{b['tokens_per_s']:,.0f}", _ms(b["step_time_s"]))
+        if online:
+            first = (f"{b['max_rate']:,.2f}", f"{b['max_rate_per_gpu']:,.3f}")
+            money = f"{b['cost_per_hour_usd']:,.2f}"
+        else:
+            first = (f"{b['output_tokens_per_s_per_gpu']:,.1f}", f"{b['tpot_s'] * 1e3:,.1f}") if serving else (
+                f"{b['tokens_per_s']:,.0f}", _ms(b["step_time_s"]))
+            money = f"{b['usd_per_million_tokens']:.3f}"
         gap = "optimum" if r["vs_optimum"] <= 1e-9 else f"+{r['vs_optimum']:.1%}"
-        t.add_row(r["system"], str(b["hardware"]["gpus"]), plan_text(b["plan"]), *first,
-                  f"{b['usd_per_million_tokens']:.3f}", gap)
+        t.add_row(r["system"], str(b["hardware"]["gpus"]), plan_text(b["plan"]), *first, money, gap)
     from madmax_opt.model.objectives import objective as registered
 
-    note = f"vs optimum: this system's best / the optimum - 1, in {registered(objective).minimises} (minimised)"
+    unit = "GPU-seconds per request at the arrival rate" if online else registered(objective).minimises
+    note = f"vs optimum: this system's best / the optimum - 1, in {unit} (minimised)"
     t.caption, t.caption_justify = "\n".join([note, *why]), "left"
     return t
 
