@@ -38,6 +38,9 @@ def report_cmd(
 ) -> None:
     """Pareto fronts, best plans per objective and per system, speedups, PNG plots of a sweep's results."""
     print(f"wrote {write_report(outdir, md)}")
+    _, rows = load(outdir)
+    status = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
+    print(f"report: {len(rows)} problems ({', '.join(f'{n} {s}' for s, n in status.items()) or 'none'})")
 
 
 def sweep_cmd(
