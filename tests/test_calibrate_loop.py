@@ -132,3 +132,28 @@ def test_benchmark_options_are_checked(tmp_path: Path, args: list[str], message:
     plan.write_text(yaml.safe_dump({"dp": 8, "zero": 2}))
     r = run_main("emit", EXAMPLE / "llama3-8b-h100.yaml", "megatron", "--plan", plan, *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_benchmark_clients_of_replicas_and_disaggregation(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"dp": 2, "tp": 4, "batch": 64}))
+    r = run_main("emit", ROOT / "problems" / "serve-llama3-70b.yaml", "trtllm", "--plan", plan, "--benchmark", "5",
+                 "--out", tmp_path / "t", "--force")
+    assert r.returncode == 0, r.stderr
+    script = (tmp_path / "t" / "benchmark.sh").read_text()  # no router: one client per replica, 64 each
+    for port, result in ((8000, "bench-0.json"), (8001, "bench-1.json")):
+        assert (f"--backend openai --base-url http://127.0.0.1:{port} --model meta-llama/Meta-Llama-3-70B" in script
+                and f"--max-concurrency 64 --num-prompts 640 --save-result --result-filename {result} &" in script)
+    problem = tmp_path / "pd.yaml"
+    problem.write_text(yaml.safe_dump({"model": "llama2-70b", "hardware": {"gpu": "h100-sxm", "gpus": 16},
+                                       "task": {"kind": "inference", "prompt_len": 4096, "output_len": 256,
+                                                "disaggregated": True}}))
+    plan.write_text(yaml.safe_dump({"dp": 4, "tp": 4, "batch": 32, "prefill_replicas": 1}))
+    r = run_main("emit", problem, "vllm", "--plan", plan, "--benchmark", "5", "--out", tmp_path / "v", "--force")
+    assert r.returncode == 0, r.stderr
+    script = (tmp_path / "v" / "benchmark.sh").read_text()  # 3 decode replicas x 32; through the proxy
+    assert "--base-url $PROXY_URL" in script and "--max-concurrency 96 --num-prompts 960" in script
+    mix = ROOT / "problems" / "serve-llama2-70b-disaggregated.yaml"
+    r = run_main("solve", mix, "--emit", "vllm", "--benchmark", "5", "--out", tmp_path / "m")
+    assert r.returncode == 2 and "task.mix: a request mix has no single length" in r.stderr
+    assert not (tmp_path / "m").exists()  # refused before the search

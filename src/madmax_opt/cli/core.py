@@ -50,7 +50,7 @@ def solve(
     if benchmark is not None:
         from madmax_opt.launch.benchmark import check_benchmark_options
 
-        check_benchmark_options(benchmark, emit, out)
+        check_benchmark_options(benchmark, emit, out, problem)
     family = family_of(problem)
     result = family.solve(problem, SolveOptions(top_k, time_limit, workers, solver_params, export_model,
                                                 robust=robust))
@@ -174,11 +174,11 @@ def validate_cmd(
     console().print(f"validate: {len(written)} reports in {out}; modern training: {len(summary.cases)} runs, "
                     f"leave-one-source-out median |error| {float(np.nanmedian(loso)):.1%} "
                     f"({int(np.isfinite(loso).sum())} runs with a fit)", soft_wrap=True)
-    from madmax_opt.studies.intervals import coverage_summary
+    from madmax_opt.studies.intervals import coverage_summary, write_intervals
 
     for line in coverage_summary(summary):  # the interval every training record carries, checked held-out
         console().print(line, soft_wrap=True)
-    for path in validation_modern.write_catalog(summary) if write_catalog else []:
+    for path in [*validation_modern.write_catalog(summary), write_intervals(summary)] if write_catalog else []:
         console().print(f"wrote {path}")
 
 

@@ -110,7 +110,7 @@ def emit_cmd(
     if benchmark is not None:
         from madmax_opt.launch.benchmark import check_benchmark_options
 
-        check_benchmark_options(benchmark, fmt, out)
+        check_benchmark_options(benchmark, fmt, out, problem)
     loaded = _load(problem)
     plans = load_plan_file(plan, loaded)
     listed = isinstance(read_yaml(plan, what="plan file"), list)

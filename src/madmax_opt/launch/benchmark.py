@@ -118,6 +118,8 @@ def endpoints(emitted: Emitted) -> list[str]:
     router = [c for c in emitted.commands if c.role == "router" and _port(c)]
     if router:
         return [f"http://127.0.0.1:{_port(router[0])}"]
+    if any(c.role == "prefill" for c in emitted.commands):  # vLLM disaggregation: the proxy the notes ask for
+        return ["${PROXY_URL:?set PROXY_URL to the disaggregation proxy in front of the prefill and decode servers}"]
     urls = [re.sub(r"/health$", "", c.ready) for c in emitted.commands if c.ready and c.role != "prefill"]
     if not urls:
         raise ProblemError(f"{emitted.format}: no server endpoint to benchmark", field="--benchmark")
@@ -130,12 +132,13 @@ def client_script(emitted: Emitted, problem: Problem, plan: Plan) -> str:
     assert isinstance(task, InferenceTask)
     if task.prompt_len is None or task.output_len is None:
         raise ProblemError("a request mix has no single length to benchmark; allowed: prompt_len and output_len",
-                           file=problem.source, field="task")
+                           file=problem.source, field="task.mix")
     batch = getattr(plan, "batch", None) or 1
     urls = endpoints(emitted)
-    total = batch * plan.dp
+    total = batch * (plan.dp - (getattr(plan, "prefill_replicas", 0) or 0))  # decode replicas hold the batch
     per = max(1, total // len(urls))
-    model = next((c.program[-1] for c in emitted.commands if c.program[:2] == ["vllm", "serve"]), None)
+    model = next((c.program[-1] for c in emitted.commands  # the checkpoint the server loads
+                  if c.program[:2] == ["vllm", "serve"] or c.program[:1] == ["trtllm-serve"]), None)
     model = model or next((c.args[c.args.index("--model-path") + 1] for c in emitted.commands
                            if "--model-path" in c.args), None) or problem.model.name
     lines = ["#!/usr/bin/env bash", "set -euo pipefail",
@@ -155,8 +158,12 @@ def client_script(emitted: Emitted, problem: Problem, plan: Plan) -> str:
                     str(task.output_len), "--random-range-ratio", "0", "--ignore-eos", "--max-concurrency",
                     str(per), "--num-prompts", str(REQUESTS_PER_SLOT * per), "--save-result", "--result-filename",
                     result]
-        lines.append(f"until curl -sf {url}/health > /dev/null; do sleep 5; done")
-        lines.append(" ".join(shlex.quote(a) for a in argv) + (" &" if len(urls) > 1 else ""))
+        if not url.startswith("${PROXY_URL"):
+            lines.append(f"until curl -sf {url}/health > /dev/null; do sleep 5; done")
+        else:  # expanded by the shell (unquoted), failing with its message when PROXY_URL is unset
+            argv = [a if a != url else "$PROXY_URL" for a in argv]
+            lines.append(f': "{url}"')
+        lines.append(Command(program=argv[:1], args=argv[1:]).shell() + (" &" if len(urls) > 1 else ""))
     if len(urls) > 1:
         lines.append("wait")
     return "\n".join(lines) + "\n"
@@ -242,9 +249,18 @@ def benchmark_plans(problem_file: Path, problem: Problem, records: list[dict[str
     return paths
 
 
-def check_benchmark_options(n: int, fmt: str | None, out: Path | None) -> None:
-    """--benchmark needs a format and --out (the files it writes are the point), and 3..10,000 iterations."""
+def check_benchmark_options(n: int, fmt: str | None, out: Path | None, problem_file: Path | None = None) -> None:
+    """--benchmark needs a format and --out (the files it writes are the point), and 3..10,000 iterations; a
+    serving problem's requests need one length (a mix has no single benchmark client), checked before the search."""
     check_iterations(n)
+    if problem_file is not None:
+        from madmax_opt.io.problem import load_problem
+
+        task = load_problem(problem_file).task
+        if isinstance(task, InferenceTask) and (task.prompt_len is None or task.output_len is None):
+            raise ProblemError("a request mix has no single length to benchmark; allowed: --benchmark with "
+                               "prompt_len and output_len (benchmark a mix one shape at a time)",
+                               file=str(problem_file), field="task.mix")
     if fmt is None:
         raise ProblemError("--benchmark needs --emit FORMAT; allowed: --emit with --out", field="--benchmark")
     if out is None:
