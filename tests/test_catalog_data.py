@@ -3,6 +3,7 @@ one-line error naming the systems that hold it (issue 12: a GPU added to gpus.ya
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,25 @@ def test_cloud_instances_carry_an_on_demand_price_with_its_date(name: str) -> No
     assert [(t.size, t.bw) for t in s.tiers] == [(t.size, t.bw) for t in
                                                 catalog.standard_system(gpu, file=None, field="gpu").tiers]
     assert not name.startswith("cloud-")  # `cloud-*` is the MAD-Max paper's cloud table (problems/sweeps/cloud.yaml)
+
+
+@pytest.mark.parametrize("kind", ["gpus", "systems", "models"])
+def test_catalog_tables_at_80_columns_keep_names_whole(kind: str) -> None:
+    from rich.console import Console
+
+    from madmax_opt.report.catalog_report import print_catalog
+
+    console = Console(width=80, record=True)
+    print_catalog(kind, False, console)
+    text = console.export_text()
+    assert "…" not in text and all(len(line) <= 80 for line in text.splitlines())
+    raw = yaml.safe_load((DATA / f"{kind}.yaml").read_text())  # the names, read independently
+    for name in raw:
+        assert f"│ {name} " in text, name
+    if kind == "models":  # every checkpoint's repository whole, beside its model
+        for name, fields in raw.items():
+            if "hf_id" in fields:
+                assert re.search(rf"│ {re.escape(name)}\s+│ {re.escape(fields['hf_id'])}\s+│", text), name
+    if kind == "systems":
+        for name, fields in raw.items():
+            assert re.search(rf"│ {re.escape(name)}\s+│ {re.escape(fields['gpu'])}\s+│", text), name

@@ -39,12 +39,23 @@ def print_catalog(kind: str, json_out: bool, console: Console) -> None:
             tiers = ", ".join(f"{x.name} {x.size or 'all'}: {x.bw / 1e9:.3g}" for x in s.tiers)
             t.add_row(s.name, s.gpu, str(s.gpus_per_node), tiers, f"{s.price_per_gpu_hour:.2f}")
     else:
-        for c in ("name", "family", "layers", "hidden", "heads/kv", "ffn", "vocab", "checkpoint (dtype)"):
+        for c in ("name", "layers", "hidden", "heads/kv", "ffn", "vocab", "dtype"):
             t.add_column(c)
+        for m in entries.values():  # a ViT has no vocabulary: '-' there marks the family
+            t.add_row(m.name, str(m.layers), str(m.hidden), f"{m.heads}/{m.n_kv_heads}", f"{m.ffn} {m.ffn_kind}",
+                      str(m.vocab) if m.family == "llm" else "- (vit)", m.native_precision or "-")
+        hub = Table(title="Hugging Face checkpoints (hf_id)", header_style="bold")
+        hub.add_column("name", no_wrap=True)
+        hub.add_column("repository", overflow="fold")
         for m in entries.values():
-            ckpt = f"{m.hf_id} ({m.native_precision})" if m.hf_id else "-"
-            t.add_row(m.name, m.family, str(m.layers), str(m.hidden), f"{m.heads}/{m.n_kv_heads}",
-                      f"{m.ffn} {m.ffn_kind}", str(m.vocab), ckpt)
+            if m.hf_id:
+                hub.add_row(m.name, m.hf_id)
+    for col in t.columns:  # at 80 columns text folds onto the next line rather than ending in '…'
+        col.overflow = "fold"
     t.columns[0].no_wrap = True  # names are what users copy into problem files: never truncated
     t.columns[0].min_width = max(len(name) for name in entries)
+    if kind == "systems":  # the GPU name too is copied into problem files
+        t.columns[1].no_wrap, t.columns[1].min_width = True, max(len(s.gpu) for s in entries.values())
     console.print(t)
+    if kind == "models":
+        console.print(hub)
