@@ -416,12 +416,9 @@ def update_catalog_text(text: str, blocks: dict[str, str]) -> str:
 
 
 def write_catalog(s: ModernSummary) -> list[Path]:
-    """Write the fits into the package's catalog: gpus.yaml ``frameworks:`` blocks, training_families.yaml and the
-    intervals their residuals give (training_intervals.yaml)."""
-    from madmax_opt.studies.intervals import write_intervals  # it reads this module's summary
-
+    """Write the fits into the package's catalog: gpus.yaml ``frameworks:`` blocks and training_families.yaml."""
     data = Path(str(resources.files("madmax_opt").joinpath("data")))
     gpus_path, families_path = data / "gpus.yaml", data.joinpath(*FAMILIES_FILE[1:])
     gpus_path.write_text(update_catalog_text(gpus_path.read_text(), catalog_yaml(s)))
     families_path.write_text(families_yaml(s))
-    return [gpus_path, families_path, write_intervals(s)]
+    return [gpus_path, families_path]
