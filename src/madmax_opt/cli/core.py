@@ -50,7 +50,7 @@ def solve(
     if benchmark is not None:
         from madmax_opt.launch.benchmark import check_benchmark_options
 
-        check_benchmark_options(benchmark, emit, out)
+        check_benchmark_options(benchmark, emit, out, problem)
     family = family_of(problem)
     result = family.solve(problem, SolveOptions(top_k, time_limit, workers, solver_params, export_model,
                                                 robust=robust))
