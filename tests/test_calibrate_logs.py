@@ -96,3 +96,8 @@ def test_runs_file_reads_a_log_relative_to_itself(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"runs": [{**run, "measured": {"log": "missing.log"}}]}))
     with pytest.raises(ProblemError, match=r"runs\[0\].measured.log: log not found"):
         C.read_runs(path)
+
+
+def test_a_serving_result_given_as_runs_file_says_what_it_is() -> None:
+    with pytest.raises(ProblemError, match=r"a benchmark-serving result .* calibrate fits training runs"):
+        C.read_runs(BENCH)

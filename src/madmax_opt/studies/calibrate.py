@@ -265,6 +265,9 @@ def read_runs(path: Path) -> tuple[list[Run], Notes]:
             raise ProblemError("no case to fit (none of a training framework calibrate fits); allowed: at least "
                                f"one case of {', '.join(TRAINING_FRAMEWORKS)}", file=str(path), field="cases")
         return runs, notes
+    if isinstance(data, dict) and "mean_tpot_ms" in data and "completed" in data:
+        raise ProblemError("a benchmark-serving result (vllm bench serve / sglang.bench_serving); calibrate fits "
+                           "training runs; allowed: a runs file (minimal or modern schema)", file=str(path))
     if not isinstance(data, dict) or "runs" not in data:
         raise ProblemError("expected a mapping with runs (minimal schema) or cases and model_catalog (modern schema)",
                            file=str(path))
