@@ -15,6 +15,7 @@ from madmax_opt.fleet.allocate import (
     Allocation,
     AllocationInput,
     Option,
+    RelaxationModel,
     greedy,
     solve_allocation,
 )
@@ -312,6 +313,8 @@ class FleetRun:
     params: CpSatOptions
     option_wall_s: float = 0.0
     scored: list[Scored] = field(init=False)
+    relaxed_solves: dict[tuple[Any, ...], Allocation] = field(init=False, default_factory=dict)
+    relaxation: tuple[RelaxationModel, Instance] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.scored = scored_options(self.fleet, self.tables)
@@ -348,8 +351,8 @@ def solve_fleet(run: FleetRun, what_if: bool = True, binding: bool = True) -> Fl
                           option_search_wall_s=run.option_wall_s),
         jobs=job_results(fleet, inst, alloc, run.tables),
         pools=pool_use(fleet, inst, alloc),
-        binding=binding_constraints(run, inst, value) if binding else [],
-        what_if=what_ifs(run, inst, value) if what_if else [],
+        binding=binding_constraints(run, inst, value, alloc) if binding else [],
+        what_if=what_ifs(run, inst, value, alloc) if what_if else [],
         greedy=GreedyBaseline(value=greedy_value, jobs=job_results(fleet, inst, base, run.tables, greedy=True),
                     status=base.status),
         gain_vs_greedy=gain,
@@ -362,23 +365,45 @@ def _quick(run: FleetRun) -> CpSatOptions:
     return run.params.with_time_limit(min(run.params.time_limit_s, WHAT_IF_TIME_LIMIT_S))
 
 
-def _resolve_value(run: FleetRun, inst: Instance) -> tuple[float | None, str]:
-    alloc = solve_allocation(inst.inp, _quick(run))
-    return value_of(run.fleet, inst, alloc), alloc.status
+def _resolve(run: FleetRun, relaxed: Instance, base: Instance, alloc: Allocation) -> tuple[Allocation, Instance]:
+    """A relaxation of ``base`` (more supply, a budget or a job's targets dropped) re-solved for its objective, on
+    one model of every option (``RelaxationModel``: bounds changed in place): the base optimum stays feasible, so
+    it is the start (hint and bound) and the solve only looks for better; no tie-break phase. Returns the
+    allocation and the instance its option indices refer to (every option). Each relaxation is solved once."""
+    if run.relaxation is None:
+        full = instance(run.fleet, run.scored, frozenset(range(len(run.fleet.jobs))))  # every option
+        run.relaxation = (RelaxationModel(full.inp), full)
+    model, full = run.relaxation
+    memo = (relaxed.inp.capacity_nodes, relaxed.inp.max_cents_per_hour, relaxed.inp.max_cents, relaxed.relaxed)
+    if memo not in run.relaxed_solves:
+        index = {id(s): k for k, s in enumerate(full.scored)}
+        kept = {id(s) for s in relaxed.scored}
+        start = [index[id(base.scored[k])] if k is not None else None for k in alloc.choice]
+        run.relaxed_solves[memo] = model.solve(relaxed.inp.capacity_nodes, relaxed.inp.max_cents_per_hour,
+                                               relaxed.inp.max_cents, [id(s) in kept for s in full.scored], start,
+                                               _quick(run))
+    return run.relaxed_solves[memo], full
 
 
-def what_ifs(run: FleetRun, inst: Instance, value: float | None) -> list[WhatIf]:
+def _resolve_value(run: FleetRun, relaxed: Instance, base: Instance, alloc: Allocation) -> tuple[float | None, str]:
+    again, full = _resolve(run, relaxed, base, alloc)
+    return value_of(run.fleet, full, again), again.status
+
+
+def what_ifs(run: FleetRun, inst: Instance, value: float | None, alloc: Allocation) -> list[WhatIf]:
     """For each extra GPU count and system: the re-solved objective with that many more GPUs (whole nodes)."""
     out = []
     for extra in run.fleet.spec.solver.what_if_gpus:
         for i, p in enumerate(run.fleet.pools):
-            more = replace(inst, inp=inst.inp.with_capacity(i, (p.gpus + extra) // p.gpus_per_node))
-            v, status = _resolve_value(run, more)
+            room = sum(o.nodes for o in inst.inp.options if o.system == i)  # beyond it, more nodes change nothing
+            more = replace(inst, inp=inst.inp.with_capacity(i, min((p.gpus + extra) // p.gpus_per_node,
+                                                                   max(room, p.nodes))))
+            v, status = _resolve_value(run, more, inst, alloc)
             out.append(WhatIf(extra_gpus=extra, system=p.name, value=v, gain=run.better(v, value), status=status))
     return out
 
 
-def binding_constraints(run: FleetRun, inst: Instance, value: float | None) -> list[Binding]:
+def binding_constraints(run: FleetRun, inst: Instance, value: float | None, alloc: Allocation) -> list[Binding]:
     """Each constraint relaxed alone and the allocation re-solved: it binds if the objective improves."""
     fleet = run.fleet
     out = []
@@ -386,7 +411,7 @@ def binding_constraints(run: FleetRun, inst: Instance, value: float | None) -> l
         room = sum(o.nodes for o in inst.inp.options if o.system == i)  # every option on it at once
         if room <= p.nodes:
             continue
-        v, _ = _resolve_value(run, replace(inst, inp=inst.inp.with_capacity(i, room)))
+        v, _ = _resolve_value(run, replace(inst, inp=inst.inp.with_capacity(i, room)), inst, alloc)
         gain = run.better(v, value)
         if gain is not None and gain > 1e-9:
             out.append(Binding(constraint=f"systems.{p.name}.gpus", gain=gain,
@@ -396,7 +421,7 @@ def binding_constraints(run: FleetRun, inst: Instance, value: float | None) -> l
             continue
         free = (replace(inst.inp, max_cents_per_hour=None) if key == "usd_per_hour"
                 else replace(inst.inp, max_cents=None))
-        v, _ = _resolve_value(run, replace(inst, inp=free))
+        v, _ = _resolve_value(run, replace(inst, inp=free), inst, alloc)
         gain = run.better(v, value)
         if gain is not None and gain > 1e-9:
             out.append(Binding(constraint=f"budget.{key}", gain=gain,
@@ -404,12 +429,12 @@ def binding_constraints(run: FleetRun, inst: Instance, value: float | None) -> l
     targeted = sorted({s.job for s in run.scored if s.misses})[:MAX_TARGET_CHECKS]
     for j in targeted:
         relaxed = instance(fleet, run.scored, frozenset({j}))
-        alloc = solve_allocation(relaxed.inp, _quick(run))
-        v = value_of(fleet, relaxed, alloc)
+        again, full = _resolve(run, relaxed, inst, alloc)
+        v = value_of(fleet, full, again)
         gain = run.better(v, value)
-        k = alloc.choice[j] if alloc.objective is not None else None
+        k = again.choice[j] if again.objective is not None else None
         if gain is not None and gain > 1e-9 and k is not None:
-            job, s = fleet.jobs[j], relaxed.scored[k]
+            job, s = fleet.jobs[j], full.scored[k]
             what = [key for key in ("deadline_h", "min_throughput", "arrival_rate_rps") if getattr(job.spec, key)]
             detail = f"relaxed, it would take {s.option.gpus} x {s.option.system}" + (
                 f", missing {s.misses}" if s.misses else "")
