@@ -115,8 +115,6 @@ def serving_limits(fmt: str, p: ServingPlan, problem: Problem) -> list[str]:
     out = []
     if fmt in ("vllm", "sglang") and kv == "int8":
         out.append("int8 KV cache")
-    if fmt == "trtllm" and p.prefill_replicas:
-        out.append("disaggregation")
     if fmt == "vllm" and p.prefill_replicas and p.tp * p.pp > 8:
         out.append("disaggregation with replicas over nodes (NIXL side-channel host under Ray)")
     m = problem.model  # a catalog checkpoint loads at its own quantization, or unquantized ones also at fp8
@@ -126,8 +124,15 @@ def serving_limits(fmt: str, p: ServingPlan, problem: Problem) -> list[str]:
         out.append("checkpoint quantization")
     if p.ep > 1 and (p.ep % p.tp or any(n % group for n in roles)):
         out.append("expert-parallel groups")
-    if fmt == "trtllm" and (p.ep > 1 or problem.model.moe is not None):
-        out.append("MoE serving is the PyTorch backend's")
+    if fmt == "trtllm" and (p.prefill_replicas or p.ep > 1 or m.moe is not None):  # the PyTorch backend
+        if kv == "int8":
+            out.append("int8 KV cache (KvCacheConfig.dtype)")
+        if p.ep > 1 and p.ep != p.tp:
+            out.append("attention data parallelism: how --max_batch_size counts is not confirmed")
+        ships = {"fp8": {"fp8"}, "mxfp4": {"fp4"}, "nvfp4": {"fp4"}, "int4": {"int4"}}  # else bf16 / fp16 weights
+        native = m.native_precision if m.hf_id is not None else None  # weights outside the catalog: unquantized
+        if precision not in ships.get(native or "", {"bf16", "fp16"}):
+            out.append("the checkpoint's own quantization")
     return out
 
 
@@ -336,8 +341,8 @@ def test_expert_parallel_groups_become_servers() -> None:
     assert all("--enable-expert-parallel" in f for f in vllm)
     sglang = [parse_flags(c.args) for c in emit_plan(SERVING, plan, "sglang").commands if c.role != "router"]
     assert [(f["--tp-size"], f["--attn-dp-size"], f["--ep-size"]) for f in sglang] == [("4", "4", "4")] * 2
-    with pytest.raises(ProblemError, match="trtllm cannot express expert parallelism"):
-        emit_plan(SERVING, plan, "trtllm")
+    with pytest.raises(ProblemError, match="trtllm cannot express ep=4 with tp=1: with attention data parallelism"):
+        emit_plan(SERVING, plan.model_copy(update={"precision": "bf16"}), "trtllm")
     with pytest.raises(ProblemError, match="expert-parallel groups of 3"):
         emit_plan(SERVING, plan.model_copy(update={"ep": 3}), "vllm")
 

@@ -106,7 +106,8 @@ def test_bad_emit_requests_are_one_line_errors(args: list[Any], message: str) ->
      "{plan}: [1].zero: "),
     ("{dp: 128, tp: 8, pp: 1, mbs: 1, zero: 1, sp: true, recompute: full, system: dgx-h100}", "torchtitan", LLAMA,
      "{plan}: zero: "),
-    ("{dp: 1, tp: 8, pp: 1, batch: 8}", "trtllm", ROOT / "problems/serve-deepseek-v3.yaml", "{problem}: model.moe: "),
+    ("{dp: 1, tp: 8, pp: 1, batch: 8, precision: fp4}", "trtllm", ROOT / "problems/serve-deepseek-v3.yaml",
+     "{plan}: precision: "),
 ])
 def test_emit_refusals_name_the_file_and_field(tmp_path: Path, plan: str, fmt: str, problem: Path,
                                                where: str) -> None:

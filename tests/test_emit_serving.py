@@ -55,15 +55,20 @@ KV_TOKENS = {  # how each format writes a KV-cache precision (None: the weights'
 
 def kv_of(e: Emitted) -> str | None:
     """The KV-cache precision a configuration asks for, read back (None: the same as the weights)."""
-    if e.format == "trtllm":
-        quant = (yaml.safe_load(e.files["trtllm.yaml"]).get("quant_config") or {})
-        return KV_TOKENS["trtllm"][quant.get("kv_cache_quant_algo")]
+    engine = yaml.safe_load(e.files.get("trtllm.yaml", "{}"))
+    if e.format == "trtllm" and "dtype" in engine:  # the engine backend: quant_config
+        return KV_TOKENS["trtllm"][(engine.get("quant_config") or {}).get("kv_cache_quant_algo")]
+    if e.format == "trtllm":  # the PyTorch backend: kv_cache_config.dtype of every server's options
+        dtypes = {yaml.safe_load(text)["kv_cache_config"]["dtype"] for name, text in e.files.items()
+                  if name != "disagg.yaml"}
+        assert len(dtypes) == 1
+        return {"auto": None, "fp8": "fp8"}[dtypes.pop()]
     flags = parse_flags(next(c for c in e.commands if "--kv-cache-dtype" in c.args).args)
     return KV_TOKENS[e.format][str(flags["--kv-cache-dtype"])]
 
 
 def servers_of(e: Emitted) -> list[Command]:
-    return [c for c in e.commands if c.role != "router"]
+    return [c for c in e.commands if not c.role.startswith("router")]
 
 
 # precisions a catalog checkpoint loads at without --checkpoint, by the weights it ships (vLLM 0.11 / SGLang 0.5.23:
@@ -81,6 +86,20 @@ def checkpoint_refuses(fmt: str, precision: str, problem: Problem, checkpoint: s
     return precision not in (LOADS[native][fmt] if native in LOADS else UNQUANTIZED)
 
 
+def trtllm_pytorch_refuses(p: ServingPlan, problem: Problem, precision: str, checkpoint: str | None) -> bool:
+    """TensorRT-LLM's PyTorch backend (MoE, disaggregation): no int8 KV cache, ep only equal to tp (attention DP is
+    refused: how --max_batch_size counts there is not confirmed), a catalog checkpoint only at its own precision."""
+    m = problem.model
+    if not (p.prefill_replicas or p.ep > 1 or m.moe is not None):
+        return False
+    kv = problem.task.kv_precision or DEFAULT_KV_PRECISION[precision]  # type: ignore[union-attr]
+    ships = {"fp8": {"fp8"}, "mxfp4": {"fp4"}, "nvfp4": {"fp4"}, "int4": {"int4"}}
+    catalog_dtypes = {x.hf_id: x.native_precision for x in catalog.models().values() if x.hf_id}
+    native = catalog_dtypes.get(checkpoint or m.hf_id or "")  # weights outside the catalog: unquantized
+    wrong = precision not in ships.get(native or "", {"bf16", "fp16"})
+    return kv == "int8" or (p.ep > 1 and p.ep != p.tp) or wrong
+
+
 def expected_limits(fmt: str, p: ServingPlan, problem: Problem, checkpoint: str | None = None) -> bool:
     """Whether ``fmt`` refuses ``p`` (the limits test_emit states: int8 KV, trtllm disaggregation / MoE, EP
     groups), plus a replica above a node that is not whole nodes."""
@@ -90,7 +109,7 @@ def expected_limits(fmt: str, p: ServingPlan, problem: Problem, checkpoint: str 
     return any([
         checkpoint_refuses(fmt, precision, problem, checkpoint),
         fmt in ("vllm", "sglang") and precision == "int8",
-        fmt == "trtllm" and (p.prefill_replicas > 0 or p.ep > 1 or problem.model.moe is not None),
+        fmt == "trtllm" and trtllm_pytorch_refuses(p, problem, precision, checkpoint),
         p.ep > 1 and (p.ep % p.tp != 0 or any(n % (p.ep // p.tp) for n in roles)),
         r > 8 and r % 8 != 0 and not (fmt == "sglang" and p.ep > 1),  # placed per replica: whole nodes above one
         fmt == "sglang" and p.ep > 1 and (p.ep // p.tp) * r > 8 and (p.ep // p.tp) * r % 8 != 0,  # per EP server
@@ -169,6 +188,8 @@ SG = ["python", "-m", "sglang.launch_server"]
                                       env={"CUDA_VISIBLE_DEVICES": "0,1"})]),
     ("vllm.ray-across-nodes", "vllm", [_cmd(["vllm", "serve", "m"], ["--tensor-parallel-size", "16"])]),
     ("trtllm.mpi-world", "trtllm", [_cmd(["trtllm-serve", "m"], ["--tp_size", "16"])]),
+    # --ep_size 4 with --tp_size 2: moe_tp = 2 // 4 = 0, and 0 x 4 != 2
+    ("trtllm.moe-world", "trtllm", [_cmd(["trtllm-serve", "m"], ["--tp_size", "2", "--ep_size", "4"])]),
     # a prefill and a decode server on one node, both at NIXL's default base port: ranks 0 collide
     ("vllm.nixl-side-channel", "vllm", [_cmd(["vllm", "serve", "m"], ["--kv-transfer-config", "{}"],
                                              env={"CUDA_VISIBLE_DEVICES": "0"}),
@@ -177,6 +198,50 @@ SG = ["python", "-m", "sglang.launch_server"]
 ])
 def test_each_checker_catches_its_violation(rule: str, fmt: str, commands: list[Command]) -> None:
     assert rule in serving_violations(_emitted(fmt, commands))
+
+
+def test_trtllm_router_config_must_list_the_servers_started() -> None:
+    """trtllm.disagg-instances: two urls for num_instances 1, or a url no server listens on, are caught."""
+    servers = [_cmd(["trtllm-serve", "m"], ["--port", "8000"], role="prefill"),
+               _cmd(["trtllm-serve", "m"], ["--port", "8001"], role="decode")]
+    good = {"context_servers": {"num_instances": 1, "urls": ["127.0.0.1:8000"]},
+            "generation_servers": {"num_instances": 1, "urls": ["127.0.0.1:8001"]}}
+    e = _emitted("trtllm", servers, gpus=2)
+    assert "trtllm.disagg-instances" not in serving_violations(e.model_copy(update={
+        "files": {"disagg.yaml": yaml.safe_dump(good)}}))
+    for bad in ({**good, "context_servers": {"num_instances": 1, "urls": ["127.0.0.1:8000", "127.0.0.1:8002"]}},
+                {**good, "generation_servers": {"num_instances": 1, "urls": ["127.0.0.1:9000"]}}):
+        assert "trtllm.disagg-instances" in serving_violations(e.model_copy(update={
+            "files": {"disagg.yaml": yaml.safe_dump(bad)}}))
+
+
+def test_trtllm_disaggregated_runs_on_the_pytorch_backend_behind_its_router() -> None:
+    """dp 4 of tp 2, one prefill replica, 8-GPU node: the context server on GPUs 0-1 (port 8000), generation
+    servers on 2-3, 4-5, 6-7 (ports 8001-8003), each with a cache transceiver; the router lists exactly them."""
+    e = emit_plan(DENSE, ServingPlan(dp=4, tp=2, batch=16, prefill_replicas=1, precision="bf16"), "trtllm")
+    servers = servers_of(e)
+    assert [(c.role, c.env["CUDA_VISIBLE_DEVICES"], parse_flags(c.args)["--port"]) for c in servers] == [
+        ("prefill", "0,1", "8000"), ("decode", "2,3", "8001"), ("decode", "4,5", "8002"), ("decode", "6,7", "8003")]
+    assert all(parse_flags(c.args)["--backend"] == "pytorch" for c in servers)
+    for name in ("trtllm-context.yaml", "trtllm-generation.yaml"):
+        assert yaml.safe_load(e.files[name])["cache_transceiver_config"] == {"backend": "DEFAULT"}
+    router = yaml.safe_load(e.files["disagg.yaml"])
+    assert router["context_servers"] == {"num_instances": 1, "urls": ["127.0.0.1:8000"]}
+    assert router["generation_servers"]["urls"] == ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]
+    assert e.commands[-1].argv == ["trtllm-serve", "disaggregated", "-c", "disagg.yaml"]
+    assert serving_violations(e) == []
+
+
+def test_trtllm_moe_runs_expert_parallel_on_the_pytorch_backend() -> None:
+    """MoE with ep = tp = 4, dp 2: two servers of 4 GPUs with --ep_size 4, each capped at the priced batch;
+    ep 8 over tp 1 (attention DP) is refused naming what is not confirmed."""
+    e = emit_plan(SPARSE, ServingPlan(dp=2, tp=4, ep=4, batch=32, precision="bf16"), "trtllm")
+    flags = [parse_flags(c.args) for c in servers_of(e)]
+    assert [(f["--tp_size"], f["--ep_size"], f["--max_batch_size"]) for f in flags] == [("4", "4", "32")] * 2
+    assert yaml.safe_load(e.files["trtllm.yaml"])["cuda_graph_config"]["max_batch_size"] == 32
+    assert parse_emitted(e).ep == 4 and serving_violations(e) == []
+    with pytest.raises(ProblemError, match="not confirmed from the source whether --max_batch_size caps each"):
+        emit_plan(SPARSE, ServingPlan(dp=8, tp=1, ep=8, batch=32, precision="bf16"), "trtllm")
 
 
 # ------------------------------------------------------------------------------------------ hand-checked launches

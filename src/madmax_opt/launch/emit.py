@@ -16,8 +16,9 @@ from madmax_opt.launch.common import Context, Emitted, Format, is_problem_field,
 from madmax_opt.launch.dspeed import DEEPSPEED
 from madmax_opt.launch.flagsets import FORMAT_NAMES, flagset
 from madmax_opt.launch.megatron import MEGATRON, NEMO
-from madmax_opt.launch.serve import SGLANG, TRTLLM, VLLM
+from madmax_opt.launch.serve import SGLANG, VLLM
 from madmax_opt.launch.titan import TORCHTITAN
+from madmax_opt.launch.trtllm import TRTLLM
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import InferenceTask, Plan
 from madmax_opt.search.serving_space import ServingPlan

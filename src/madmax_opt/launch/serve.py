@@ -1,4 +1,4 @@
-"""Serve commands: vLLM, SGLang and TensorRT-LLM (trtllm-serve with the engine-building TensorRT backend).
+"""Serve commands: vLLM and SGLang, and what every serving format shares (TensorRT-LLM: launch/trtllm.py).
 
 A serving plan is dp replicas of tp x pp GPUs, each running up to ``batch`` sequences, at a weight precision; with
 prefill_replicas > 0 those replicas only prefill and send the KV cache to the rest (disaggregation). The batch is
@@ -22,8 +22,6 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import yaml
 
 from madmax_opt.launch.common import (
     Command,
@@ -50,17 +48,12 @@ VLLM_WEIGHTS = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "fp8": ("
                 "fp4": ("bfloat16", "modelopt_fp4")}
 SGLANG_WEIGHTS = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "fp8": ("bfloat16", "fp8"),
                   "int8": ("bfloat16", "w8a8_int8"), "int4": ("float16", "awq"), "fp4": ("bfloat16", "modelopt_fp4")}
-TRTLLM_WEIGHTS = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "fp8": ("bfloat16", "FP8"),
-                  "int8": ("bfloat16", "W8A8_SQ_PER_CHANNEL"), "int4": ("float16", "W4A16_AWQ"),
-                  "fp4": ("bfloat16", "NVFP4")}
 VLLM_KV = {"bf16": "auto", "fp16": "auto", "fp8": "fp8"}
 SGLANG_KV = {"bf16": "auto", "fp16": "auto", "fp8": "fp8_e4m3"}
-TRTLLM_KV = {"bf16": None, "fp16": None, "fp8": "FP8", "int8": "INT8"}
-TRTLLM_CONFIG = "trtllm.yaml"
 PREQUANTIZED = "int8, int4 and fp4 weights load from a pre-quantized checkpoint: the checkpoint must hold them"
 REQUANTIZED = "SGLang requantizes the FP8 checkpoint's MoE experts to NVFP4 at load (modelopt_fp4)"
 HEALTH = "/health"  # vLLM, SGLang and trtllm-serve all answer GET /health once the model is loaded
-VLLM_PORT, SGLANG_PORT, TRTLLM_PORT, ROUTER_PORT = 8000, 30001, 8000, 30000
+VLLM_PORT, SGLANG_PORT, ROUTER_PORT = 8000, 30001, 30000
 VLLM_RPC_PORT, SGLANG_DIST_PORT, SGLANG_BOOTSTRAP_PORT = 13345, 5000, 8998
 NIXL_PORT = 5557  # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default (vllm/envs.py line 159, v0.11.0)
 
@@ -376,69 +369,6 @@ def sglang_parse(e: Emitted) -> ServingPlan:
     )
 
 
-# ----------------------------------------------------------------------------------------------- TensorRT-LLM
-
-
-def trtllm_emit(ctx: Context) -> Emitted:
-    """One trtllm-serve per replica on the TensorRT engine backend (the trtllm-build path): the LLM API builds the
-    engine and quantizes it as quant_config says; a replica above a node starts under mpirun through
-    trtllm-llmapi-launch (MPI world = tp x pp). Expert parallelism / attention data parallelism (MoE serving) run on
-    the PyTorch backend from pre-quantized checkpoints, which is not emitted."""
-    s = Serving(ctx, "trtllm", TRTLLM_WEIGHTS, TRTLLM_KV)
-    p, gpn, r = s.plan, ctx.gpus_per_node, s.replica_gpus
-    if p.prefill_replicas:
-        raise refuse("trtllm", f"prefill_replicas={p.prefill_replicas}", "disaggregated serving needs a "
-                     "trtllm-serve disaggregated cluster file, which is not emitted; allowed: prefill_replicas 0")
-    if p.ep > 1 or ctx.model.moe is not None:
-        raise refuse("trtllm", "expert parallelism (a mixture-of-experts model)", "emitted for the TensorRT engine "
-                     "backend, whose build quantizes dense models; MoE serving runs on the PyTorch backend from "
-                     "pre-quantized checkpoints; allowed: dense models, ep 1",
-                     field="ep" if p.ep > 1 else "model.moe")
-    quant = {"quant_algo": s.quantization, "kv_cache_quant_algo": s.kv}
-    config = {"dtype": s.dtype, "quant_config": {k: v for k, v in quant.items() if v is not None} or None}
-    text = yaml.safe_dump({k: v for k, v in config.items() if v is not None}, sort_keys=False)
-    placer = Placer("trtllm", gpn)
-    placed = [placer.take(r) for _ in range(p.dp)]
-    nodes = placer.nodes
-    commands = []
-    for i, parts in enumerate(placed):
-        port = TRTLLM_PORT + i
-        head = parts[0].node
-        args = flag_args([("--backend", "tensorrt"), ("--tp_size", p.tp), ("--pp_size", p.pp),
-                          ("--gpus_per_node", len(parts[0].gpus)), ("--max_batch_size", s.cap),
-                          ("--max_seq_len", s.max_len), ("--host", "0.0.0.0"), ("--port", port),
-                          ("--extra_llm_api_options", TRTLLM_CONFIG)])
-        ready = f"http://{host(head, nodes)}:{port}{HEALTH}"
-        if len(parts) > 1:  # MPI world = the replica's tp x pp ranks, on whole nodes
-            hosts = ",".join(f"{host(x.node, nodes)}:{len(x.gpus)}" for x in parts)
-            commands.append(Command(launcher=["mpirun", "-np", str(r), "-H", hosts],
-                                    program=["trtllm-llmapi-launch", "trtllm-serve", s.checkpoint], args=args,
-                                    role=f"replica {i}", node=head, background=True, ready=ready))
-        else:
-            commands.append(Command(program=["trtllm-serve", s.checkpoint], args=args, role=f"replica {i}",
-                                    env={"CUDA_VISIBLE_DEVICES": parts[0].devices}, node=head, background=True,
-                                    ready=ready))
-    notes = ["--backend tensorrt builds the engine at start-up (the trtllm-build path) and applies quant_config"]
-    if p.dp > 1:
-        notes.append(f"{p.dp} trtllm-serve replicas on ports {TRTLLM_PORT}..{TRTLLM_PORT + p.dp - 1} (TensorRT-LLM "
-                     "has no router for aggregated replicas): balance requests over them")
-    return s.emitted("trtllm", commands, nodes, files={TRTLLM_CONFIG: text}, notes=notes)
-
-
-def trtllm_parse(e: Emitted) -> ServingPlan:
-    f = parse_flags(e.commands[0].args)
-    config = yaml.safe_load(e.files[TRTLLM_CONFIG])
-    quant = (config.get("quant_config") or {}).get("quant_algo")
-    return ServingPlan(
-        dp=len(e.commands), tp=integer(f, "--tp_size"), pp=integer(f, "--pp_size"),
-        batch=integer(f, "--max_batch_size"), precision=precision_from(TRTLLM_WEIGHTS, config["dtype"], quant),
-    )
-
-
-def trtllm_config(e: Emitted) -> dict[str, Any]:
-    return dotted_items(yaml.safe_load(e.files[TRTLLM_CONFIG]))
-
-
 TRAINING_ONLY = "training-only (a serving plan rejects it)"
 
 
@@ -466,9 +396,3 @@ SGLANG = serving_format("sglang", sglang_emit, sglang_parse, maps={
     "precision": ("--dtype", "--quantization"), "prefill_replicas": ("--disaggregation-mode", "--prefill"),
     "system": ("--nnodes", "--node-rank", "--base-gpu-id"),
 }, refuses={"max_num_seqs": CAP, "ep": EP_GROUPS})
-TRTLLM = serving_format("trtllm", trtllm_emit, trtllm_parse, config=trtllm_config, maps={
-    "dp": ("--port",), "tp": ("--tp_size",), "pp": ("--pp_size",),
-    "batch": ("--max_batch_size",), "max_num_seqs": ("--max_batch_size",),
-    "precision": ("dtype", "quant_config.quant_algo"), "system": ("--gpus_per_node",),
-}, refuses={"max_num_seqs": CAP, "prefill_replicas": "prefill_replicas > 0: no disaggregated cluster file",
-            "ep": "ep > 1: MoE serving runs on the PyTorch backend, not the emitted TensorRT engine"})

@@ -17,7 +17,6 @@ from typing import Literal
 import yaml
 from pydantic import Field
 
-from madmax_opt.io import catalog
 from madmax_opt.launch.common import Emitted, parse_flags
 from madmax_opt.model.spec import Strict
 
@@ -57,6 +56,7 @@ class Started:
     """One command of a deployment as its program reads it."""
 
     program: str
+    role: str
     argv_model: str  # the program's positional model argument (vllm serve MODEL, trtllm-serve MODEL)
     node: int
     flags: dict[str, str | bool]
@@ -67,6 +67,10 @@ class Started:
         v = self.flags.get(flag)
         return default if v is None or isinstance(v, bool) else int(v)
 
+    def host_of(self, nodes: int) -> str:
+        """The address of the node running it, as the script names it."""
+        return "127.0.0.1" if nodes == 1 else f"${{NODE_IP_{self.node}}}"
+
     def on(self, flag: str) -> bool:
         return self.flags.get(flag) is True
 
@@ -76,7 +80,8 @@ class Started:
 
 
 def started(e: Emitted) -> list[Started]:
-    return [Started(program=" ".join(c.program[:2]), argv_model=c.program[-1], node=c.node, flags=parse_flags(c.args),
+    return [Started(program=" ".join(c.program[:2]), role=c.role, argv_model=c.program[-1], node=c.node,
+                    flags=parse_flags(c.args),
                     launcher=parse_flags(c.launcher[1:]), env=dict(c.env)) for c in e.commands]
 
 
@@ -96,9 +101,18 @@ def loads(fmt: str, method: str | None, wanted: str | None) -> bool:
     return wanted in (None, method) or (fmt == "sglang" and (wanted, method) in SGLANG_COMPATIBLE)
 
 
+@cache
+def checkpoint_dtypes() -> dict[str, str | None]:
+    """Catalog checkpoint (hf_id) -> the dtype its weights ship in (package data: data/models.yaml; None: not
+    recorded)."""
+    text = resources.files("madmax_opt").joinpath("data/models.yaml").read_text(encoding="utf-8")
+    return {m["hf_id"]: m.get("native_precision") for m in yaml.safe_load(text).values()
+            if isinstance(m, dict) and m.get("hf_id")}
+
+
 def checkpoint_loads(fmt: str, checkpoint: str, quantization: str | bool | None) -> bool:
     """The rule on a catalog checkpoint (by its hf_id); a checkpoint outside the catalog is the user's to match."""
-    native = {m.hf_id: m.native_precision for m in catalog.models().values() if m.hf_id}
+    native = checkpoint_dtypes()
     if checkpoint not in native:
         return True
     return loads(fmt, CHECKPOINT_METHOD.get(native[checkpoint] or ""), quantization if isinstance(quantization, str)
@@ -223,7 +237,20 @@ def _trtllm_checks() -> dict[str, Check]:
                 return False
         return True
 
-    return {"trtllm.mpi-world": mpi_world}
+    def moe_world(e: Emitted, cmds: list[Started]) -> bool:
+        return all(c.num("--tp_size") % c.num("--ep_size") == 0 for c in cmds)
+
+    def disagg_instances(e: Emitted, cmds: list[Started]) -> bool:
+        if "disagg.yaml" not in e.files:
+            return not any(c.flags.get("--backend") == "pytorch" and "cache_transceiver_config" in
+                           e.files.get(str(c.flags.get("--extra_llm_api_options")), "") for c in cmds)
+        config = yaml.safe_load(e.files["disagg.yaml"])
+        started = {role: [f"{c.host_of(e.nodes)}:{c.num('--port')}" for c in cmds if c.role == role]
+                   for role in ("prefill", "decode")}
+        return all(len(config[key]["urls"]) == config[key]["num_instances"] and config[key]["urls"] == started[role]
+                   for key, role in (("context_servers", "prefill"), ("generation_servers", "decode")))
+
+    return {"trtllm.mpi-world": mpi_world, "trtllm.moe-world": moe_world, "trtllm.disagg-instances": disagg_instances}
 
 
 SERVING_CHECKS: dict[str, dict[str, Check]] = {"vllm": _vllm_checks(), "sglang": _sglang_checks(),
