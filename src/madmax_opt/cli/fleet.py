@@ -122,4 +122,4 @@ def bench_fleet_cmd(
     """Benchmark the fleet allocation: 50 jobs on 10 systems (synthetic option tables), results/bench/fleet.md."""
     from madmax_opt.fleet.bench import write_fleet_bench
 
-    console().print(f"wrote {write_fleet_bench(out, seeds)}")
+    console().print(f"wrote {write_fleet_bench(out, seeds, lambda n: search_runner('local', n, None))}")

@@ -184,6 +184,7 @@ class RelaxationModel:
         self.inp = inp
         m = self.model = cp_model.CpModel()
         self.x = [m.new_bool_var(f"x{k}") for k in range(len(inp.options))]
+        self.allowed = [True] * len(self.x)
         by_job: list[list[int]] = [[] for _ in range(inp.jobs)]
         for k, o in enumerate(inp.options):
             by_job[o.job].append(k)
@@ -218,8 +219,9 @@ class RelaxationModel:
         proto.constraints[self.hourly].linear.domain[1] = INT_BOUND if max_cents_per_hour is None \
             else max_cents_per_hour
         proto.constraints[self.total].linear.domain[1] = INT_BOUND if max_cents is None else max_cents
-        for k, ok in enumerate(allowed):
-            proto.variables[k].domain[1] = int(ok)
+        for k in [k for k, (ok, was) in enumerate(zip(allowed, self.allowed, strict=True)) if ok != was]:
+            proto.variables[k].domain[1] = int(allowed[k])  # only the bounds that change
+        self.allowed = list(allowed)
         assert feasible(inp, start) and all(allowed[k] for k in start if k is not None), "an infeasible start"
         known = objective_of(inp, start)
         if inp.sense == "max":
