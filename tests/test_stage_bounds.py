@@ -116,3 +116,25 @@ def test_llama2_70b_on_2048_h100s_solves_few_uneven_bases() -> None:
     assert out.uneven.bases_solved + out.uneven.bases_pruned > 30_000
     assert out.uneven.bases_solved <= 10
     assert out.summary()["gap"] == 0.0
+
+
+def test_least_max_is_the_least_integer_tau_by_scan() -> None:
+    """least_max (bisection over the sorted values) == a scan of every integer tau from the least finite value up,
+    with the definition written out: every stage has a row <= tau, and the rows <= tau can make up the layers."""
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        items, stages, layers = 5, int(rng.integers(2, 5)), int(rng.integers(3, 12))
+        g = rng.integers(0, 40, size=(items, stages, layers + 1)).astype(np.float64)
+        g[rng.random(g.shape) < 0.4] = np.inf
+        g[:, :, 0] = np.inf
+        got = least_max(g, layers)
+        for i in range(items):
+            want = np.inf
+            finite = g[i][np.isfinite(g[i])]
+            for tau in range(int(finite.min()) if len(finite) else 0, int(finite.max()) + 1 if len(finite) else 1):
+                within = [np.flatnonzero(g[i, s] <= tau) for s in range(stages)]
+                if all(len(w) for w in within) and sum(w.max() for w in within) >= layers >= sum(
+                        w.min() for w in within):
+                    want = float(tau)
+                    break
+            assert got[i] == want, (i, got[i], want)

@@ -127,18 +127,21 @@ def least_max(g: Arr, layers: int, weight: Arr | None = None) -> Arr:
 
 
 def _bisect(flat: Arr, fits: Callable[[Arr], Arr]) -> Arr:
-    """Per item: the least integer tau in the range of the finite values of ``flat`` (axis 1) where ``fits`` (which
-    must be nondecreasing in tau) holds; inf where it holds nowhere."""
-    finite = np.where(np.isfinite(flat), flat, -np.inf).max(axis=1)
-    hi = np.where(np.isfinite(finite), finite, 0.0)
-    lo = np.where(np.isfinite(flat), flat, np.inf).min(axis=1)
-    lo = np.where(np.isfinite(lo), lo, 0.0)
-    ok = fits(hi)
+    """Per item: the least finite value tau of ``flat`` (axis 1) where ``fits`` holds; inf where it holds at none.
+    ``fits`` must be nondecreasing in tau and change only at values of ``flat`` (it counts rows <= tau), so this is
+    also the least integer tau in the range of the finite values (the bisection runs over the sorted values:
+    log2 of their count, not of their range)."""
+    items = np.arange(len(flat))
+    values = np.sort(flat, axis=1)  # finite first (inf last; no nan)
+    count = np.isfinite(values).sum(axis=1)
+    lo, hi = np.zeros(len(flat), dtype=np.int64), np.maximum(count - 1, 0)
+    top = np.where(count > 0, values[items, hi], 0.0)  # none finite: tau 0, as over an empty range
+    ok = fits(top)
     while np.any(lo < hi):
-        mid = np.floor((lo + hi) / 2.0)
-        good = fits(mid)
-        hi, lo = np.where(good, mid, hi), np.where(good, lo, mid + 1.0)
-    return np.where(ok, hi, np.inf)
+        mid = (lo + hi) // 2
+        good = fits(np.where(count > 0, values[items, mid], 0.0))
+        hi, lo = np.where(good, mid, hi), np.where(good, lo, mid + 1)
+    return np.where(ok, np.where(count > 0, values[items, hi], 0.0), np.inf)
 
 
 def least_max_mixed(g: Arr, layers: int, supply: list[tuple[list[int], IntArr]]) -> Arr:

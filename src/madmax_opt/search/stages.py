@@ -340,22 +340,38 @@ def solve_uneven(
     if len(bases) == 0:
         return UnevenResult(None, None, "no-improvement", 0, 0, time.perf_counter() - t0, 0)
     lb_us, total_us = _lower_bounds_us(model, bases)
-    jobs = []  # per base: its hardware choices, supply and compositions (cheapest rate first)
-    shared: dict[tuple[int, int, int], tuple[list[int], list[tuple[list[int], int]], list[Composition]]] = {}
-    for j in range(len(bases)):  # they depend on the base's option, pp and GPUs per stage only
-        key = (int(bases.hw[j]), int(bases.pp[j]), int(bases.dp[j] * bases.tp[j] * bases.cp[j]))
-        if key not in shared:
-            base = bases.take([j])
-            hws = stage_hardware(model, base)
-            supply = _stage_supply(model, base, hws)
-            shared[key] = (hws, supply, _compositions(model, base, hws, supply, objective))
-        jobs.append(shared[key])
-    bound_obj = [  # per base: (objective lower bound, counts, rate) per composition, best bound first
-        sorted(((rate * (lb_us[j] if counts is None else max(lb_us[j], _composition_bound_us(
+    # per base: its hardware choices, supply and compositions (cheapest rate first); they depend on the base's
+    # option, pp and GPUs per stage only, so they are built once per such key
+    key = np.stack([bases.hw, bases.pp, bases.dp * bases.tp * bases.cp], axis=1)
+    _, first, job_of = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    shared: list[tuple[list[int], list[tuple[list[int], int]], list[Composition]]] = []
+    for j in first.tolist():
+        base = bases.take([j])
+        hws = stage_hardware(model, base)
+        supply = _stage_supply(model, base, hws)
+        shared.append((hws, supply, _compositions(model, base, hws, supply, objective)))
+    jobs = [shared[i] for i in job_of.ravel().tolist()]
+
+    def bounds(j: int) -> list[tuple[float, dict[int, int] | None, float]]:
+        """(objective lower bound, counts, rate) per composition of base ``j``, best bound first."""
+        hws, _, comps = jobs[j]
+        return sorted(((rate * (float(lb_us[j]) if counts is None else max(float(lb_us[j]), _composition_bound_us(
             model, bases.take([j]), hws, counts))), counts, rate) for counts, rate in comps), key=lambda x: x[0])
-        for j, (hws, _, comps) in enumerate(jobs)
-    ]
-    lb = np.array([b[0][0] if b else np.inf for b in bound_obj])
+
+    single = [len(comps) == 1 and comps[0][0] is None for _, _, comps in shared]  # one rate, no counts
+    if all(single):  # every base: its rate x its linear bound, for all bases at once
+        rate_of = np.array([comps[0][1] for _, _, comps in shared])[job_of.ravel()]
+        lb = rate_of * lb_us
+        bound_obj: dict[int, list[tuple[float, dict[int, int] | None, float]]] = {}
+    else:
+        bound_obj = {j: bounds(j) for j in range(len(bases))}
+        lb = np.array([b[0][0] if b else np.inf for b in bound_obj.values()])
+
+    def bounds_of(j: int) -> list[tuple[float, dict[int, int] | None, float]]:
+        if j not in bound_obj:
+            bound_obj[j] = bounds(j)
+        return bound_obj[j]
+
     order = np.lexsort((np.arange(len(bases)), lb))
     modes = sorted(set(np.unique(enumerate_plans(pr).recompute).tolist()))
     # a bound on p v T per base that sees memory and the layer split (stage_bounds.py; mixed: least over systems)
@@ -384,14 +400,14 @@ def solve_uneven(
             extra = (n_micro[j] + int(bases.pp[j]) + 2) * 0.5
             if strong[j] == np.inf or strong[j] > max(
                 int(np.ceil((best_obj / rate - (0.0 if best_plan is not None else 0.5 / rate + extra)) * pv)) - 1
-                for _, _, rate in bound_obj[int(j)]
+                for _, _, rate in bounds_of(int(j))
             ):
                 pruned += 1
                 continue
         base = bases.take([int(j)])
         hws, supply, _ = jobs[int(j)]
         cand = _candidates(model, base, modes, hws)
-        for bound, counts, rate in bound_obj[int(j)]:
+        for bound, counts, rate in bounds_of(int(j)):
             if bound >= best_obj:
                 break
             remaining = time_limit_s - (time.perf_counter() - t0)
