@@ -25,7 +25,8 @@ from madmax_opt.io import catalog
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.launch.common import Command, Emitted, parse_flags
 from madmax_opt.launch.emit import emit_plan, parse_emitted
-from madmax_opt.launch.serving_rules import SERVING_CHECKS, cite_serving, serving_rules, serving_violations
+from madmax_opt.launch.rules import cite, rule_book
+from madmax_opt.launch.serving_rules import SERVING_CHECKS, serving_violations
 from madmax_opt.model.inference import DEFAULT_KV_PRECISION
 from madmax_opt.model.problem import Problem
 from madmax_opt.search.serving_space import ServingPlan
@@ -149,13 +150,13 @@ def check_launch(fmt: str, problem: Problem, plan: ServingPlan, checkpoint: str 
 
 
 def test_every_rule_has_a_source_and_a_checker() -> None:
-    rules = serving_rules()
+    rules = rule_book("serving")
     assert set(rules) == set(SERVING_CHECKS) == set(FORMATS)
     for fmt, fw in rules.items():
         assert fw.pinned and fw.repository
         assert [r.id for r in fw.rules] == list(SERVING_CHECKS[fmt])
         for r in fw.rules:
-            assert r.id.startswith(fmt + ".") and r.file and r.line > 0 and "line" in cite_serving(r.id)
+            assert r.id.startswith(fmt + ".") and r.file and r.line > 0 and "line" in cite(r.id)
 
 
 def _cmd(program: list[str], args: list[str], node: int = 0, **kw: Any) -> Command:

@@ -23,14 +23,8 @@ from madmax_opt.launch.common import Context, Emitted
 from madmax_opt.launch.emit import FORMATS, allowed_names, emitted_names, parse_emitted
 from madmax_opt.launch.flagsets import flagset
 from madmax_opt.launch.readback import LaunchedModel, launched_model
-from madmax_opt.launch.startup import (
-    CHECKS,
-    find_rule,
-    position_table,
-    positions_of,
-    startup_rules,
-    violations,
-)
+from madmax_opt.launch.rules import find_rule, rule_book
+from madmax_opt.launch.startup import CHECKS, position_table, positions_of, violations
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan, TransformerModel
 
@@ -187,14 +181,14 @@ def test_random_models_and_plans_launch_as_priced(model: dict[str, Any], tp: int
 
 
 def test_every_rule_has_a_checker_and_a_source() -> None:
-    for fmt, fw in startup_rules().items():
+    for fmt, fw in rule_book("training").items():
         assert {r.id for r in fw.rules} == set(CHECKS[fmt]), fmt
         assert len(fw.commit) == 40 and fw.framework
         for r in fw.rules:
             assert r.id.startswith(f"{fmt}.") and r.line > 0 and r.file and r.requires
     # the pins agree with the flag files' pins
     for fmt in ("megatron", "nemo", "torchtitan", "deepspeed"):
-        assert flagset(fmt).commit == startup_rules()[fmt].commit, fmt
+        assert flagset(fmt).commit == rule_book("training")[fmt].commit, fmt
 
 
 # a plan (and problem) breaking each `refuse` rule: emit refuses it, naming the rule
@@ -246,7 +240,7 @@ def test_each_refuse_rule_refuses_in_one_line_naming_the_rule(rule_id: str) -> N
 
 
 def test_every_refuse_rule_is_exercised() -> None:
-    refuse_rules = {r.id for fw in startup_rules().values() for r in fw.rules if r.emit == "refuse"}
+    refuse_rules = {r.id for fw in rule_book("training").values() for r in fw.rules if r.emit == "refuse"}
     assert refuse_rules == set(REFUSED_BY_RULE)
 
 

@@ -26,7 +26,8 @@ from madmax_opt.launch.common import (
 )
 from madmax_opt.launch.flagsets import flagset
 from madmax_opt.launch.megatron import BATCH, MIXED, emitted, even_layers, training_checks
-from madmax_opt.launch.startup import check_positions, startup_refusal
+from madmax_opt.launch.rules import rule_refusal
+from madmax_opt.launch.startup import check_positions
 from madmax_opt.model.spec import Plan
 
 FMT = "deepspeed"
@@ -53,14 +54,14 @@ def ds_emit(ctx: Context) -> Emitted:
                       f"precision {task.precision}": "task.precision"}
             raise refuse(FMT, setting, why, field=fields.get(setting))
     if m.heads % p.tp or m.n_kv_heads % p.tp:
-        raise startup_refusal(FMT, f"tp={p.tp} with {m.heads} heads / {m.n_kv_heads} KV heads", "deepspeed.heads-tp",
+        raise rule_refusal(FMT, f"tp={p.tp} with {m.heads} heads / {m.n_kv_heads} KV heads", "deepspeed.heads-tp",
                               field="tp")
     if m.moe is not None and m.moe.num_experts % p.ep:
-        raise startup_refusal(FMT, f"ep={p.ep} with {m.moe.num_experts} experts", "deepspeed.experts-ep", field="ep")
+        raise rule_refusal(FMT, f"ep={p.ep} with {m.moe.num_experts} experts", "deepspeed.experts-ep", field="ep")
     if p.zero >= 2 and p.pp > 1:
-        raise startup_refusal(FMT, f"zero={p.zero} with pp={p.pp}", "deepspeed.pipe-zero", field="zero")
+        raise rule_refusal(FMT, f"zero={p.zero} with pp={p.pp}", "deepspeed.pipe-zero", field="zero")
     if m.moe is not None and p.zero == 3:
-        raise startup_refusal(FMT, "zero=3 with a mixture-of-experts model", "deepspeed.moe-zero3", field="zero")
+        raise rule_refusal(FMT, "zero=3 with a mixture-of-experts model", "deepspeed.moe-zero3", field="zero")
     even_layers(m.layers, p.pp, FMT, f"pp={p.pp}")
     config = {
         "train_batch_size": task.global_batch, "train_micro_batch_size_per_gpu": p.mbs,
@@ -69,7 +70,7 @@ def ds_emit(ctx: Context) -> Emitted:
         "bf16" if task.precision == "bf16" else "fp16": {"enabled": True},
     }
     if task.global_batch % (p.dp * p.mbs):
-        raise startup_refusal(FMT, f"mbs={p.mbs} with dp={p.dp}", "deepspeed.batch", field="mbs")
+        raise rule_refusal(FMT, f"mbs={p.mbs} with dp={p.dp}", "deepspeed.batch", field="mbs")
     moe = m.moe
     pos = check_positions(FMT, m, ())  # Megatron-DeepSpeed's rotary embedding: a base and a fraction, no scaling
     args = flag_args([

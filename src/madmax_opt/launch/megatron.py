@@ -25,13 +25,13 @@ from madmax_opt.launch.common import (
     refuse,
 )
 from madmax_opt.launch.flagsets import flagset
+from madmax_opt.launch.rules import rule_refusal
 from madmax_opt.launch.startup import (
     BUILDER_RECIPE,
     GPT_MODEL_CONFIG_FIELDS,
     Positions,
     check_positions,
     positions_of,
-    startup_refusal,
 )
 from madmax_opt.model.spec import Plan, Task
 
@@ -78,7 +78,7 @@ def even_layers(layers: int, stages: int, fmt: str, what: str, rule: str | None 
     """Layers per stage of an even split; a split that is not even is refused, naming the framework's ``rule``."""
     if layers % stages:
         if rule is not None:
-            raise startup_refusal(fmt, f"{what} with {layers} layers", rule)
+            raise rule_refusal(fmt, f"{what} with {layers} layers", rule)
         raise refuse(fmt, what, f"{layers} layers do not split evenly over {stages} stages; allowed: a divisor, "
                      "or an uneven plan (stage_layers)")
     return layers // stages
@@ -145,23 +145,23 @@ def megatron_refusals(ctx: Context, fmt: str, task: Task) -> None:
     p, m = ctx.plan, ctx.model
     rules = "megatron" if fmt == "megatron" else "nemo"
     if m.heads % p.tp:
-        raise startup_refusal(fmt, f"tp={p.tp}", f"{rules}.heads-tp", field="tp")
+        raise rule_refusal(fmt, f"tp={p.tp}", f"{rules}.heads-tp", field="tp")
     if m.n_kv_heads % p.tp and p.tp % m.n_kv_heads:
-        raise startup_refusal(fmt, f"tp={p.tp} with {m.n_kv_heads} KV heads", f"{rules}.query-groups-tp", field="tp")
+        raise rule_refusal(fmt, f"tp={p.tp} with {m.n_kv_heads} KV heads", f"{rules}.query-groups-tp", field="tp")
     if task.global_batch % (p.dp * p.mbs):
-        raise startup_refusal(fmt, f"mbs={p.mbs} with dp={p.dp}", f"{rules}.global-batch", field="mbs")
+        raise rule_refusal(fmt, f"mbs={p.mbs} with dp={p.dp}", f"{rules}.global-batch", field="mbs")
     assert task.seq_len is not None
     if p.cp > 1 and task.seq_len % (2 * p.cp):
-        raise startup_refusal(fmt, f"cp={p.cp} with seq_len {task.seq_len}", "megatron.cp-seq-length", field="cp")
+        raise rule_refusal(fmt, f"cp={p.cp} with seq_len {task.seq_len}", "megatron.cp-seq-length", field="cp")
     if p.ep > 1 and m.moe is None:
-        raise startup_refusal(fmt, f"ep={p.ep} on a dense model", "megatron.ep-needs-experts", field="ep")
+        raise rule_refusal(fmt, f"ep={p.ep} on a dense model", "megatron.ep-needs-experts", field="ep")
     if m.moe is not None and m.moe.num_experts % p.ep:
-        raise startup_refusal(fmt, f"ep={p.ep} with {m.moe.num_experts} experts", f"{rules}.experts-ep", field="ep")
+        raise rule_refusal(fmt, f"ep={p.ep} with {m.moe.num_experts} experts", f"{rules}.experts-ep", field="ep")
     if p.gpus % (p.tp * p.ep * p.pp):
-        raise startup_refusal(fmt, f"tp={p.tp} ep={p.ep} pp={p.pp} on {p.gpus} GPUs", f"{rules}.expert-grid",
+        raise rule_refusal(fmt, f"tp={p.tp} ep={p.ep} pp={p.pp} on {p.gpus} GPUs", f"{rules}.expert-grid",
                               field="ep")
     if p.vpp > 1 and p.pp == 1:
-        raise startup_refusal(fmt, f"vpp={p.vpp} with pp=1", "megatron.interleaved-pp", field="vpp")
+        raise rule_refusal(fmt, f"vpp={p.vpp} with pp=1", "megatron.interleaved-pp", field="vpp")
     check_positions(fmt, m, ("llama3",))  # --use-rope-scaling / rope_scaling: the Llama-3.1 scaling
 
 

@@ -37,7 +37,8 @@ from madmax_opt.launch.common import (
     refuse,
 )
 from madmax_opt.launch.flagsets import flagset
-from madmax_opt.launch.serving_rules import CHECKPOINT_METHOD, CHECKPOINT_RULES, cite_serving, loads
+from madmax_opt.launch.rules import cite
+from madmax_opt.launch.serving_rules import CHECKPOINT_METHOD, CHECKPOINT_RULES, loads
 from madmax_opt.model.inference import DEFAULT_KV_PRECISION
 from madmax_opt.model.spec import InferenceTask, TransformerModel
 from madmax_opt.search.serving_space import TRAINING_KNOBS, ServingPlan
@@ -135,7 +136,7 @@ def checkpoint_quantization(fmt: str, model: TransformerModel, precision: str, w
     ships = f"its weights ship in {model.native_precision}" if method else "its weights are not quantized"
     if method is not None and wanted is None:  # starts, but runs the checkpoint's own quantization
         ships += f", which the server would load as {method} instead of the priced {precision}"
-    raise refuse(fmt, f"precision {precision} from {model.hf_id}", f"{ships}; {cite_serving(CHECKPOINT_RULES[fmt])}; "
+    raise refuse(fmt, f"precision {precision} from {model.hf_id}", f"{ships}; {cite(CHECKPOINT_RULES[fmt])}; "
                  "allowed: a precision the checkpoint loads at, or --checkpoint with weights at this precision",
                  field="precision")
 

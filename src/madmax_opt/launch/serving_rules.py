@@ -1,7 +1,7 @@
-"""Start-up conformance of the serving formats: the frameworks' start-up rules as data, and a checker per rule.
+"""Start-up conformance of the serving formats: a checker per start-up rule.
 
-Data: ``madmax_opt/data/flags/startup-serving.yaml`` (per format: the pinned version and each rule with its file and
-line). ``serving_violations(emitted)`` reads an emitted deployment the way the servers and launchers would (every
+The rules are data (``madmax_opt/data/flags/startup-serving.yaml``, read and cited by launch/rules.py).
+``serving_violations(emitted)`` reads an emitted deployment the way the servers and launchers would (every
 command's flags, environment and node) and lists the rules it breaks; tests run it on every emitted configuration.
 """
 
@@ -12,43 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Literal
 
 import yaml
-from pydantic import Field
 
 from madmax_opt.launch.common import Emitted, parse_flags
-from madmax_opt.model.spec import Strict
-
-
-class ServingRule(Strict):
-    id: str
-    file: str
-    line: int = Field(gt=0)
-    commit: str | None = Field(None, description="where the file was read at another commit than the pin")
-    requires: str
-    emit: Literal["satisfy", "refuse"]
-
-
-class ServingRules(Strict):
-    framework: str
-    repository: str
-    pinned: str = Field(description="the wheel (with its sha256) or commit the files were read at")
-    rules: list[ServingRule]
-
-
-@cache
-def serving_rules() -> dict[str, ServingRules]:
-    """Format -> its framework's start-up rules (package data)."""
-    text = resources.files("madmax_opt").joinpath("data/flags/startup-serving.yaml").read_text(encoding="utf-8")
-    return {fmt: ServingRules.model_validate(v) for fmt, v in yaml.safe_load(text).items()}
-
-
-def cite_serving(rule_id: str) -> str:
-    """``requires`` with where it is: framework, file and line at the pin, rule id."""
-    fw = serving_rules()[rule_id.split(".", 1)[0]]
-    r = next(r for r in fw.rules if r.id == rule_id)
-    return f"{fw.framework} requires: {r.requires} ({r.file} line {r.line}; rule {r.id})"
 
 
 @dataclass(frozen=True)

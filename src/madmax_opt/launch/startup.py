@@ -1,9 +1,9 @@
-"""Start-up conformance of the training formats: the frameworks' start-up rules as data, and a checker per rule.
+"""Start-up conformance of the training formats: a checker per start-up rule.
 
-Data: ``madmax_opt/data/flags/startup-training.yaml`` (per format: the pinned framework and commit, and each rule
-with its file and line). ``violations(emitted)`` reads an emitted configuration the way the framework would (flags,
-environment, override keys, TOML, JSON) and lists the rules it breaks; emit refuses a plan that would break a
-``refuse`` rule with :func:`startup_refusal`, which names the rule. Also the catalog models' position encodings
+The rules are data (``madmax_opt/data/flags/startup-training.yaml``, read and cited by launch/rules.py).
+``violations(emitted)`` reads an emitted configuration the way the framework would (flags, environment, override
+keys, TOML, JSON) and lists the rules it breaks; emit refuses a plan that would break a ``refuse`` rule with
+``rules.rule_refusal``, which names the rule. Also the catalog models' position encodings
 (``data/flags/model-positions.yaml``), which every training format must set.
 """
 
@@ -22,48 +22,8 @@ import tomllib
 import yaml
 from pydantic import Field
 
-from madmax_opt.core.errors import ProblemError
 from madmax_opt.launch.common import Emitted, dotted_items, parse_flags, refuse
 from madmax_opt.model.spec import Strict, TransformerModel
-
-
-class Rule(Strict):
-    id: str
-    file: str
-    line: int = Field(gt=0)
-    requires: str
-    emit: Literal["satisfy", "refuse"]
-
-
-class FrameworkRules(Strict):
-    framework: str
-    repository: str
-    commit: str = Field(min_length=40, max_length=40)
-    rules: list[Rule]
-
-
-@cache
-def startup_rules() -> dict[str, FrameworkRules]:
-    """Format -> its framework's start-up rules (package data)."""
-    text = resources.files("madmax_opt").joinpath("data/flags/startup-training.yaml").read_text(encoding="utf-8")
-    return {fmt: FrameworkRules.model_validate(v) for fmt, v in yaml.safe_load(text).items()}
-
-
-def find_rule(rule_id: str) -> tuple[FrameworkRules, Rule]:
-    fw = startup_rules()[rule_id.split(".", 1)[0]]
-    return fw, next(r for r in fw.rules if r.id == rule_id)
-
-
-def cite(rule_id: str) -> str:
-    """``requires`` with where it is: framework, file and line at the pinned commit, rule id."""
-    fw, r = find_rule(rule_id)
-    return f"{fw.framework} requires: {r.requires} ({r.file} line {r.line}; rule {r.id})"
-
-
-def startup_refusal(fmt: str, setting: str, rule_id: str, field: str | None = None) -> ProblemError:
-    """The one-line refusal of a plan that would break the framework's start-up rule ``rule_id``."""
-    return refuse(fmt, setting, cite(rule_id), field=field)
-
 
 # ------------------------------------------------------------------------------------------ position encodings
 

@@ -26,7 +26,8 @@ from madmax_opt.launch.megatron import (
     training_checks,
     uniform_recompute,
 )
-from madmax_opt.launch.startup import check_positions, positions_of, startup_refusal
+from madmax_opt.launch.rules import rule_refusal
+from madmax_opt.launch.startup import check_positions, positions_of
 from madmax_opt.model.spec import Plan, TransformerModel
 
 FMT = "torchtitan"
@@ -126,15 +127,15 @@ def titan_emit(ctx: Context) -> Emitted:
         raise refuse(FMT, "precision fp16", "mixed precision is bfloat16 or float32; allowed: bf16, fp8, mxfp8",
                      field="task.precision")
     if task.global_batch % (p.dp * p.mbs):
-        raise startup_refusal(FMT, f"mbs={p.mbs} with dp={p.dp}", "torchtitan.global-batch", field="mbs")
+        raise rule_refusal(FMT, f"mbs={p.mbs} with dp={p.dp}", "torchtitan.global-batch", field="mbs")
     if p.zero == 0 and p.gpus > p.dp:
-        raise startup_refusal(FMT, f"zero=0 with tp={p.tp} pp={p.pp} cp={p.cp}", "torchtitan.ddp-1d", field="zero")
+        raise rule_refusal(FMT, f"zero=0 with tp={p.tp} pp={p.pp} cp={p.cp}", "torchtitan.ddp-1d", field="zero")
     if m.heads % p.tp or m.n_kv_heads % p.tp:
-        raise startup_refusal(FMT, f"tp={p.tp} with {m.heads} heads / {m.n_kv_heads} KV heads", "torchtitan.heads-tp",
+        raise rule_refusal(FMT, f"tp={p.tp} with {m.heads} heads / {m.n_kv_heads} KV heads", "torchtitan.heads-tp",
                               field="tp")
     assert task.seq_len is not None
     if task.seq_len % (p.tp * 2 * p.cp):
-        raise startup_refusal(FMT, f"seq_len {task.seq_len} with tp={p.tp} cp={p.cp}", "torchtitan.seq-divisor",
+        raise rule_refusal(FMT, f"seq_len {task.seq_len} with tp={p.tp} cp={p.cp}", "torchtitan.seq-divisor",
                               field="tp")
     per_stage = even_layers(m.layers, p.pp * p.vpp, FMT, f"pp={p.pp} vpp={p.vpp}") if p.stage_layers is None else None
     flavor = f"madmax_{m.name}"
