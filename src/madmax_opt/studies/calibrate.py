@@ -293,22 +293,44 @@ def _check_params(runs: Sequence[Run], params: Sequence[str] | None, file: str, 
 class MemoPredict:
     """fit.predict_scaled with every (run, base, factor set) step time kept: the leave-one-out fits of a pair walk
     mostly the grid lines the full fit walked, so each run is priced once per factor set instead of once per fit
-    (the model evaluations of n leave-one-out fits of n runs were the quadratic part of calibrate)."""
+    (the model evaluations of n leave-one-out fits of n runs were the quadratic part of calibrate). Values are
+    kept per (base, factor set) as one array over the runs, so a fit of n runs reads them in O(sets) numpy takes."""
 
     def __init__(self) -> None:
-        self.memo: dict[tuple[int, str, tuple[tuple[str, float], ...]], float] = {}
+        self.position: dict[int, int] = {}  # id(run) -> column (runs are alive while the memo is)
+        self.table: dict[tuple[str, tuple[tuple[str, float], ...]], np.ndarray] = {}
+
+    def _column(self, key: tuple[str, tuple[tuple[str, float], ...]]) -> np.ndarray:
+        col = self.table.get(key)
+        if col is None or len(col) < len(self.position):
+            grown = np.full(max(len(self.position), 8) * 2, np.nan)
+            if col is not None:
+                grown[: len(col)] = col
+            col = self.table[key] = grown
+        return col
 
     def __call__(self, runs: Sequence[Run], sets: Sequence[Mapping[str, float]], bases: fit_mod.Bases) -> Arr:
+        for r in runs:
+            self.position.setdefault(id(r), len(self.position))
+        idx = np.array([self.position[id(r)] for r in runs], dtype=np.int64)
         base_keys = {g: bases[g].model_dump_json() for g in {r.gpu for r in runs}}
-        set_keys = [tuple(sorted(f.items())) for f in sets]
+        keys = [[(base_keys[g], tuple(sorted(f.items()))) for f in sets] for g in base_keys]
+        gpu_row = {g: i for i, g in enumerate(base_keys)}
         out = np.empty((len(runs), len(sets)))
-        for i, r in enumerate(runs):
-            keys = [(id(r), base_keys[r.gpu], k) for k in set_keys]
-            todo = {k: j for j, k in enumerate(keys) if k not in self.memo}  # first set of each missing key
-            if todo:
-                values = fit_mod.predict_scaled([r], [sets[j] for j in todo.values()], bases)[0]
-                self.memo.update(zip(todo, values.tolist(), strict=True))
-            out[i] = [self.memo[k] for k in keys]
+        for g, row in gpu_row.items():
+            mine = np.array([r.gpu == g for r in runs])
+            its_runs = [r for r, m in zip(runs, mine, strict=True) if m]
+            cols = [self._column(k) for k in keys[row]]
+            got = np.stack([c[idx[mine]] for c in cols], axis=1)  # (runs of this GPU, sets)
+            missing = np.isnan(got)
+            for i in np.flatnonzero(missing.any(axis=1)):  # price each run once for all the sets it lacks
+                run = its_runs[i]
+                todo = list(dict.fromkeys(j for j in np.flatnonzero(missing[i]).tolist()))
+                values = fit_mod.predict_scaled([run], [sets[j] for j in todo], bases)[0]
+                for j, v in zip(todo, values.tolist(), strict=True):
+                    cols[j][self.position[id(run)]] = v
+                    got[i, j] = v
+            out[mine] = got
         return out
 
 
