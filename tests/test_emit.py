@@ -20,14 +20,15 @@ from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.launch.common import layout_layers, layout_string, parse_flags
 from madmax_opt.launch.emit import (
-    FORMATS,
     allowed_names,
     emit_plan,
     emitted_names,
+    formats,
     formats_for,
     parse_emitted,
 )
-from madmax_opt.launch.flagsets import FORMAT_NAMES, flagset
+from madmax_opt.launch.flagsets import flagset
+from madmax_opt.launch.registry import format_names
 from madmax_opt.launch.startup import CHECKS, violations
 from madmax_opt.launch.titan import llama_ffn
 from madmax_opt.model.problem import Problem
@@ -152,7 +153,7 @@ def normalised(p: Plan, fmt: str = "") -> dict[str, Any]:
 
 
 def check_emitted(fmt: str, problem: Problem, plan: Plan) -> None:
-    limits = (training_limits if FORMATS[fmt].kind == "training" else serving_limits)(fmt, plan, problem)
+    limits = (training_limits if formats()[fmt].kind == "training" else serving_limits)(fmt, plan, problem)
     if limits:
         with pytest.raises(ProblemError, match=f"{fmt} cannot express"):
             emit_plan(problem, plan, fmt)
@@ -223,7 +224,7 @@ def test_training_precisions_and_moe_round_trip(precision: str) -> None:
 # --------------------------------------------------------------------- recorded flag sets and field coverage
 
 
-@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+@pytest.mark.parametrize("fmt", format_names())
 def test_flag_set_records_its_source(fmt: str) -> None:
     fs = flagset(fmt)
     assert fs.format == fmt and fs.version and fs.commit and fs.files
@@ -232,9 +233,9 @@ def test_flag_set_records_its_source(fmt: str) -> None:
     assert set(fs.choices) <= set(names) | set(fs.flags)
 
 
-@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+@pytest.mark.parametrize("fmt", format_names())
 def test_every_plan_field_maps_to_recorded_flags_or_is_refused(fmt: str) -> None:
-    f = FORMATS[fmt]
+    f = formats()[fmt]
     fields = set((Plan if f.kind == "training" else ServingPlan).model_fields)
     assert set(f.maps) | set(f.refuses) == fields  # no plan field dropped, no stale names
     for name, flags in f.maps.items():
@@ -256,9 +257,9 @@ REFUSED: dict[str, dict[str, Any]] = {
 REFUSED_IN = {("deepspeed", "zero"): {"pp": 2, "zero": 2}}  # where a format refuses other values
 
 
-@pytest.mark.parametrize("fmt", FORMAT_NAMES)
+@pytest.mark.parametrize("fmt", format_names())
 def test_every_refused_field_is_refused_in_one_line(fmt: str) -> None:
-    f = FORMATS[fmt]
+    f = formats()[fmt]
     assert set(f.refuses) <= set(REFUSED)
     two_systems = training_problem(hardware=[{"system": "dgx-h100", "gpus": SIZES}, {"system": "dgx-a100",
                                                                                       "gpus": SIZES}])

@@ -176,3 +176,93 @@ def test_solve_emit_out_says_what_it_wrote(tmp_path: Path) -> None:
     written = sorted(str(p) for p in tmp_path.iterdir())
     assert sorted(x.removeprefix("wrote ") for x in r.stderr.splitlines() if x.startswith("wrote ")) == written
     json.loads(r.stdout)  # stdout stays JSON
+
+
+# ------------------------------------------------------------------------------------- registering a new format
+
+DUMMY_FLAGS = """format: dummy
+kind: serving
+module: dummy_launch_format
+listed: 8
+framework: Dummy
+version: "0"
+repository: example/dummy
+commit: "0000000000000000000000000000000000000000"
+files: [serve.py]
+program: dummy-serve
+flags: [--tp, --replicas, --cap]
+"""
+
+
+@pytest.fixture
+def dummy_format(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A new serving format as a maintainer would add it: a module defining the Format and its flag file; nothing
+    else is touched (the registry reads the flag file, emit imports the module it names)."""
+    import sys
+    import types
+
+    from madmax_opt.launch import flagsets, registry
+    from madmax_opt.launch.common import Command, Context, flag_args, integer, parse_flags
+    from madmax_opt.launch.serve import serving_format
+    from madmax_opt.search.serving_space import ServingPlan
+
+    def emit(ctx: Context) -> Emitted:
+        p = ctx.plan
+        assert isinstance(p, ServingPlan)
+        args = flag_args([("--tp", p.tp), ("--replicas", p.dp), ("--cap", p.batch)])
+        return Emitted(format="dummy", framework="Dummy", version="0", kind="serving", system=ctx.option.system.name,
+                       gpus=p.gpus, nodes=1, gpus_per_node=p.gpus, commands=[Command(program=["dummy-serve"],
+                                                                                    args=args)])
+
+    def parse(e: Emitted) -> ServingPlan:
+        f = parse_flags(e.commands[0].args)
+        return ServingPlan(dp=integer(f, "--replicas"), tp=integer(f, "--tp"), batch=integer(f, "--cap"))
+
+    module = types.ModuleType("dummy_launch_format")
+    module.DUMMY = serving_format("dummy", emit, parse, maps={  # type: ignore[attr-defined]
+        "dp": ("--replicas",), "tp": ("--tp",), "batch": ("--cap",)}, refuses={})
+    monkeypatch.setitem(sys.modules, "dummy_launch_format", module)
+    files = registry.flag_files()
+    monkeypatch.setattr(registry, "flag_files", lambda: {**files, "dummy.yaml": DUMMY_FLAGS})
+    monkeypatch.setattr(flagsets, "flag_files", registry.flag_files)
+    for cached in (registry.registered, flagsets.flagset):
+        cached.cache_clear()
+    yield
+    monkeypatch.undo()
+    for cached in (registry.registered, flagsets.flagset):
+        cached.cache_clear()
+
+
+def test_a_new_format_registers_once_and_is_seen_by_emit_and_the_cli(dummy_format: Any, tmp_path: Path) -> None:
+    from madmax_opt.launch.registry import format_names, formats_help
+    from madmax_opt.search.serving_space import ServingPlan
+
+    problem = load_problem(SERVE)
+    assert format_names() == ["megatron", "nemo", "torchtitan", "deepspeed", "vllm", "sglang", "trtllm", "dummy"]
+    assert formats_for(problem) == ["vllm", "sglang", "trtllm", "dummy"]
+    assert formats_help().endswith("vllm, sglang, trtllm, dummy (serving)")
+    plan = ServingPlan(dp=2, tp=4, batch=16, precision="fp8")
+    e = emit_plan(problem, plan, "dummy")
+    assert e.commands[0].argv == ["dummy-serve", "--tp", "4", "--replicas", "2", "--cap", "16"]
+    assert parse_emitted(e) == ServingPlan(dp=2, tp=4, batch=16)
+    path = tmp_path / "plan.yaml"
+    path.write_text("{dp: 2, tp: 4, batch: 16, precision: fp8}\n")
+    r = run_main("emit", SERVE, "dummy", "--plan", path)
+    assert r.returncode == 0 and "dummy-serve --tp 4 --replicas 2 --cap 16" in r.stdout, r.stderr
+    r = run_main("emit", SERVE, "nosuch", "--plan", path)  # the CLI's allowed names come from the registry
+    assert r.returncode == 2 and "allowed: megatron, nemo, torchtitan, deepspeed, vllm, sglang, trtllm, dummy" in \
+        r.stderr, r.stderr
+
+
+def test_the_registry_reads_what_the_flag_files_say() -> None:
+    """The registry reads four keys of each flag file by pattern (fast, for the CLI's help); the full, validated
+    flag set agrees, and the module it names defines the format with that kind."""
+    from madmax_opt.launch.emit import get_format
+    from madmax_opt.launch.flagsets import flagset
+    from madmax_opt.launch.registry import registered
+
+    assert len(registered()) == 7
+    for name, entry in registered().items():
+        fs = flagset(name)
+        assert (fs.format, fs.kind, fs.module, fs.listed) == (name, entry.kind, entry.module, entry.listed)
+        assert get_format(name).kind == entry.kind

@@ -20,7 +20,7 @@ from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.launch.common import Context, Emitted
-from madmax_opt.launch.emit import FORMATS, allowed_names, emitted_names, parse_emitted
+from madmax_opt.launch.emit import allowed_names, emitted_names, get_format, parse_emitted
 from madmax_opt.launch.flagsets import flagset
 from madmax_opt.launch.readback import LaunchedModel, launched_model
 from madmax_opt.launch.rules import find_rule, rule_book
@@ -43,7 +43,7 @@ def problem_of(model: str | dict[str, Any], *, seq_len: int = 4096, global_batch
 
 def emit(problem: Problem, plan: Plan, fmt: str) -> Emitted:
     """The format's emitter on its own (the plan checks of emit_plan are another helper's), names checked."""
-    e = FORMATS[fmt].emit(Context(problem=problem, plan=plan, option=problem.hardware[problem.hw_index(plan)]))
+    e = get_format(fmt).emit(Context(problem=problem, plan=plan, option=problem.hardware[problem.hw_index(plan)]))
     assert emitted_names(e) <= allowed_names(fmt)
     return e
 

@@ -10,8 +10,9 @@ from typing import Annotated, Any
 import typer
 
 from madmax_opt.cli.app import JsonOpt, ProblemArg, app
+from madmax_opt.launch.registry import format_names, formats_help
 
-FORMAT_HELP = "megatron, nemo, torchtitan, deepspeed (training); vllm, sglang, trtllm (serving)"
+FORMAT_HELP = formats_help()  # the registered launch formats (launch/registry.py)
 OutOpt = Annotated[Path | None, typer.Option("--out", help="write the files and launch.sh here (one folder per "
                                              "plan when the plan file lists several)")]
 
@@ -129,7 +130,7 @@ def emit_cmd(
         if out is not None:
             report_written(write_emitted(emitted, out if len(plans) == 1 else out / f"plan-{i}"))
         records.append(emitted.model_dump())
-    if benchmark is not None and out is not None and fmt in ("megatron", "nemo", "torchtitan", "deepspeed"):
+    if benchmark is not None and out is not None and fmt in format_names("training"):
         from madmax_opt.launch.benchmark import loop_files, write_loop_files
 
         dirs = ["."] if len(plans) == 1 else [f"plan-{i}" for i in range(len(plans))]

@@ -6,6 +6,7 @@ the plan sets something the framework cannot express. ``parse_emitted`` is the i
 
 from __future__ import annotations
 
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -13,29 +14,28 @@ from madmax_opt.core.errors import InternalError, ProblemError
 from madmax_opt.io.validate import validate
 from madmax_opt.io.yaml_files import read_yaml
 from madmax_opt.launch.common import Context, Emitted, Format, is_problem_field, parse_flags
-from madmax_opt.launch.dspeed import DEEPSPEED
-from madmax_opt.launch.flagsets import FORMAT_NAMES, flagset
-from madmax_opt.launch.megatron import MEGATRON, NEMO
-from madmax_opt.launch.serve import SGLANG, VLLM
-from madmax_opt.launch.titan import TORCHTITAN
-from madmax_opt.launch.trtllm import TRTLLM
+from madmax_opt.launch.flagsets import flagset
+from madmax_opt.launch.registry import check_format, format_names
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import InferenceTask, Plan
 from madmax_opt.search.serving_space import ServingPlan
 
-FORMATS: dict[str, Format] = {f.name: f for f in (MEGATRON, NEMO, TORCHTITAN, DEEPSPEED, VLLM, SGLANG, TRTLLM)}
-assert tuple(FORMATS) == FORMAT_NAMES
-
 
 def get_format(fmt: str) -> Format:
-    flagset(fmt)  # unknown names: one-line error listing the allowed ones
-    return FORMATS[fmt]
+    """The registered format ``fmt`` (launch/registry.py), from the module its flag file names; unknown names: the
+    one-line error listing the allowed ones."""
+    module = import_module(check_format(fmt).module)
+    return next(v for v in vars(module).values() if isinstance(v, Format) and v.name == fmt)
+
+
+def formats() -> dict[str, Format]:
+    """Every registered format, in listing order."""
+    return {name: get_format(name) for name in format_names()}
 
 
 def formats_for(problem: Problem) -> list[str]:
     """The formats of the problem's kind: serving formats for inference tasks, training formats otherwise."""
-    kind = "serving" if isinstance(problem.task, InferenceTask) else "training"
-    return [name for name, f in FORMATS.items() if f.kind == kind]
+    return format_names("serving" if isinstance(problem.task, InferenceTask) else "training")
 
 
 def emit_plan(problem: Problem, plan: Plan, fmt: str, checkpoint: str | None = None) -> Emitted:
@@ -71,7 +71,7 @@ def emitted_items(emitted: Emitted) -> list[tuple[str, Any]]:
     for c in emitted.commands:
         items += parse_flags(c.launcher[1:]).items()
         items += parse_flags([a for a in c.args if a.startswith("-") or not _is_override(a)]).items()
-    return items + list(FORMATS[emitted.format].config(emitted).items())
+    return items + list(get_format(emitted.format).config(emitted).items())
 
 
 def emitted_names(emitted: Emitted) -> set[str]:
@@ -100,11 +100,6 @@ def plan_of_record(problem: Problem, record_plan: dict[str, Any]) -> Plan:
     cls = ServingPlan if isinstance(problem.task, InferenceTask) else Plan
     return validate(cls, {k: v for k, v in record_plan.items() if k in cls.model_fields}, file=problem.source,
                     prefix="plan")
-
-
-def emit_result(problem: Problem, result: dict[str, Any], fmt: str) -> dict[str, Any]:
-    """The ``emitted`` entry of ``solve --json --emit FMT``: the best plan's configuration."""
-    return emit_plan(problem, plan_of_record(problem, result["best"]["plan"]), fmt).model_dump()
 
 
 def load_plan_file(path: Path, problem: Problem) -> list[Plan]:

@@ -1,18 +1,18 @@
 """The recorded flag sets: for each format, the flags and config keys it may emit, read from the framework's source.
 
-Data: ``madmax_opt/data/flags/<format>.yaml`` (framework, version, repository, commit, files, flags, config_keys,
+Data: ``madmax_opt/data/flags/<format>.yaml`` (format, kind, module, listed: its registration; framework, version, repository, commit, files, flags, config_keys,
 choices, launcher). Tests check every emitted flag and key against these sets.
 """
 
 from __future__ import annotations
 
 from functools import cache
-from importlib import resources
+from typing import Literal
 
 import yaml
 from pydantic import Field
 
-from madmax_opt.core.errors import ProblemError
+from madmax_opt.launch.registry import check_format, flag_files
 from madmax_opt.model.spec import Strict
 
 
@@ -29,6 +29,9 @@ class FlagSet(Strict):
     """What one format may emit, and where that list was read."""
 
     format: str
+    kind: Literal["training", "serving"]
+    module: str = Field(description="the module that defines the format (launch/registry.py)")
+    listed: int = Field(description="its place in format listings")
     framework: str
     version: str
     repository: str
@@ -46,13 +49,9 @@ class FlagSet(Strict):
         return set(self.launcher.flags) if self.launcher else set()
 
 
-FORMAT_NAMES: tuple[str, ...] = ("megatron", "nemo", "torchtitan", "deepspeed", "vllm", "sglang", "trtllm")
-
-
 @cache
 def flagset(fmt: str) -> FlagSet:
     """The recorded flag set of ``fmt`` (package data)."""
-    if fmt not in FORMAT_NAMES:
-        raise ProblemError(f"unknown format {fmt!r}; allowed: {', '.join(FORMAT_NAMES)}", field="FORMAT")
-    text = resources.files("madmax_opt").joinpath(f"data/flags/{fmt}.yaml").read_text(encoding="utf-8")
+    check_format(fmt)
+    text = flag_files()[f"{fmt}.yaml"]
     return FlagSet.model_validate(yaml.safe_load(text))
