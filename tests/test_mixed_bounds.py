@@ -111,8 +111,9 @@ def test_mixed_pipeline_example_needs_few_cp_sat_models(monkeypatch: pytest.Monk
     assert out.uneven.bases_solved + out.uneven.bases_pruned == 368
     assert len(calls) <= 12 and out.uneven.bases_solved <= 12
     plan = rec[0]["plan"]
-    assert plan["stage_layers"] == [3, 9, 9, 3, 9, 3, 9, 3, 9, 9, 9, 3, 3, 9, 3, 3]
+    # since the utilisation ceilings (issue 24: H100 bf16 layers at most 60.1 % of peak, A100-80GB 79.3 %)
+    assert plan["stage_layers"] == [17, 17, 17, 7, 7, 7, 7, 17]
     h, a = "dgx-h100", "dgx-a100"
-    assert plan["stage_systems"] == [a, h, h, a, h, a, h, a, h, h, h, a, a, h, a, a]
-    assert (plan["dp"], plan["pp"], plan["zero"]) == (2, 16, 1) and plan["stage_recompute"] == ["none"] * 16
-    assert out.objective == 13713974.75 and out.summary()["gap"] == 0.0
+    assert plan["stage_systems"] == [h, h, h, a, a, a, a, h]
+    assert (plan["dp"], plan["pp"], plan["zero"]) == (4, 8, 1) and plan["stage_recompute"] == ["none"] * 8
+    assert out.objective == 13832699.875 and out.summary()["gap"] == 0.0

@@ -130,14 +130,18 @@ def with_framework(gpu: GPU, framework: str, overlay: Overlay | None = None) -> 
             continue
         if dominates(gpu, other) or dominates(other, gpu):
             other_own = _own(other, framework, overlay)
-            calibration = ordered(calibration, gpu, trust(own, framework), other_own.calibration, other,
-                                  trust(other_own, framework))
+            calibration = ordered(calibration, gpu, trust(own, framework, overlay), other_own.calibration, other,
+                                  trust(other_own, framework, overlay))
     return own.model_copy(update={"calibration": calibration})
 
 
-def trust(gpu: GPU, framework: str) -> int:
-    """How much the calibration pricing ``framework`` on ``gpu`` rests on runs: 2 a fit of the pair (or a prior
-    that is a fit), 1 the framework family's pooled fit, 0 the datasheet prior."""
+def trust(gpu: GPU, framework: str, overlay: Overlay | None = None) -> int:
+    """How much the calibration pricing ``framework`` on ``gpu`` rests on runs: 3 the user's own fit (an overlay
+    written by ``calibrate``: never moved), 2 a catalog fit of the pair (or a prior that is a fit), 1 the framework
+    family's pooled fit, 0 the datasheet prior."""
+    base = gpu.name.split("+", 1)[0]
+    if overlay is not None and any(e.gpu == base and e.framework == framework for e in overlay.calibrations):
+        return 3
     if framework in gpu.frameworks or gpu.calibration.prior_kind == "fitted":
         return 2
     return 1 if family_fit(gpu, framework) is not None else 0
