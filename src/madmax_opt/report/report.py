@@ -73,6 +73,18 @@ def evaluation_table(rec: TrainingRecord, title: str = "plan") -> Table:
     return t
 
 
+def interval_lines(records: list[TrainingRecord]) -> list[str]:
+    """One caption line per calibration level among ``records``: the factors of its step-time interval."""
+    levels: dict[str, tuple[float, float, float, list[int]]] = {}
+    for i, r in enumerate(records):
+        if "interval" in r:
+            iv, st = r["interval"], r["step_time_s"]
+            lo, hi = iv.get("step_time_s", [st, st])
+            levels.setdefault(iv["level"], (iv["coverage"], lo / st, hi / st, []))[3].append(i + 1)
+    return [f"{cov:.0%} interval of the step time: x{lo:.2f} - x{hi:.2f} (plans {', '.join(map(str, plans))}; "
+            f"calibration {level})" for level, (cov, lo, hi, plans) in levels.items()]
+
+
 def plans_table(records: list[TrainingRecord], title: str) -> Table:
     # readable at 80 columns: numbers never cut (no_wrap, two-line headers), text columns wrap (fold a long name)
     t = Table(title=title, header_style="bold")
@@ -96,6 +108,7 @@ def plans_table(records: list[TrainingRecord], title: str) -> Table:
             "yes" if r["feasible"] else "no",
         )
     why = [f"plan {i + 1} infeasible: {r['infeasible_reason']}" for i, r in enumerate(records) if not r["feasible"]]
+    why += interval_lines(records)
     if why:
         t.caption, t.caption_justify = "\n".join(why), "left"
     return t
