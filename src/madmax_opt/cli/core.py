@@ -10,6 +10,7 @@ import typer
 
 from madmax_opt.cli.app import JsonOpt, ProblemArg, app, console
 from madmax_opt.cli.emit import FORMAT_HELP, check_emit, emit_best, script_of
+from madmax_opt.io.limits import MAX_TOP_K
 
 # CP-SAT options of solve and verify (checked by search.cpsat.CpSatOptions: one line, exit 2)
 TimeLimitOpt = Annotated[float, typer.Option("--time-limit", min=0.01, help="CP-SAT time limit, s")]
@@ -24,7 +25,7 @@ ExportModelOpt = Annotated[Path | None, typer.Option(
 def solve(
     problem: ProblemArg,
     json_out: JsonOpt = False,
-    top_k: Annotated[int, typer.Option("--top-k", min=1, help="return the K best distinct plans")] = 1,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, max=MAX_TOP_K, help="return the K best distinct plans")] = 1,
     time_limit: TimeLimitOpt = 60.0,
     workers: WorkersOpt = 1,
     solver_params: SolverParamsOpt = None,

@@ -72,6 +72,7 @@ MAX_LIST = 100_000  # items of any other list (plans in a plan file, table group
 MAX_DEPTH = 64  # nesting depth of mappings and lists in a YAML/JSON file
 MAX_FILE_BYTES = 16 * 2**20  # size of any input file: problem, plan, hf_config, overlay, runs, sweep, fleet
 MAX_RESULTS_BYTES = 2**30  # a sweep's results.jsonl: ~6 KB a row, so ~170,000 rows > MAX_SWEEP_PROBLEMS
+MAX_TOP_K = 1_000  # plans `solve --top-k` returns: each is a re-solve with the earlier ones cut (1e8 ran for minutes)
 MAX_SHOWN_CHARS = 200  # characters of an input value an error message repeats (a 2 MB string stays one short line)
 
 

@@ -101,6 +101,7 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
     if isinstance(pf.task, Task):
         check_training_precision(pf.task.precision, options, file=source)
     check_space(pf.space, file=source)
+    check_expert_parallel(getattr(pf.space, "ep", None), model, file=source)
     if pf.objective == "time_to_train" and isinstance(pf.task, Task) and pf.task.train_tokens is None:
         raise ProblemError("missing, objective time_to_train needs it; allowed: a token count > 0, e.g. 2.0e+12",
                            file=source, field="task.train_tokens")
@@ -138,6 +139,24 @@ def check_training_precision(precision: str, options: list[HardwareOption], *, f
 
 
 EMPTY_KNOB = "empty list, nothing to search; allowed: one or more values (omit the key to search all)"
+
+
+def check_expert_parallel(ep: int | list[int] | None, model: TransformerModel, *, file: str | None) -> None:
+    """Each allowed ep must split the model's experts evenly (a dense model has one MLP: ep 1); named here rather
+    than later as an empty plan space."""
+    values = [ep] if isinstance(ep, int) else ep or []
+    if model.moe is None:
+        if any(e != 1 for e in values):
+            raise ProblemError(f"got {values}; {model.name} is a dense model (no experts to split); allowed: 1, or "
+                               "omit ep", file=file, field="space.ep")
+        return
+    experts = model.moe.num_experts
+    bad = [e for e in values if experts % e]
+    if bad:
+        divisors = [d for d in range(1, experts + 1) if experts % d == 0]
+        raise ProblemError(f"ep {', '.join(map(str, bad))} does not divide {model.name}'s {experts} experts; allowed: "
+                           f"divisors of {experts} ({', '.join(map(str, divisors[:24]))}"
+                           f"{', ...' if len(divisors) > 24 else ''})", file=file, field="space.ep")
 
 
 def check_space(space: BaseModel, *, file: str | None, field: str = "space") -> None:

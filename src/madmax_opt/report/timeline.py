@@ -25,7 +25,7 @@ from madmax_opt.analysis.trace import simulate
 from madmax_opt.analysis.trace_export import chrome_trace, rerank
 from madmax_opt.analysis.trace_result import Simulation
 from madmax_opt.analysis.trace_setup import MAX_TRACE_EVENTS, TRACE_TOLERANCE
-from madmax_opt.core.errors import ProblemError
+from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.io.problem import load_problem, problem_from_dict
 from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.model.problem import Problem
@@ -92,6 +92,9 @@ def timeline_cmd(
             raise
         reason = str(exc).removeprefix(f"{exc.file}: {exc.field}: ")
         raise ProblemError(reason, file=str(plan), field=f"[{index}]" if index else None) from None
+    if not sim.setup.closed_form["feasible"]:  # a step of a plan that cannot run is no timeline of anything
+        raise InfeasibleError(f"{plan}: plan {plan_text(chosen)} cannot run: {sim.setup.closed_form['infeasible_reason']}"
+                              "; allowed: a feasible plan (`evaluate` prices any plan and says why)")
     files = write_timeline(sim, out, plan.stem if index == 0 else f"{plan.stem}-{index}", detail)
     summary = {**sim.summary(), "files": {k: str(v) for k, v in files.items()}}
     if json_out:

@@ -17,6 +17,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.io import catalog
+from madmax_opt.io.limits import MAX_TOP_K
 from madmax_opt.io.problem import check_space, problem_from_dict, resolve_model
 from madmax_opt.io.problem_file import GpuRange, HFConfig, ModelRef, cluster_sizes
 from madmax_opt.io.validate import validate
@@ -69,7 +70,7 @@ class SweepConstraints(Strict):
 
 
 class SolverSettings(Strict):
-    top_k: PositiveInt = Field(1, description="plans kept per problem")
+    top_k: PositiveInt = Field(1, le=MAX_TOP_K, description="plans kept per problem")
     time_limit_s: PositiveFloat = Field(60.0, description="CP-SAT time limit per problem")
 
 
