@@ -3,12 +3,15 @@ gives the fit the plain model evaluations give."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cli_helpers import run_main
 from madmax_opt.io.problem import problem_from_dict
@@ -137,3 +140,27 @@ def test_link_loops_and_unwritable_outputs_are_one_line(tmp_path: Path) -> None:
         if out.exists():
             r = run_main("calibrate", runs, "--out", out)
             assert r.returncode == 2 and str(out) in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+FIELDS = ["name", "model", "hardware", "hardware.gpu", "hardware.gpus", "task", "task.seq_len", "task.global_batch",
+          "precision", "framework", "stack", "plan", "plan.dp", "plan.mbs", "plan.tp", "plan.ep", "plan.zero",
+          "measured", "measured.step_time_s", "measured.tokens_per_s", "measured.log", "measured.skip", "extra"]
+VALUES: list[Any] = [None, 0, -1, 1, 3, 7, 10**30, 1e-300, 1e300, float("nan"), "inf", True, "", "x" * 300, [],
+                     [1, 2], {}, {"a": 1}, "vllm", "llama3-70b", "h100-sxm", "../../etc/passwd", "/dev/zero"]
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(FIELDS), value=st.sampled_from(VALUES))
+def test_fuzz_one_field_is_fitted_or_one_line(tmp_path: Path, field: str, value: Any) -> None:
+    run: dict[str, Any] = json.loads(json.dumps(RUN))
+    *parents, leaf = field.split(".")
+    node = run
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(yaml.safe_dump({"runs": [run, {**RUN, "name": "b"}]}))
+    r = run_main("calibrate", path, "--out", tmp_path / "o.yaml")
+    assert r.returncode in (0, 2), r.stderr
+    if r.returncode == 2:
+        assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: "), r.stderr
