@@ -68,6 +68,22 @@ def emit_best(problem: Path, result: dict[str, Any], fmt: str, out: Path | None)
     raise ProblemError(first.message + more, file=str(problem), field="--emit")
 
 
+def load_plan_file(path: Path, problem: Any) -> list[Any]:
+    """Plans of a YAML/JSON plan file (a mapping or a list), as training or serving plans per the problem."""
+    from madmax_opt.io.plans import load_plans
+    from madmax_opt.io.validate import validate
+    from madmax_opt.io.yaml_files import read_yaml
+    from madmax_opt.model.spec import InferenceTask
+    from madmax_opt.search.serving_space import ServingPlan
+
+    if not isinstance(problem.task, InferenceTask):
+        return load_plans(path, problem)
+    data = read_yaml(path, what="plan file")
+    items = data if isinstance(data, list) else [data]
+    return [validate(ServingPlan, x, file=str(path), prefix=f"[{i}]" if isinstance(data, list) else "")
+            for i, x in enumerate(items)]
+
+
 def report_written(paths: list[Path]) -> None:
     """``wrote PATH`` for every file written, on stderr (stdout carries the script or the JSON)."""
     for path in paths:
@@ -106,7 +122,7 @@ def emit_cmd(
     from madmax_opt.core.errors import ProblemError
     from madmax_opt.io.yaml_files import read_yaml
     from madmax_opt.launch.checks import check_before_emit
-    from madmax_opt.launch.emit import emit_plan, load_plan_file, locate_refusal, write_emitted
+    from madmax_opt.launch.emit import emit_plan, locate_refusal, write_emitted
 
     if benchmark is not None:
         from madmax_opt.launch.benchmark import check_benchmark_options

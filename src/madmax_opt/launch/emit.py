@@ -2,6 +2,7 @@
 
 ``emit_plan(problem, plan, fmt)`` -> :class:`Emitted` (commands + files), or a one-line ProblemError (exit 2) when
 the plan sets something the framework cannot express. ``parse_emitted`` is the inverse (tests: round trips).
+Launch reads no files (no io import): the CLI reads problem and plan files and hands over the priced plan.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from madmax_opt.core.errors import InternalError, ProblemError
-from madmax_opt.io.validate import validate
-from madmax_opt.io.yaml_files import read_yaml
 from madmax_opt.launch.common import Context, Emitted, Format, is_problem_field, parse_flags
 from madmax_opt.launch.flagsets import flagset
 from madmax_opt.launch.registry import check_format, format_names
@@ -47,7 +48,7 @@ def emit_plan(problem: Problem, plan: Plan, fmt: str, checkpoint: str | None = N
         raise ProblemError(f"{fmt} is a {f.kind} format; allowed for this problem: {allowed}", file=problem.source,
                            field="FORMAT")
     if f.kind == "serving" and not isinstance(plan, ServingPlan):
-        plan = validate(ServingPlan, plan.model_dump(exclude_unset=True), file=problem.source, prefix="plan")
+        plan = _serving_plan(problem, plan)
     option = problem.hardware[problem.hw_index(plan)]
     emitted = f.emit(Context(problem=problem, plan=plan, option=option, checkpoint=checkpoint))
     unknown = emitted_names(emitted) - allowed_names(fmt)
@@ -57,6 +58,15 @@ def emit_plan(problem: Problem, plan: Plan, fmt: str, checkpoint: str | None = N
     if bad:
         raise InternalError(f"{fmt} emitted values outside the choices of data/flags/{fmt}.yaml: {', '.join(bad)}")
     return emitted
+
+
+def _serving_plan(problem: Problem, plan: Plan) -> ServingPlan:
+    """A training-shaped plan given for a serving format, as a serving plan; a training-only knob is one line."""
+    try:
+        return ServingPlan.model_validate(plan.model_dump(exclude_unset=True))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ProblemError(err["msg"], file=problem.source, field=".".join(["plan", *map(str, err["loc"])])) from None
 
 
 def parse_emitted(emitted: Emitted) -> Plan:
@@ -96,22 +106,13 @@ def allowed_names(fmt: str) -> set[str]:
 
 
 def plan_of_record(problem: Problem, record_plan: dict[str, Any]) -> Plan:
-    """A plan of a ``solve --json`` record (serving records carry kv_precision, a task setting, besides)."""
+    """A plan of a ``solve --json`` record (serving records carry kv_precision, a task setting, besides); the
+    records are solve's own, so a record that is not a plan is a bug (exit 4)."""
     cls = ServingPlan if isinstance(problem.task, InferenceTask) else Plan
-    return validate(cls, {k: v for k, v in record_plan.items() if k in cls.model_fields}, file=problem.source,
-                    prefix="plan")
-
-
-def load_plan_file(path: Path, problem: Problem) -> list[Plan]:
-    """Plans of a YAML/JSON plan file (a mapping or a list), as training or serving plans per the problem."""
-    from madmax_opt.io.plans import load_plans
-
-    if not isinstance(problem.task, InferenceTask):
-        return load_plans(path, problem)
-    data = read_yaml(path, what="plan file")
-    items = data if isinstance(data, list) else [data]
-    return [validate(ServingPlan, x, file=str(path), prefix=f"[{i}]" if isinstance(data, list) else "")
-            for i, x in enumerate(items)]
+    try:
+        return cls.model_validate({k: v for k, v in record_plan.items() if k in cls.model_fields})
+    except ValidationError as exc:
+        raise InternalError(f"a solve record's plan is not a {cls.__name__}: {exc.errors()[0]['msg']}") from None
 
 
 def locate_refusal(exc: ProblemError, problem: Path, plan_file: Path, prefix: str = "") -> ProblemError:
