@@ -157,3 +157,15 @@ def test_benchmark_clients_of_replicas_and_disaggregation(tmp_path: Path) -> Non
     r = run_main("solve", mix, "--emit", "vllm", "--benchmark", "5", "--out", tmp_path / "m")
     assert r.returncode == 2 and "task.mix: a request mix has no single length" in r.stderr
     assert not (tmp_path / "m").exists()  # refused before the search
+
+
+def test_measure_sh_runs_several_nodes_through_slurm(tmp_path: Path) -> None:
+    problem = tmp_path / "p.yaml"
+    problem.write_text(yaml.safe_dump({"model": "llama3-8b", "hardware": {"system": "dgx-h100", "gpus": 16},
+                                       "task": {"kind": "pretrain", "seq_len": 8192, "global_batch": 128}}))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"dp": 16, "mbs": 1, "zero": 1, "recompute": "full"}))
+    r = run_main("emit", problem, "megatron", "--plan", plan, "--benchmark", "5", "--out", tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    measure = (tmp_path / "run" / "measure.sh").read_text()  # 16 GPUs = 2 DGX nodes: every node's output in one log
+    assert "(cd . && sbatch --wait --output=train.log launch.sbatch)" in measure

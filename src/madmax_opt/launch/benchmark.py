@@ -11,8 +11,9 @@ Training: N iterations with a timing line each, flags read at the versions data/
 - torchtitan v0.2.2 (torchtitan/config/job_config.py ``Training.steps``, ``Metrics.log_freq``; command-line
   overrides of the TOML): ``--training.steps N --metrics.log_freq 1``.
 
-``measure.sh`` runs each plan's ``launch.sh`` with its output kept in ``train.log`` (Megatron prints the line on
-the last rank, torchtitan on rank 0: on several nodes, keep the log of the node that holds it), ``runs.yaml`` lists
+``measure.sh`` runs each plan's ``launch.sh`` with its output kept in ``train.log`` (on several nodes ``sbatch --wait
+--output=train.log launch.sbatch``: every node's output in one file, since Megatron prints the line on the last rank
+and torchtitan on rank 0), ``runs.yaml`` lists
 each plan as a run of calibrate's minimal schema whose measurement is that log, and ``<problem>-calibrated.yaml``
 is the problem naming the overlay calibrate writes (``calibration: cluster.yaml``).
 
@@ -199,7 +200,12 @@ def loop_files(problem_file: Path, problem: Problem, plans: list[Plan], dirs: li
     header = (f"# written by madmax-opt --benchmark for {problem_file}: run measure.sh, then\n"
               f"#   madmax-opt calibrate {RUNS} --out {OVERLAY}\n")
     measure = ["#!/usr/bin/env bash", "set -euo pipefail", 'cd "$(dirname "$0")"']
-    measure += [f"(cd {shlex.quote(d)} && bash ./launch.sh 2>&1 | tee {LOG})" for d in dirs]
+    for plan, d in zip(plans, dirs, strict=True):  # one node: launch.sh here; more: the Slurm script, all nodes'
+        option = problem.hardware[problem.hw_index(plan)]  # output in one file (the timing line is on one rank)
+        if option.gpus > option.system.gpus_per_node:
+            measure.append(f"(cd {shlex.quote(d)} && sbatch --wait --output={LOG} launch.sbatch)")
+        else:
+            measure.append(f"(cd {shlex.quote(d)} && bash ./launch.sh 2>&1 | tee {LOG})")
     measure += [f"madmax-opt calibrate {RUNS} --out {OVERLAY}"]
     again = {k: v for k, v in raw.items() if k != "calibration"}
     again["calibration"] = OVERLAY
