@@ -21,6 +21,7 @@ the same integer coefficients: the exactness reference."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import time
 from dataclasses import dataclass
@@ -106,17 +107,24 @@ def greedy_placement(it: IntTables) -> ShardArrays | None:
     order = sorted((-float(opts.coef[tw[j], MEMORY, SELF]), j) for j in tw for _ in range(opts.counts[j]))
     if len(order) != sum(opts.counts):
         return None  # some group may not be held table-wise (not allowed, or a table exceeds a GPU)
-    load = np.zeros(lay.gpus)
-    mem = np.zeros(lay.gpus, dtype=np.int64)
+    cost = {o: float(opts.coef[o, own_terms, SELF].sum()) for o in tw.values()}  # load a table adds
+    size = {o: int(it.coef[o, MEMORY, SELF]) for o in tw.values()}
+    cap = int(it.capacity_mb)
+    mem = [0] * lay.gpus
     placed = np.zeros((len(opts.options), lay.gpus), dtype=np.int64)
+    heap = [(0.0, g) for g in range(lay.gpus)]  # (load, GPU): the least-loaded first, ties to the lowest index
     for _, j in order:
         o = tw[j]
-        room = mem + it.coef[o, MEMORY, SELF] <= it.capacity_mb
-        if not room.any():
+        full = []  # least-loaded GPUs without room for this table (later, smaller tables may fit): put back
+        while heap and mem[heap[0][1]] + size[o] > cap:
+            full.append(heapq.heappop(heap))
+        if not heap:
             return None
-        g = int(np.argmin(np.where(room, load, np.inf)))
-        load[g] += float(opts.coef[o, own_terms, SELF].sum())
-        mem[g] += it.coef[o, MEMORY, SELF]
+        g_load, g = heapq.heappop(heap)
+        heapq.heappush(heap, (g_load + cost[o], g))
+        for item in full:
+            heapq.heappush(heap, item)
+        mem[g] += size[o]
         placed[o, g] += 1
     o_idx, g_idx = np.nonzero(placed)
     return ShardArrays(o_idx.astype(np.int64), g_idx.astype(np.int64), placed[o_idx, g_idx])
@@ -160,6 +168,7 @@ class PlacementModel:
         self._cap = [opts.counts[o.group] * o.split for o in opts.options]
         self._node_part: dict[tuple[int, int], tuple[Any, int]] = {}
         self._global_part: dict[int, tuple[Any, int]] = {}
+        self._coefs: dict[int, list[tuple[int, int, int, int]]] = {}
         N, G, M = lay.gpus, lay.node, lay.nodes
         self.node_of = [g // G for g in range(N)]
         m = self.model = cp_model.CpModel()
@@ -257,9 +266,10 @@ class PlacementModel:
         (global: c_remote on all shards, c_self on global options), with their bounds."""
         terms: list[Any] = []
         lb = ub = 0
-        for o in self._nz[t]:
+        if t not in self._coefs:  # (option, c_self, c_node, c_remote) of term t, as Python ints
+            self._coefs[t] = [(o, *(int(v) for v in self.it.coef[o, t])) for o in self._nz[t]]
+        for o, cs, cn, cr in self._coefs[t]:
             opt = self.it.opts.options[o]
-            cs, cn, cr = (int(v) for v in self.it.coef[o, t])
             var: Any
             if part == "own":
                 c, var = (cs - cn, self.x[o][where]) if opt.located == "gpu" else (0, None)
