@@ -267,7 +267,8 @@ class PlacementModel:
         terms: list[Any] = []
         lb = ub = 0
         if t not in self._coefs:  # (option, c_self, c_node, c_remote) of term t, as Python ints
-            self._coefs[t] = [(o, *(int(v) for v in self.it.coef[o, t])) for o in self._nz[t]]
+            self._coefs[t] = [(o, int(c[0]), int(c[1]), int(c[2])) for o in self._nz[t]
+                              for c in (self.it.coef[o, t],)]
         for o, cs, cn, cr in self._coefs[t]:
             opt = self.it.opts.options[o]
             var: Any
