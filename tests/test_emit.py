@@ -128,8 +128,10 @@ def serving_limits(fmt: str, p: ServingPlan, problem: Problem) -> list[str]:
     if fmt == "trtllm" and (p.prefill_replicas or p.ep > 1 or m.moe is not None):  # the PyTorch backend
         if kv == "int8":
             out.append("int8 KV cache (KvCacheConfig.dtype)")
-        if p.ep > 1 and p.ep != p.tp:
-            out.append("attention data parallelism: how --max_batch_size counts is not confirmed")
+        if p.ep > p.tp > 1:
+            out.append("attention DP runs attention at tp 1 (rule trtllm.attention-dp)")
+        if (p.max_num_seqs or p.batch or 0) % p.pp:
+            out.append("--max_batch_size is a rank's cap over pp")
         ships = {"fp8": {"fp8"}, "mxfp4": {"fp4"}, "nvfp4": {"fp4"}, "int4": {"int4"}}  # else bf16 / fp16 weights
         native = m.native_precision if m.hf_id is not None else None  # weights outside the catalog: unquantized
         if precision not in ships.get(native or "", {"bf16", "fp16"}):
@@ -342,8 +344,9 @@ def test_expert_parallel_groups_become_servers() -> None:
     assert all("--enable-expert-parallel" in f for f in vllm)
     sglang = [parse_flags(c.args) for c in emit_plan(SERVING, plan, "sglang").commands if c.role != "router"]
     assert [(f["--tp-size"], f["--attn-dp-size"], f["--ep-size"]) for f in sglang] == [("4", "4", "4")] * 2
-    with pytest.raises(ProblemError, match="trtllm cannot express ep=4 with tp=1: with attention data parallelism"):
-        emit_plan(SERVING, plan.model_copy(update={"precision": "bf16"}), "trtllm")
+    trt = [parse_flags(c.args) for c in emit_plan(SERVING, plan.model_copy(update={"precision": "bf16"}),
+                                                  "trtllm").commands]  # attention DP over each group's 4 ranks
+    assert [(f["--tp_size"], f["--ep_size"], f["--max_batch_size"]) for f in trt] == [("4", "4", "32")] * 2
     with pytest.raises(ProblemError, match="expert-parallel groups of 3"):
         emit_plan(SERVING, plan.model_copy(update={"ep": 3}), "vllm")
 

@@ -88,8 +88,8 @@ def checkpoint_refuses(fmt: str, precision: str, problem: Problem, checkpoint: s
 
 
 def trtllm_pytorch_refuses(p: ServingPlan, problem: Problem, precision: str, checkpoint: str | None) -> bool:
-    """TensorRT-LLM's PyTorch backend (MoE, disaggregation): no int8 KV cache, ep only equal to tp (attention DP is
-    refused: how --max_batch_size counts there is not confirmed), a catalog checkpoint only at its own precision."""
+    """TensorRT-LLM's PyTorch backend (MoE, disaggregation): no int8 KV cache, ep above tp only at tp 1 (attention
+    DP), a batch that pp divides (--max_batch_size is a rank's cap over pp), a catalog checkpoint at its precision."""
     m = problem.model
     if not (p.prefill_replicas or p.ep > 1 or m.moe is not None):
         return False
@@ -98,7 +98,8 @@ def trtllm_pytorch_refuses(p: ServingPlan, problem: Problem, precision: str, che
     catalog_dtypes = {x.hf_id: x.native_precision for x in catalog.models().values() if x.hf_id}
     native = catalog_dtypes.get(checkpoint or m.hf_id or "")  # weights outside the catalog: unquantized
     wrong = precision not in ships.get(native or "", {"bf16", "fp16"})
-    return kv == "int8" or (p.ep > 1 and p.ep != p.tp) or wrong
+    cap = p.max_num_seqs or p.batch or 0
+    return kv == "int8" or p.ep > p.tp > 1 or cap % p.pp != 0 or wrong
 
 
 def expected_limits(fmt: str, p: ServingPlan, problem: Problem, checkpoint: str | None = None) -> bool:
@@ -164,8 +165,9 @@ def _cmd(program: list[str], args: list[str], node: int = 0, **kw: Any) -> Comma
 
 
 def _emitted(fmt: str, commands: list[Command], gpus: int = 16) -> Emitted:
+    files = {"trtllm.yaml": "enable_attention_dp: true\n"} if fmt == "trtllm" else {}  # an attention-DP server
     return Emitted(format=fmt, framework=fmt, version="x", kind="serving", system="dgx-h100", gpus=gpus,
-                   nodes=-(-gpus // 8), gpus_per_node=min(gpus, 8), commands=commands)
+                   nodes=-(-gpus // 8), gpus_per_node=min(gpus, 8), commands=commands, files=files)
 
 
 SG = ["python", "-m", "sglang.launch_server"]
@@ -191,6 +193,8 @@ SG = ["python", "-m", "sglang.launch_server"]
     ("trtllm.mpi-world", "trtllm", [_cmd(["trtllm-serve", "m"], ["--tp_size", "16"])]),
     # --ep_size 4 with --tp_size 2: moe_tp = 2 // 4 = 0, and 0 x 4 != 2
     ("trtllm.moe-world", "trtllm", [_cmd(["trtllm-serve", "m"], ["--tp_size", "2", "--ep_size", "4"])]),
+    ("trtllm.attention-dp", "trtllm", [_cmd(["trtllm-serve", "m"], ["--tp_size", "8", "--ep_size", "4",
+                                                                   "--extra_llm_api_options", "trtllm.yaml"])]),
     # a prefill and a decode server on one node, both at NIXL's default base port: ranks 0 collide
     ("vllm.nixl-side-channel", "vllm", [_cmd(["vllm", "serve", "m"], ["--kv-transfer-config", "{}"],
                                              env={"CUDA_VISIBLE_DEVICES": "0"}),
@@ -234,15 +238,25 @@ def test_trtllm_disaggregated_runs_on_the_pytorch_backend_behind_its_router() ->
 
 
 def test_trtllm_moe_runs_expert_parallel_on_the_pytorch_backend() -> None:
-    """MoE with ep = tp = 4, dp 2: two servers of 4 GPUs with --ep_size 4, each capped at the priced batch;
-    ep 8 over tp 1 (attention DP) is refused naming what is not confirmed."""
+    """MoE with ep = tp = 4, dp 2: two servers of 4 GPUs with --ep_size 4, each capped at the priced batch; ep 8
+    over tp 1: attention DP; ep 8 over tp 2 refused (attention DP runs attention on one GPU per rank)."""
     e = emit_plan(SPARSE, ServingPlan(dp=2, tp=4, ep=4, batch=32, precision="bf16"), "trtllm")
     flags = [parse_flags(c.args) for c in servers_of(e)]
     assert [(f["--tp_size"], f["--ep_size"], f["--max_batch_size"]) for f in flags] == [("4", "4", "32")] * 2
     assert yaml.safe_load(e.files["trtllm.yaml"])["cuda_graph_config"]["max_batch_size"] == 32
     assert parse_emitted(e).ep == 4 and serving_violations(e) == []
-    with pytest.raises(ProblemError, match="not confirmed from the source whether --max_batch_size caps each"):
-        emit_plan(SPARSE, ServingPlan(dp=8, tp=1, ep=8, batch=32, precision="bf16"), "trtllm")
+    # dp 8 of tp 1 with ep 8: one server of 8 attention-DP ranks; each rank admits pp x --max_batch_size = 32
+    adp = emit_plan(SPARSE, ServingPlan(dp=8, tp=1, ep=8, batch=32, precision="bf16"), "trtllm")
+    (server,) = [parse_flags(c.args) for c in servers_of(adp)]
+    assert (server["--tp_size"], server["--ep_size"], server["--max_batch_size"]) == ("8", "8", "32")
+    assert yaml.safe_load(adp.files["trtllm.yaml"])["enable_attention_dp"] is True
+    assert parse_emitted(adp) == ServingPlan(dp=8, tp=1, ep=8, batch=32, precision="bf16")
+    # pp 2: a rank keeps pp x --max_batch_size active, so the flag is 32 / 2
+    (pp2,) = [parse_flags(c.args) for c in servers_of(emit_plan(SPARSE, ServingPlan(dp=1, tp=2, pp=2, ep=2, batch=32,
+                                                                                     precision="bf16"), "trtllm"))]
+    assert pp2["--max_batch_size"] == "16"
+    with pytest.raises(ProblemError, match=r"rule trtllm\.attention-dp"):
+        emit_plan(SPARSE, ServingPlan(dp=4, tp=2, ep=8, batch=32, precision="bf16"), "trtllm")
 
 
 # ------------------------------------------------------------------------------------------ hand-checked launches

@@ -217,7 +217,13 @@ def _trtllm_checks() -> dict[str, Check]:
         return all(len(config[key]["urls"]) == config[key]["num_instances"] and config[key]["urls"] == started[role]
                    for key, role in (("context_servers", "prefill"), ("generation_servers", "decode")))
 
-    return {"trtllm.mpi-world": mpi_world, "trtllm.moe-world": moe_world, "trtllm.disagg-instances": disagg_instances}
+    def attention_dp(e: Emitted, cmds: list[Started]) -> bool:
+        adp = [c for c in cmds if "enable_attention_dp: true" in e.files.get(str(c.flags.get(
+            "--extra_llm_api_options")), "")]
+        return all(c.num("--ep_size") == c.num("--tp_size") for c in adp)
+
+    return {"trtllm.mpi-world": mpi_world, "trtllm.moe-world": moe_world, "trtllm.disagg-instances": disagg_instances,
+            "trtllm.attention-dp": attention_dp}
 
 
 SERVING_CHECKS: dict[str, dict[str, Check]] = {"vllm": _vllm_checks(), "sglang": _sglang_checks(),

@@ -27,6 +27,7 @@ from madmax_opt.launch.common import (
     parse_flags,
     refuse,
 )
+from madmax_opt.launch.rules import rule_refusal
 from madmax_opt.launch.serve import (
     HEALTH,
     ROUTER_PORT,
@@ -52,9 +53,10 @@ CHECKPOINT_PRECISIONS = {"fp32": ("bf16", "fp16"), "bf16": ("bf16", "fp16"), "fp
                          "fp8": ("fp8",), "mxfp4": ("fp4",), "nvfp4": ("fp4",), "int4": ("int4",)}
 QUANTIZED = ("fp8", "mxfp4", "nvfp4", "int4")
 ROLE_CONFIG = {"prefill": "trtllm-context.yaml", "decode": "trtllm-generation.yaml", "run": TRTLLM_CONFIG}
-ATTENTION_DP_UNKNOWN = ("with attention data parallelism (enable_attention_dp) it is not confirmed from the source "
-                        "whether --max_batch_size caps each attention-DP rank or the whole server, so the priced "
-                        "batch cannot be set; allowed: ep = tp (one replica per expert-parallel server)")
+# The PyTorch backend keeps pp_size x max_batch_size requests active per rank (PyTorchModelEngine.
+# get_max_num_sequences, tensorrt_llm/_torch/pyexecutor/model_engine.py), and with attention DP the server admits
+# tp_size times that (PyExecutor._fetch_new_requests: total_max_num_active_requests = tp_size x
+# max_num_active_requests), so --max_batch_size is a replica's cap over pp (read in the stored versions of both files).
 
 
 def pytorch_backend(ctx: Context) -> bool:
@@ -78,13 +80,19 @@ def trtllm_emit(ctx: Context) -> Emitted:
                      "takes the weights' quantization from the checkpoint (tensorrt_llm/_torch/model_config.py, "
                      "load_hf_quant_config); quantizing at load is not confirmed from the source; allowed: precision "
                      + " or ".join(CHECKPOINT_PRECISIONS[native]), field="precision")
-    if p.ep > 1 and p.ep != p.tp:
-        raise refuse("trtllm", f"ep={p.ep} with tp={p.tp}", ATTENTION_DP_UNKNOWN, field="ep")
+    if p.ep > p.tp and p.tp > 1:  # attention DP: one GPU of attention per rank
+        raise rule_refusal("trtllm", f"ep={p.ep} with tp={p.tp}", "trtllm.attention-dp", field="ep")
+    if s.cap % p.pp:
+        raise refuse("trtllm", f"batch {s.cap} with pp={p.pp}", "the PyTorch backend keeps pp x --max_batch_size "
+                     "requests active per rank (model_engine.py get_max_num_sequences); allowed: a batch that is a "
+                     "multiple of pp", field="batch")
     placer = Placer("trtllm", ctx.gpus_per_node)
-    placed = [(role, placer.take(s.replica_gpus)) for role, n in servers("trtllm", s) for _ in range(max(n, 1))]
+    k = p.ep if p.ep > p.tp else 1  # replicas per server: attention-DP ranks of tp 1, else one replica
+    placed = [(role, placer.take(k * s.replica_gpus)) for role, n in servers("trtllm", s)
+              for _ in range(n if k == 1 and p.ep == 1 else 1)]
     nodes = placer.nodes
-    files = {ROLE_CONFIG[role]: _options(s, role) for role in dict.fromkeys(r for r, _ in placed)}
-    commands = [_server(s, i, role, parts, nodes, "pytorch", ROLE_CONFIG[role]) for i, (role, parts) in
+    files = {ROLE_CONFIG[role]: _options(s, role, k) for role in dict.fromkeys(r for r, _ in placed)}
+    commands = [_server(s, i, role, parts, nodes, "pytorch", ROLE_CONFIG[role], k) for i, (role, parts) in
                 enumerate(placed)]
     notes = ["--backend pytorch loads the checkpoint's own quantization (no engine build)"]
     if p.prefill_replicas:
@@ -107,30 +115,35 @@ def trtllm_emit(ctx: Context) -> Emitted:
     return s.emitted("trtllm", commands, nodes, files=files, notes=notes)
 
 
-def _options(s: Serving, role: str) -> str:
-    """The --extra_llm_api_options file of one role: KV-cache dtype, CUDA graphs up to the server's cap, and for a
-    disaggregated server the KV-cache transceiver."""
+def _options(s: Serving, role: str, k: int) -> str:
+    """The --extra_llm_api_options file of one role: weights dtype, KV-cache dtype, CUDA graphs up to a rank's
+    --max_batch_size, attention DP over k replicas, and for a disaggregated server the KV-cache transceiver."""
     options: dict[str, Any] = {"dtype": s.dtype, "kv_cache_config": {"dtype": s.kv},
-                               "cuda_graph_config": {"enable_padding": True, "max_batch_size": s.cap}}
+                               "cuda_graph_config": {"enable_padding": True, "max_batch_size": s.cap // s.plan.pp}}
+    if k > 1:
+        options["enable_attention_dp"] = True
     if role != "run":
         options["cache_transceiver_config"] = {"backend": "DEFAULT"}
     return yaml.safe_dump(options, sort_keys=False)
 
 
-def _server(s: Serving, i: int, role: str, parts: list[Any], nodes: int, backend: str, config: str) -> Command:
-    """trtllm-serve of replica ``i`` on its GPUs; above a node under mpirun (MPI world = the replica's tp x pp)."""
+def _server(s: Serving, i: int, role: str, parts: list[Any], nodes: int, backend: str, config: str,
+            k: int = 1) -> Command:
+    """trtllm-serve ``i`` (one replica, or k attention-DP replicas of tp 1) on its GPUs; above a node under mpirun
+    (MPI world = the server's tp x pp ranks). The PyTorch backend's --max_batch_size is a rank's cap over pp."""
     p = s.plan
     port = TRTLLM_PORT + i
     head = parts[0].node
-    args = flag_args([("--backend", backend), ("--tp_size", p.tp), ("--pp_size", p.pp),
+    cap = s.cap // p.pp if backend == "pytorch" else s.cap
+    args = flag_args([("--backend", backend), ("--tp_size", p.tp * k), ("--pp_size", p.pp),
                       ("--ep_size", p.ep if p.ep > 1 else None), ("--gpus_per_node", len(parts[0].gpus)),
-                      ("--max_batch_size", s.cap), ("--max_seq_len", s.max_len), ("--host", "0.0.0.0"),
+                      ("--max_batch_size", cap), ("--max_seq_len", s.max_len), ("--host", "0.0.0.0"),
                       ("--port", port), ("--extra_llm_api_options", config)])
     ready = f"http://{host(head, nodes)}:{port}{HEALTH}"
     name = role if role != "run" else f"replica {i}"
     if len(parts) > 1:
         hosts = ",".join(f"{host(x.node, nodes)}:{len(x.gpus)}" for x in parts)
-        return Command(launcher=["mpirun", "-np", str(s.replica_gpus), "-H", hosts],
+        return Command(launcher=["mpirun", "-np", str(k * s.replica_gpus), "-H", hosts],
                        program=["trtllm-llmapi-launch", "trtllm-serve", s.checkpoint], args=args, role=name,
                        node=head, background=True, ready=ready)
     return Command(program=["trtllm-serve", s.checkpoint], args=args, role=name, node=head, background=True,
@@ -165,10 +178,12 @@ def trtllm_parse(e: Emitted) -> ServingPlan:
         native = checkpoint_dtypes().get(serves[0].program[-1]) or "bf16"
         precision = CHECKPOINT_PRECISIONS[native][0] if native in QUANTIZED else \
             precision_from(TRTLLM_WEIGHTS, config["dtype"], None)
-    ep = integer(f, "--ep_size")
-    return ServingPlan(dp=len(serves), tp=integer(f, "--tp_size"), pp=integer(f, "--pp_size"), ep=ep,
-                       batch=integer(f, "--max_batch_size"), precision=precision,
-                       prefill_replicas=sum(1 for c in serves if c.role == "prefill"))
+    pytorch = f["--backend"] == "pytorch"
+    k = integer(f, "--tp_size") if config.get("enable_attention_dp") else 1  # attention-DP ranks: replicas of tp 1
+    pp = integer(f, "--pp_size")
+    return ServingPlan(dp=k * len(serves), tp=integer(f, "--tp_size") // k, pp=pp, ep=integer(f, "--ep_size"),
+                       batch=integer(f, "--max_batch_size") * (pp if pytorch else 1), precision=precision,
+                       prefill_replicas=k * sum(1 for c in serves if c.role == "prefill"))
 
 
 def trtllm_config(e: Emitted) -> dict[str, Any]:
@@ -186,4 +201,4 @@ TRTLLM = serving_format("trtllm", trtllm_emit, trtllm_parse, config=trtllm_confi
     "prefill_replicas": ("disagg.context_servers.num_instances", "cache_transceiver_config.backend"),
     "system": ("--gpus_per_node",),
 }, refuses={"max_num_seqs": "max_num_seqs other than batch: one server cap carries both",
-            "ep": "ep other than tp (attention data parallelism: how --max_batch_size counts is not confirmed)"})
+            "ep": "ep above tp with tp > 1 (attention DP runs one GPU of attention per rank)"})
