@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -147,7 +147,7 @@ def load_folder(outdir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], int
         keys = ", ".join(Manifest.model_fields)
         raise ProblemError(f"a JSON {type(data).__name__}; allowed: an object with keys {keys}",
                            file=str(manifest_path))
-    manifest: Manifest = validate(Manifest, data, file=str(manifest_path))
+    manifest: Manifest = validate(Manifest, _read_part(Manifest, data), file=str(manifest_path))
     wanted = set(manifest.keys)
     results_path = outdir / RESULTS_FILE
     rows: dict[str, dict[str, Any]] = {}
@@ -166,7 +166,20 @@ def load_folder(outdir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], int
             if not isinstance(key, str) or key not in wanted or key in rows:
                 damaged += not isinstance(key, str)
                 continue
-            validate(Row, row, file=f"{results_path} line {number}")
+            validate(Row, _read_part(Row, row), file=f"{results_path} line {number}")
             rows[key] = row
     return data, [rows[k] for k in manifest.keys if k in rows], damaged
 
+
+def _read_part(cls: type[BaseModel], data: Any) -> Any:
+    """The part of ``data`` that ``cls`` declares (recursively): what the report reads is checked (bounds, finite
+    numbers, booleans); the rest of a row (solver statistics, the top-k list) is not the report's to judge."""
+    if not isinstance(data, dict) or not issubclass(cls, _Read):
+        return data
+    out: dict[str, Any] = {}
+    for name, value in data.items():
+        if name in cls.model_fields:
+            inner = [a for a in (cls.model_fields[name].annotation, *get_args(cls.model_fields[name].annotation))
+                     if isinstance(a, type) and issubclass(a, BaseModel)]
+            out[name] = _read_part(inner[0], value) if inner else value
+    return out
