@@ -46,7 +46,7 @@ typer.core.TyperOption.display_type_rich = _flag_without_type  # type: ignore[me
 # commands for developers of madmax-opt (benchmarks, paper reproductions, refits of the shipped calibration):
 # listed in their own --help panel, apart from the user's commands
 DEVELOPMENT_COMMANDS = (
-    "paper", "bench-solver", "bench-fleet", "bench-evaluator", "bench-sensitivity", "bench-trace", "bench-startup",
+    "paper", "bench-all", "bench-solver", "bench-fleet", "bench-evaluator", "bench-sensitivity", "bench-trace", "bench-startup",
     "trace-check", "validate-inference", "validate-online", "fit-serving",
 )
 DEVELOPMENT_PANEL = "Benchmarks and development"

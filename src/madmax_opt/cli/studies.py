@@ -76,6 +76,45 @@ def bench_startup_command(
     print(f"wrote {write_startup_bench(out)}")
 
 
+BENCHES = ("solver", "evaluator", "sensitivity", "trace", "startup", "fleet")  # results/bench, in this order
+
+
+@app.command("bench-all")
+def bench_all_command(
+    out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/bench"),
+    only: Annotated[list[str] | None, typer.Option("--only", metavar="NAME", help="run only these benchmarks "
+                                                   f"(repeatable): {', '.join(BENCHES)}")] = None,
+) -> None:
+    """Regenerate results/bench in one command: bench-solver, bench-evaluator, bench-sensitivity, bench-trace,
+    bench-startup and bench-fleet in turn, each with its defaults (tens of minutes on 2 cores)."""
+    from madmax_opt.core.errors import ProblemError
+
+    chosen = list(only or BENCHES)
+    unknown = [n for n in chosen if n not in BENCHES]
+    if unknown:
+        raise ProblemError(f"got {', '.join(unknown)}; allowed: {', '.join(BENCHES)}", field="--only")
+    for name in BENCHES:
+        if name not in chosen:
+            continue
+        print(f"bench-{name} ...", flush=True)
+        if name == "solver":
+            from madmax_opt.studies.bench_solver import write_solver_bench
+
+            print(f"wrote {write_solver_bench(out)}")
+        elif name == "evaluator":
+            bench_evaluator_command(out=out / "evaluator.md")
+        elif name == "sensitivity":
+            bench_sensitivity_command(out=out)
+        elif name == "trace":
+            bench_trace_command(out=out)
+        elif name == "startup":
+            bench_startup_command(out=out)
+        else:
+            from madmax_opt.fleet.bench import write_fleet_bench
+
+            print(f"wrote {write_fleet_bench(out)}")
+
+
 @app.command("validate-online")
 def validate_online_command(
     out: Annotated[Path, typer.Option("--out", help="output directory")] = Path("results/validation"),
