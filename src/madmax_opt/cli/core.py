@@ -120,6 +120,7 @@ def verify(
         from madmax_opt.report.report import verify_table
 
         console().print(verify_table(report))
+        console().print(f"agree: {report['agree']}")  # the verdict as one plain line, for scripts and logs
     if not report["agree"]:
         raise typer.Exit(1)
 
