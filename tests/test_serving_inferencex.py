@@ -120,3 +120,11 @@ def test_inferencex_report_covers_every_point_with_held_out_errors(tmp_path: Pat
         assert set(ix) <= set(held) and ev.median(ev.in_sample, ix) <= ev.median(held, ix)
     text = write_inferencex_report(tmp_path, ev).read_text()
     assert sum(1 for line in text.splitlines() if line.startswith("| ix-")) == len(ix)
+
+
+def test_closed_loop_throughput_by_hand() -> None:
+    """C clients, o tokens each, TTFT then (o - 1) x TPOT: 4 clients, 10 tokens, 1 s + 9 x 0.1 s -> 40 / 1.9 tok/s."""
+    from madmax_opt.studies.inferencex import closed_loop_rate
+
+    got = closed_loop_rate(4.0, 10.0, np.array([1.0]), np.array([0.1]))
+    assert got[0] == pytest.approx(40.0 / 1.9, rel=1e-12)

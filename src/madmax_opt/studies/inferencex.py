@@ -14,8 +14,9 @@ Each point becomes one or two serving engines priced by the model of ``madmax-op
 Requests: InferenceX draws input and output lengths uniformly from [0.8 L, L] (PROVENANCE.md); the model runs the
 mean request, 0.9 L in and 0.9 L out (the serving model's steady state depends on the means only).
 
-Metrics compared: output tokens/s per GPU (every GPU of the run) and median TPOT (client-side (e2e - TTFT) /
-(tokens - 1), which counts the interleaved prefills a decode step waits for: the model's TPOT).
+Metrics compared: output tokens/s per GPU (every GPU of the run; C clients in a closed loop emit
+C o / (TTFT + (o - 1) TPOT), ``closed_loop_rate``) and median TPOT (client-side (e2e - TTFT) / (tokens - 1), which
+counts the interleaved prefills a decode step waits for: the model's TPOT).
 """
 
 from __future__ import annotations
@@ -237,7 +238,8 @@ class PreparedPoint:
         d = self.decode.terms(params)
         workers = self.point.decode.workers if self.point.decode else 1
         if self.prefill is None:
-            rate, tpot = d.output_tokens_per_s * workers, d.tpot_s
+            out_len = self.decode.model.workload.mean_output
+            rate, tpot = closed_loop_rate(float(self.point.concurrency), out_len, d.ttft_s, d.tpot_s), d.tpot_s
         else:
             rate, tpot = self._disaggregated(params, workers)
         out = np.stack([rate / self.point.num_gpus, tpot], axis=1)
@@ -268,6 +270,13 @@ class PreparedPoint:
         return rate, tpot
 
 
+def closed_loop_rate(clients: np.ndarray | float, output_len: float, ttft_s: np.ndarray, tpot_s: np.ndarray) -> np.ndarray:
+    """Output tokens/s of C clients in a closed loop (InferenceX: --max-concurrency C, a client sends its next
+    request when the last one ends): each cycle is TTFT + (o - 1) TPOT for o tokens, so X = C o / (TTFT + (o - 1)
+    TPOT); the model's TTFT holds the prefill, the rest of its mixed iteration and any wait for a slot."""
+    return np.asarray(clients * output_len / (ttft_s + (output_len - 1.0) * tpot_s))
+
+
 @dataclass(eq=False)
 class EngineGroup:
     """Aggregated points whose engines share the model, task and framework (they differ in GPU, plan and batch):
@@ -290,9 +299,10 @@ class EngineGroup:
         plans = ServingArrays.concat([p.decode.plans for p in self.points] * k)
         plans = ServingArrays(**{**plans.__dict__, "hw": np.arange(k * n, dtype=np.int64)})
         t = inference_terms(m.workload, m.task, m.problem.stack, table, plans, cal)
-        workers = np.tile([p.point.decode.workers if p.point.decode else 1 for p in self.points], k)
+        clients = np.tile([float(p.point.concurrency) for p in self.points], k)
         gpus = np.tile([p.point.num_gpus for p in self.points], k)
-        out = np.stack([t.output_tokens_per_s * workers / gpus, t.tpot_s], axis=1).reshape(k, n, 2)
+        rate = closed_loop_rate(clients, m.workload.mean_output, t.ttft_s, t.tpot_s)
+        out = np.stack([rate / gpus, t.tpot_s], axis=1).reshape(k, n, 2)
         self._last = (key, out)
         return out
 
