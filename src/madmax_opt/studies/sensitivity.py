@@ -531,7 +531,7 @@ def _floats(text: str, option: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ProblemError(f"{text!r} is not a comma-separated list of numbers; allowed: e.g. 0.5,2,4",
+        raise ProblemError(f"{shorten(repr(text))} is not a comma-separated list of numbers; allowed: e.g. 0.5,2,4",
                            field=option) from None
     if not values:
         raise ProblemError("empty list; allowed: e.g. 0.5,2,4", field=option)
