@@ -195,13 +195,13 @@ def print_evaluations(records: list[TrainingRecord], console: Console) -> None:
 def robust_text(robust: dict[str, Any]) -> str:
     """One line: which candidates the error bars cannot tell from the best, and the best worst case
     (search/robust.py; candidates = the top plans, then each system's best)."""
-    rows, k = robust["candidates"], robust["robust_choice"]
+    k = robust["robust_choice"]
     if k is None:
         return "robust choice: no feasible plan"
-    same = [str(i + 1) for i, r in enumerate(rows) if r.get("indistinguishable_from_best")]
-    applied = " (chosen: --robust)" if robust["applied"] else " (solve --robust picks it)"
-    return (f"within the error bars of the best: candidate(s) {', '.join(same)} of {len(rows)}; best worst case: "
-            f"candidate {k + 1} ({robust['objective']} {rows[k]['worst_case']:.4g}){applied}")
+    same = ", ".join(str(i + 1) for i in robust["indistinguishable_from_best"])
+    how = " (chosen: --robust)" if robust["best_chosen_by"] == "robust worst case" else " (solve --robust picks it)"
+    return (f"within the error bars of the best: candidate(s) {same} of {len(robust['value'])}; best worst case: "
+            f"candidate {k + 1} ({robust['objective']} {robust['worst_case'][k]:.4g}){how}")
 
 
 def print_solution(result: dict[str, Any], console: Console) -> None:

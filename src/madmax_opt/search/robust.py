@@ -41,21 +41,26 @@ def factors(rec: Record) -> tuple[float, float]:
 
 
 def robust_summary(problem: Problem, candidates: list[Record]) -> dict[str, Any]:
-    """Per candidate (best first): the objective's interval, whether it is indistinguishable from the best, and
-    the index of the best worst case (None without a feasible candidate)."""
-    rows = []
+    """Per candidate (best first; None where infeasible): the objective value and its interval; the 0-based
+    candidates indistinguishable from the best, and the one with the best worst case (None without a feasible
+    candidate). Numbers, strings and lists only (sweep rows refuse true/false)."""
+    value: list[float | None] = []
+    low: list[float | None] = []
+    worst: list[float | None] = []
     for r in candidates:
-        v = objective_value(problem, r)
+        v = objective_value(problem, r) if r["feasible"] else None
         lo, hi = factors(r)
-        rows.append({"value": v, "low": v * lo, "worst_case": v * hi, "feasible": bool(r["feasible"])})
-    feasible = [i for i, row in enumerate(rows) if row["feasible"]]
-    if not feasible:
-        return {"objective": problem.objective, "candidates": rows, "robust_choice": None}
-    best = feasible[0]
-    for i in feasible:
-        rows[i]["indistinguishable_from_best"] = rows[i]["low"] <= rows[best]["worst_case"]
-    choice = min(feasible, key=lambda i: (rows[i]["worst_case"], i))
-    return {"objective": problem.objective, "candidates": rows, "robust_choice": choice}
+        value.append(v)
+        low.append(None if v is None else v * lo)
+        worst.append(None if v is None else v * hi)
+    feasible = [i for i, v in enumerate(value) if v is not None]
+    out: dict[str, Any] = {"objective": problem.objective, "value": value, "best_case": low, "worst_case": worst,
+                           "indistinguishable_from_best": [], "robust_choice": None}
+    if feasible:
+        best_worst = worst[feasible[0]]
+        out["indistinguishable_from_best"] = [i for i in feasible if low[i] <= best_worst]  # type: ignore[operator]
+        out["robust_choice"] = min(feasible, key=lambda i: (worst[i], i))
+    return out
 
 
 def _key(rec: Record) -> tuple[Any, ...]:
@@ -71,7 +76,8 @@ def with_robust(problem: Problem, result: dict[str, Any], robust: bool) -> dict[
     extra = [row["best"] for row in result.get("options", []) if row.get("best") and _key(row["best"]) not in seen]
     candidates = top + extra
     summary = robust_summary(problem, candidates)
-    out = {**result, "robust": {**summary, "applied": robust, "top": len(top)}}
+    chosen_by = "robust worst case" if robust else "predicted value"
+    out = {**result, "robust": {**summary, "best_chosen_by": chosen_by, "top": len(top)}}
     k = summary["robust_choice"]
     if robust and k is not None and k != 0:
         chosen = candidates[k]
