@@ -50,11 +50,18 @@ UNEVEN16 = {
     "space": {"pp": 16, "vpp": 1, "uneven_stages": True},
 }
 UNEVEN16_INTERLEAVED = {**UNEVEN16, "space": {"pp": 16, "tp": 8, "uneven_stages": True}}  # any vpp <= 8
+UNEVEN32 = {  # issue 26: uneven stages over the default space at 32 GPUs (was 1.35 s, 25x the uniform solve)
+    "model": "llama2-70b",
+    "hardware": {"system": "dgx-h100", "gpus": 32},
+    "task": {"seq_len": 4096, "global_batch": 256},
+    "space": {"uneven_stages": True},
+}
 CASES: tuple[tuple[str, dict[str, Any], float], ...] = (
     ("uniform LLM, fixed system, full knob space", UNIFORM, 1.0),
     ("co-design: 6 systems x 8 cluster sizes", CODESIGN, 3.0),
     ("uneven pipeline, 16 stages (layers + recompute per stage)", UNEVEN16, 10.0),
     ("uneven pipeline, 16 stages, tp 8, any interleaving (vpp 1-8)", UNEVEN16_INTERLEAVED, 30.0),
+    ("uneven stages, default space, 32 GPUs", UNEVEN32, 1.0),
 )
 
 
@@ -98,7 +105,7 @@ def run_cases() -> list[dict[str, Any]]:
             u = outcome.uneven
             assert u is not None
             modes = 2 if problem.stack.flash_attention else 3
-            layers, pp = model.workload.layers, 16
+            layers, pp = model.workload.layers, int(recs[0]["plan"]["pp"])
             row["space"] = (
                 f"{_compositions(layers, pp):.3g} splits x {modes}^{pp} recompute = "
                 f"{_compositions(layers, pp) * modes**pp:.3g} per base"
@@ -106,7 +113,11 @@ def run_cases() -> list[dict[str, Any]]:
             row["brute_force_s"] = None
             row["status"] = u.status
             row["booleans"] = u.booleans
-            row["detail"] = f"{u.bases_solved} bases solved, {u.bases_pruned} pruned by the lower bound"
+            uniform = problem_from_dict({**data, "space": {**data["space"], "uneven_stages": False}})
+            _, uniform_cpu, _ = _best_of(lambda p=uniform: solve_records(p))  # the baseline of this run
+            row["detail"] = (f"{u.bases_solved} bases solved, {u.bases_pruned} pruned by the lower bound; CPU "
+                             f"{solve_cpu_s / uniform_cpu:.1f}x the uniform solve of the same problem "
+                             f"({uniform_cpu:.3f} s)")
         else:
             bf_s, _, order = _best_of(  # the whole space, evaluated and sorted (no pruning)
                 lambda m=model, p=problem: brute_force_order(m, candidates(m, enumerate_plans(p)), p.objective)
