@@ -75,3 +75,14 @@ def test_fleet_csv_plan_columns_come_from_the_plan_settings() -> None:
 
     assert "ep" in PLAN_COLUMNS
     assert set(PLAN_COLUMNS) == {s.name for s in settings() if s.name in CSV_COLUMNS} - {"system"}
+
+
+@pytest.mark.slow
+def test_ray_backend_gives_the_same_tables(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    from madmax_opt.cli.fleet import search_runner
+
+    fleet = load_fleet(_fleet(tmp_path, {"a": {"problem": TRAIN}, "b": {"problem": OTHER}}))
+    here = options.option_tables(fleet)
+    assert options.option_tables(fleet, runner=search_runner("ray", 2, None)) == here
+    assert options.option_tables(fleet, runner=search_runner("local", 2, None)) == here
