@@ -52,6 +52,19 @@ def _root(
     """Optimal, memory-feasible plans and hardware for training, serving and recommender models."""
 
 
+OUTPUT_OPTIONS = ("--out", "-o", "--md", "--plot", "--export-model", "--cache")
+
+
+def _outputs() -> str:
+    """The output paths given on the command line, as the prefix of an error that came without a file name (a
+    write to /dev/full fails in write(), whose error names no file; inputs are read by io/yaml_files.py, whose
+    errors always name theirs)."""
+    argv = sys.argv[1:]
+    named = [f"{a} {argv[i + 1]}" for i, a in enumerate(argv[:-1]) if a in OUTPUT_OPTIONS]
+    named += [a.replace("=", " ", 1) for a in argv if a.split("=", 1)[0] in OUTPUT_OPTIONS and "=" in a]
+    return f"cannot write {', '.join(named)}: " if named else ""
+
+
 def main() -> None:
     """Entry point: one-line errors, exit codes 2 (input), 3 (infeasible), 4 (internal), 5 (time limit, no plan found); no tracebacks."""
 
@@ -101,7 +114,7 @@ def main() -> None:
     except BrokenPipeError:  # output piped into `head` and the like
         sys.exit(0)
     except OSError as exc:  # e.g. an output directory that cannot be written
-        fail(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc), 2)
+        fail(f"{exc.filename}: {exc.strerror}" if exc.filename else f"{_outputs()}{exc.strerror or exc}", 2)
     except Exception as exc:  # a bug: one line naming it (exit 4); MADMAX_TRACEBACK=1 shows the traceback
         if os.environ.get("MADMAX_TRACEBACK"):
             raise
