@@ -248,6 +248,13 @@ def _percentile_columns(bisect: Callable[[Arr], Arr], ps: list[int], n: int) -> 
 # ------------------------------------------------------------------------------------------- the model
 
 
+@cache
+def _laguerre_nodes() -> tuple[Arr, Arr]:
+    """8-point Gauss-Laguerre nodes and weights (computed once)."""
+    xi, wq = np.polynomial.laguerre.laggauss(8)
+    return np.asarray(xi), np.asarray(wq)
+
+
 def _kernel_integrals(outputs: Arr) -> tuple[Arr, Arr]:
     return _kernel_integrals_cached(tuple(float(o) for o in outputs))
 
@@ -413,7 +420,7 @@ def _distributions(st: ServiceTable, rate_per_replica: Arr) -> _Distributions:
         return np.asarray(busy[:, None] * total + p_idle[:, None] * (x >= lone[:, None]))
 
     # Gauss-Laguerre nodes for the exponential wait: E[F0(x - W)] = sum_i w_i F0(x - xi_i / theta)
-    xi, wq = np.polynomial.laguerre.laggauss(8)
+    xi, wq = _laguerre_nodes()
 
     queued = wait_p > 1e-6  # per plan: below, the wait is ignored (so a plan's result never depends on others)
 
