@@ -233,3 +233,27 @@ def test_top_k_is_bounded(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(TRAIN))
     assert_one_line_error(run_main("solve", path, "--top-k", "100000000"), 2, "--top-k", "1000")
+
+
+def test_numpy_warnings_reach_stderr_as_one_line_and_input_warnings_once() -> None:
+    import warnings
+
+    import numpy as np
+
+    from madmax_opt.cli.app import app
+
+    def noisy() -> None:
+        with np.errstate(all="warn"):
+            print(np.float64(1e308) * np.float64(10.0), np.float64(1.0) / np.float64(0.0))
+        for _ in range(3):
+            warnings.warn("overlay entry not used", InputWarning, stacklevel=1)
+
+    app.command("zz-noisy", hidden=True)(noisy)
+    try:
+        result = run_main("zz-noisy")
+    finally:
+        app.registered_commands.pop()
+    assert result.returncode == 0 and result.stdout.split() == ["inf", "inf"]
+    lines = result.stderr.splitlines()
+    assert lines[0] == "warning: overlay entry not used" and len(lines) == 2, result.stderr
+    assert lines[1].startswith("warning: 2 numerical warning(s) held back, first: overflow"), lines[1]

@@ -120,6 +120,8 @@ def main() -> None:
             raise
         fail(f"internal error: {type(exc).__name__}: {exc} (a bug: please report the command and input; "
              "MADMAX_TRACEBACK=1 shows where)", 4)
+    finally:
+        warnings.showwarning = shown  # main() called in process (tests) leaves the hook as it found it
     sys.exit(code if isinstance(code, int) else 0)
 
 
