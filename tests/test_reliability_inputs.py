@@ -257,3 +257,14 @@ def test_numpy_warnings_reach_stderr_as_one_line_and_input_warnings_once() -> No
     lines = result.stderr.splitlines()
     assert lines[0] == "warning: overlay entry not used" and len(lines) == 2, result.stderr
     assert lines[1].startswith("warning: 2 numerical warning(s) held back, first: overflow"), lines[1]
+
+
+def test_a_resumed_sweep_drops_rows_of_the_wrong_shape(tmp_path: Path) -> None:
+    from madmax_opt.studies.sweep_results import read_rows
+
+    bad = _row() | {"key": "k2"}
+    del bad["status"]
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(_row()) + "\n" + json.dumps(bad) + "\n" + json.dumps([1, 2]) + "\n")
+    assert list(read_rows(path, repair=True)) == ["k1"]
+    assert [json.loads(line)["key"] for line in path.read_text().splitlines()] == ["k1"]  # rewritten: k2 re-solved

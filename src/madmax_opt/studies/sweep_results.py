@@ -17,6 +17,7 @@ from madmax_opt.io.limits import MAX_RESULTS_BYTES
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.io.yaml_files import read_input_bytes
 from madmax_opt.model.plan_settings import degree_settings
+from madmax_opt.studies.sweep_schema import is_row
 
 # ------------------------------------------------------------------------------------------ one problem
 
@@ -84,6 +85,8 @@ def read_rows(path: Path, *, repair: bool = False) -> dict[str, dict[str, Any]]:
     for line in data[:end].splitlines():
         try:
             row = json.loads(line)
+            if not is_row(row):  # valid JSON of the wrong shape (a hand edit, another tool): solved again
+                raise ValueError("not a result row")
             rows.setdefault(row["key"], row)
         except (ValueError, KeyError, TypeError, RecursionError):
             bad += 1

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.limits import MAX_FILE_BYTES, MAX_RESULTS_BYTES
@@ -183,3 +183,13 @@ def _read_part(cls: type[BaseModel], data: Any) -> Any:
                      if isinstance(a, type) and issubclass(a, BaseModel)]
             out[name] = _read_part(inner[0], value) if inner else value
     return out
+
+
+def is_row(row: Any) -> bool:
+    """Whether ``row`` (a parsed line of results.jsonl) holds what the report and the table read: a resumed sweep
+    treats any other line as damaged and solves its problem again."""
+    try:
+        Row.model_validate(_read_part(Row, row))
+    except ValidationError:
+        return False
+    return True
