@@ -9,6 +9,7 @@ so a regression names its cause.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import subprocess
 import sys
 import time
@@ -36,9 +37,13 @@ class StartupTiming:
     heavy_modules: tuple[str, ...]  # numpy / ortools / matplotlib when the command imported them
 
 
+BARE: tuple[str, ...] = ("-c", "pass")  # the baseline of every row: a bare interpreter start, timed in the same run
+
+
 def _run(args: tuple[str, ...]) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "madmax_opt.cli.main", *args], capture_output=True, check=True)
+    argv = [sys.executable, *args] if args == BARE else [sys.executable, "-m", "madmax_opt.cli.main", *args]
+    subprocess.run(argv, capture_output=True, check=True)
     return time.perf_counter() - t0
 
 
@@ -50,11 +55,12 @@ def _heavy(args: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def time_commands(repeats: int = 5) -> list[StartupTiming]:
-    """Minimum and median wall time of each command over ``repeats`` fresh processes."""
+    """Minimum and median wall time of each command over ``repeats`` fresh processes; the bare interpreter
+    (``BARE``) first, as the baseline."""
     rows = []
-    for args in COMMANDS:
+    for args in (BARE, *COMMANDS):
         times = sorted(_run(args) for _ in range(repeats))
-        rows.append(StartupTiming(args, times[0], times[len(times) // 2], _heavy(args)))
+        rows.append(StartupTiming(args, times[0], times[len(times) // 2], () if args == BARE else _heavy(args)))
     return rows
 
 
@@ -66,15 +72,24 @@ def render(rows: list[StartupTiming], info: dict[str, str], date: str) -> str:
         "process (`python -m madmax_opt.cli.main ...`), 5 times; best and median wall time. The CLI imports the",
         "domain layers (numpy, OR-Tools, pydantic models, matplotlib) only inside the command that needs them.",
         "",
-        "| command | best (s) | median (s) | bar | heavy modules imported |",
-        "|---|---|---|---|---|",
+        "The baseline, timed in the same run: a bare interpreter start (`python -c pass`); the ratio column",
+        f"divides each best time by it (steadier than seconds on a shared machine). Load average at the end: {_load()}.",
+        "",
+        "| command | best (s) | median (s) | best / bare Python | bar | heavy modules imported |",
+        "|---|---|---|---|---|---|",
     ]
+    bare = next(r.best_s for r in rows if r.command == BARE)
     for r in rows:
         bar = (f"< {BAR_S} s: {'pass' if r.best_s < BAR_S else '**FAIL**'}" if r.command in BARRED else "-")
-        lines.append(f"| `madmax-opt {' '.join(r.command)}` | {r.best_s:.3f} | {r.median_s:.3f} | {bar} | "
+        name = "python -c pass (baseline)" if r.command == BARE else f"madmax-opt {' '.join(r.command)}"
+        lines.append(f"| `{name}` | {r.best_s:.3f} | {r.median_s:.3f} | {r.best_s / bare:.1f} | {bar} | "
                      f"{', '.join(r.heavy_modules) or 'none'} |")
     lines += ["", "## Machine", "", *(f"- {k}: {v}" for k, v in info.items()), ""]
     return "\n".join(lines)
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
 
 
 def write_startup_bench(out_dir: Path, repeats: int = 5) -> Path:
