@@ -18,8 +18,8 @@ from numpy.typing import NDArray
 from madmax_opt.analysis.evaluator import Model, metrics
 from madmax_opt.io import calibration, catalog
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.io.problem_file import Problem
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import FRAMEWORKS
 from madmax_opt.search.space import enumerate_plans
 from strategies import small_models

@@ -14,11 +14,12 @@ from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import calibration, catalog
 from madmax_opt.io.derive import derive_hardware
 from madmax_opt.io.overlays import check_overlay
-from madmax_opt.io.problem_file import HardwareEntry, HFConfig, Problem, ProblemFile
+from madmax_opt.io.problem_file import HardwareEntry, HFConfig, ProblemFile
 from madmax_opt.io.validate import validate
 from madmax_opt.io.yaml_files import read_text, read_yaml, shorten
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.objectives import OBJECTIVES
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import (
     FRAMEWORKS,
     GPU,

@@ -3,18 +3,14 @@ validated, catalog-resolved :class:`Problem` record that every layer above reads
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import Discriminator, Field, PositiveInt, Tag, model_validator
 
-from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.derive import Derive
 from madmax_opt.io.limits import (
     MAX_CLUSTER_SIZES,
 )
-from madmax_opt.model.hardware import HardwareOption
-from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import (
     Constraints,
     InferenceTask,
