@@ -110,6 +110,7 @@ def test_modern_report_lists_every_case_with_in_sample_and_loso() -> None:
     for c in s.cases:
         assert f"| {c.run.name} |" in text
     assert "training LOSO median abs error" in text and "leave-one-source-out" in text
+    assert "## serving section" not in text and "## serving section" in render_modern(s, ["## serving section"])
     # LOSO: mb_arch's single GB200 case is predicted by the fit on the mb_2511 GB200 runs alone
     i = next(i for i, c in enumerate(s.cases) if c.run.source == "mb_arch")
     rest = [c.run for c in s.cases if c.run.gpu == "gb200" and c.run.source != "mb_arch"]
