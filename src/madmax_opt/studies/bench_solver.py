@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from madmax_opt.analysis.evaluator import Model, metrics
+from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.io.problem import load_problem, problem_from_dict
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.problem import Problem
@@ -114,10 +115,13 @@ def run_cases() -> list[dict[str, Any]]:
             row["status"] = u.status
             row["booleans"] = u.booleans
             uniform = problem_from_dict({**data, "space": {**data["space"], "uneven_stages": False}})
-            _, uniform_cpu, _ = _best_of(lambda p=uniform: solve_records(p))  # the baseline of this run
-            row["detail"] = (f"{u.bases_solved} bases solved, {u.bases_pruned} pruned by the lower bound; CPU "
-                             f"{solve_cpu_s / uniform_cpu:.1f}x the uniform solve of the same problem "
-                             f"({uniform_cpu:.3f} s)")
+            row["detail"] = f"{u.bases_solved} bases solved, {u.bases_pruned} pruned by the lower bound"
+            try:
+                _, uniform_cpu, _ = _best_of(lambda p=uniform: solve_records(p))  # the baseline of this run
+                row["detail"] += (f"; CPU {solve_cpu_s / uniform_cpu:.1f}x the uniform solve of the same problem "
+                                  f"({uniform_cpu:.3f} s)")
+            except InfeasibleError:
+                row["detail"] += "; no uniform plan exists (pp does not divide the layers)"
         else:
             bf_s, _, order = _best_of(  # the whole space, evaluated and sorted (no pruning)
                 lambda m=model, p=problem: brute_force_order(m, candidates(m, enumerate_plans(p)), p.objective)
