@@ -202,7 +202,7 @@ def scale_lines(sizes: tuple[int, ...] = (50, 500)) -> list[str]:
              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {n} | {w} | {r['searches']} | {r['options']:,} | {r['status']} | {r['placed']} | {r['cold_s']:.1f} | "
               f"{r['warm_s']:.1f} |" for n, w, r in rows]
-    return lines
+    return [*lines, ""]
 
 
 def write_fleet_bench(out: Path, seeds: int = 3, runner_for: Callable[[int], SearchRunner] | None = None) -> Path:
