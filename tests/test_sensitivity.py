@@ -260,7 +260,7 @@ def test_cli_writes_json_markdown_and_tornado(tmp_path: Path) -> None:
     [
         (["--params", "nic_bw"], "--params: unknown parameter 'nic_bw'; allowed: nic_bandwidth"),
         (["--factors", "two"], "--factors: 'two' is not a comma-separated list of numbers"),
-        (["--factors", "0,2"], "--factors: factor 0 is not possible; allowed: numbers > 0"),
+        (["--factors", "0,2"], "--factors: factor 0 is out of range; allowed: numbers from 0.001 to 1000"),
     ],
 )
 def test_cli_bad_options_are_one_line_errors(tmp_path: Path, args: list[str], message: str) -> None:

@@ -237,10 +237,11 @@ def best_candidates(model: Model, keep_best: int, score: Score) -> tuple[PlanArr
 
     def flush() -> None:
         nonlocal evaluated
-        if not batch:
-            return
-        kept, t, key, n = _batch_candidates(model, PlanArrays.concat(batch), keep_best, lazy)
+        together = PlanArrays.concat(batch) if batch else None
         batch.clear()
+        if together is None or not len(together):  # options whose space is empty (tp 3 on 8 GPUs) add nothing
+            return
+        kept, t, key, n = _batch_candidates(model, together, keep_best, lazy)
         evaluated += n
         obj, ok = score(kept, metrics(model, kept, t))
         idx = np.flatnonzero(ok)
