@@ -127,7 +127,7 @@ def emit_cmd(
     if benchmark is not None:
         from madmax_opt.launch.benchmark import check_benchmark_options
 
-        check_benchmark_options(benchmark, fmt, out, problem)
+        check_benchmark_options(benchmark, fmt, out, _load(problem).task, problem)
     loaded = _load(problem)
     plans = load_plan_file(plan, loaded)
     listed = isinstance(read_yaml(plan, what="plan file"), list)
@@ -150,7 +150,8 @@ def emit_cmd(
         from madmax_opt.launch.benchmark import loop_files, write_loop_files
 
         dirs = ["."] if len(plans) == 1 else [f"plan-{i}" for i in range(len(plans))]
-        report_written(write_loop_files(loop_files(problem, loaded, plans, dirs), out))
+        raw = read_yaml(problem, what="problem file")
+        report_written(write_loop_files(loop_files(problem, raw, loaded, plans, dirs), out))
     if json_out:
         print(json.dumps(records[0] if len(records) == 1 else records, indent=2))
     else:

@@ -35,10 +35,9 @@ from typing import Any
 import yaml
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.yaml_files import read_yaml
 from madmax_opt.launch.common import Command, Emitted
 from madmax_opt.model.problem import Problem
-from madmax_opt.model.spec import InferenceTask, Plan
+from madmax_opt.model.spec import InferenceTask, Plan, Task
 
 MIN_ITERATIONS = 3  # calibrate leaves out the first iteration (warm-up) and takes the median of the rest
 MAX_ITERATIONS = 10_000
@@ -189,10 +188,9 @@ def _run_entry(raw: dict[str, Any], problem: Problem, plan: Plan, log: str, name
     return entry
 
 
-def loop_files(problem_file: Path, problem: Problem, plans: list[Plan], dirs: list[str]) -> dict[str, str]:
+def loop_files(problem_file: Path, raw: Any, problem: Problem, plans: list[Plan], dirs: list[str]) -> dict[str, str]:
     """measure.sh, runs.yaml and the calibrated problem for the plans emitted into ``dirs`` (relative to the
-    folder these files go to)."""
-    raw = read_yaml(problem_file, what="problem file")
+    folder these files go to); ``raw``: the problem file as read (the CLI reads it; launch reads no files)."""
     if not isinstance(raw, dict) or "model" not in raw:
         raise ProblemError("expected a problem mapping with model", file=str(problem_file))
     runs = [_run_entry(raw, problem, p, f"{d}/{LOG}" if d != "." else LOG, f"plan-{i}" if d != "." else "plan")
@@ -230,8 +228,8 @@ def write_loop_files(files: dict[str, str], out: Path) -> list[Path]:
     return paths
 
 
-def benchmark_plans(problem_file: Path, problem: Problem, records: list[dict[str, Any]], fmt: str, out: Path,
-                    n: int) -> list[Path]:
+def benchmark_plans(problem_file: Path, raw: Any, problem: Problem, records: list[dict[str, Any]], fmt: str,
+                    out: Path, n: int) -> list[Path]:
     """``solve --emit FMT --benchmark N --out DIR``: every returned plan FMT can express, as a measured run in
     DIR/plan-i, plus (training) measure.sh, runs.yaml and the calibrated problem in DIR; the paths written."""
     from madmax_opt.launch.emit import emit_plan, plan_of_record, write_emitted
@@ -251,22 +249,19 @@ def benchmark_plans(problem_file: Path, problem: Problem, records: list[dict[str
         plans.append(plan)
         dirs.append(d)
     if plans and not isinstance(problem.task, InferenceTask):
-        paths += write_loop_files(loop_files(problem_file, problem, plans, dirs), out)
+        paths += write_loop_files(loop_files(problem_file, raw, problem, plans, dirs), out)
     return paths
 
 
-def check_benchmark_options(n: int, fmt: str | None, out: Path | None, problem_file: Path | None = None) -> None:
+def check_benchmark_options(n: int, fmt: str | None, out: Path | None, task: Task | InferenceTask | None = None,
+                            problem_file: Path | None = None) -> None:
     """--benchmark needs a format and --out (the files it writes are the point), and 3..10,000 iterations; a
     serving problem's requests need one length (a mix has no single benchmark client), checked before the search."""
     check_iterations(n)
-    if problem_file is not None:
-        from madmax_opt.io.problem import load_problem
-
-        task = load_problem(problem_file).task
-        if isinstance(task, InferenceTask) and (task.prompt_len is None or task.output_len is None):
-            raise ProblemError("a request mix has no single length to benchmark; allowed: --benchmark with "
-                               "prompt_len and output_len (benchmark a mix one shape at a time)",
-                               file=str(problem_file), field="task.mix")
+    if isinstance(task, InferenceTask) and (task.prompt_len is None or task.output_len is None):
+        raise ProblemError("a request mix has no single length to benchmark; allowed: --benchmark with "
+                           "prompt_len and output_len (benchmark a mix one shape at a time)",
+                           file=str(problem_file), field="task.mix")
     if fmt is None:
         raise ProblemError("--benchmark needs --emit FORMAT; allowed: --emit with --out", field="--benchmark")
     if out is None:
