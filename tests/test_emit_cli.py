@@ -133,6 +133,10 @@ DISAGG = ROOT / "problems" / "serve-llama2-70b-disaggregated.yaml"
     # llama2-70b has 80 layers; 40 + 41 = 81
     (LLAMA, "{dp: 32, tp: 8, pp: 2, mbs: 1, zero: 1, stage_layers: [40, 41], stage_recompute: [full, full]}",
      "nemo", "stage_layers must sum to the model's layers"),
+    # ... and also far over memory (ZeRO-0, tp 1: ~35 B parameters x 16 B of state per GPU): still invalid, so
+    # --force cannot emit it
+    (LLAMA, "{dp: 256, tp: 1, pp: 2, mbs: 1, zero: 0, recompute: none, stage_layers: [40, 41], "
+     "stage_recompute: [none, none]}", "megatron", "stage_layers must sum to the model's layers"),
     (SERVE_128, "{dp: 3, tp: 4, batch: 8}", "vllm", "dp*tp*pp must equal the number of GPUs"),  # 12 of 128
     (SERVE, "{dp: 4, tp: 3, batch: 8}", "sglang", "tp must divide heads"),  # 64 heads, 8 KV heads; tp 3
     (DISAGG, "{dp: 2, tp: 8, batch: 8, prefill_replicas: 5}", "vllm", "below dp"),

@@ -508,8 +508,8 @@ def staged_terms(
     invalid = invalid_codes(
         wl, task, table, base, m, memory.total, capacity, check_layers=False, check_gpus=stage_hw is None
     )
-    if sum(stage_layers) != wl.layers:
-        invalid = np.where(invalid == 0, 11, invalid)
+    if sum(stage_layers) != wl.layers:  # a structural rule: it outranks "does not fit" (emit --force overrides that)
+        invalid = np.where((invalid == 0) | (invalid == MEMORY_REASON), 11, invalid)
     peak = np.array([table.peak_flops(task.precision)[hw].mean()])  # equal GPUs per stage
     rc_flops = np.array([float(np.dot(n_layers, _recompute_flops(wl)[np.asarray(stage_recompute)]))])
     return _step_terms(wl, task, time, hidden, memory, capacity, invalid, base.gpus, peak, rc_flops)
