@@ -78,6 +78,8 @@ def training_limits(fmt: str, p: Plan, problem: Problem) -> list[str]:
             out.append("layers per chunk")
     if fmt in ("megatron", "nemo", "torchtitan") and uneven and p.vpp > 1:
         out.append("uneven stages with interleaving")  # first/last-stage flags and the layout do not split chunks
+    if fmt == "nemo" and task.precision in ("fp8", "mxfp8") and not problem.stack.fp8_params:
+        out.append("Bridge's FP8 recipes hold FP8 primary weights")  # mixed_precision.py lines 264, 302 @067f987
     if fmt in ("megatron", "nemo"):  # Megatron-Core start-up checks (data/flags/startup-training.yaml)
         out += [why for bad, why in [
             (m.heads % p.tp != 0, "heads"), (m.n_kv_heads % p.tp != 0 and p.tp % m.n_kv_heads != 0, "groups"),

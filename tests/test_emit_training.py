@@ -81,6 +81,7 @@ def priced(problem: Problem, fmt: str) -> LaunchedModel:
         positions=pos.kind, rope_theta=pos.rope_theta if pos.kind == "rope" else None,
         rotary_percent=pos.rotary_percent, rope_scaling_factor=pos.scaling.factor if pos.scaling else None,
         precision=task.precision, flash_attention=stack.flash_attention,
+        fp8_params=stack.fp8_params and task.precision in ("fp8", "mxfp8"),  # priced only for FP8 tasks
         dropout=stack.dropout,
         # the price assumes grouped expert GEMMs; DeepSpeed-MoE has no such option (one GEMM per expert, not priced)
         grouped_gemm=True if moe and fmt != "deepspeed" else None,
@@ -149,10 +150,10 @@ def models(draw: Any) -> dict[str, Any]:
 
 @settings(max_examples=15, deadline=None)
 @given(models(), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.sampled_from([1, 2]),
-       st.sampled_from(["bf16", "fp8"]), st.booleans())
+       st.sampled_from(["bf16", "fp8"]), st.booleans(), st.booleans())
 def test_random_models_and_plans_launch_as_priced(model: dict[str, Any], tp: int, pp: int, cp: int, precision: str,
-                                                  dropout: bool) -> None:
-    problem = problem_of(model, precision=precision, stack={"dropout": dropout})
+                                                  dropout: bool, fp8_params: bool) -> None:
+    problem = problem_of(model, precision=precision, stack={"dropout": dropout, "fp8_params": fp8_params})
     m = problem.model
     dp = 8 // (tp * pp * cp) if tp * pp * cp <= 8 else 1
     ep = 2 if m.moe is not None and dp % 2 == 0 else 1
@@ -167,6 +168,9 @@ def test_random_models_and_plans_launch_as_priced(model: dict[str, Any], tp: int
                                      (m.heads % tp != 0 or m.n_kv_heads % tp != 0, "heads")] if bad]
         if fmt == "torchtitan":
             why += ["heads"] if m.heads % tp or m.n_kv_heads % tp else []
+            why += ["fp8 params"] if precision == "fp8" and fp8_params else []  # Float8Linear keeps bf16 weights
+        if fmt == "nemo" and precision == "fp8" and not fp8_params:
+            why += ["bf16 primary weights"]  # Bridge's FP8 recipes set fp8_param_gather
         if fmt in ("megatron", "nemo"):
             why += [w for bad, w in [(m.heads % tp != 0, "heads"),
                                      (m.n_kv_heads % tp != 0 and tp % m.n_kv_heads != 0, "groups")] if bad]
@@ -222,6 +226,8 @@ REFUSED_BY_RULE: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "deepspeed.moe-zero3": ("deepspeed", {"dp": 8, "zero": 3}, {"moe": {"num_experts": 8, "top_k": 2,
                                                                           "expert_ffn": 2048}}),
     "deepspeed.batch": ("deepspeed", {"dp": 8, "mbs": 3}, {}),
+    "megatron.fp8-param-gather": ("megatron", {"dp": 8, "zero": 0}, {"precision": "fp8",
+                                                                      "stack": {"fp8_params": True}}),
 }
 BASE = {"layers": 16, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn": 2048, "ffn_kind": "swiglu",
         "norm": "rmsnorm", "vocab": 32000}
@@ -230,8 +236,9 @@ BASE = {"layers": 16, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn": 2048, "
 @pytest.mark.parametrize("rule_id", sorted(REFUSED_BY_RULE))
 def test_each_refuse_rule_refuses_in_one_line_naming_the_rule(rule_id: str) -> None:
     fmt, plan, change = REFUSED_BY_RULE[rule_id]
-    seq_len = change.pop("seq_len", 4096) if "seq_len" in change else 4096
-    problem = problem_of({**BASE, **change}, seq_len=seq_len)
+    change = dict(change)
+    seq_len, precision, stack = change.pop("seq_len", 4096), change.pop("precision", "bf16"), change.pop("stack", None)
+    problem = problem_of({**BASE, **change}, seq_len=seq_len, precision=precision, stack=stack)
     with pytest.raises(ProblemError) as err:
         emit(problem, Plan(**plan), fmt)
     _, rule = find_rule(rule_id)
@@ -256,6 +263,11 @@ def test_the_checkers_catch_what_the_old_emitters_wrote() -> None:
     assert tp.commands[0].env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     no_env = tp.model_copy(update={"commands": [tp.commands[0].model_copy(update={"env": {}})]})
     assert violations(no_env) == ["megatron.tp-cp-max-connections"]
+    fp8 = emit(problem_of(dict(BASE, layers=40), precision="fp8", stack={"fp8_params": True}), Plan(dp=8, zero=1),
+               "megatron")
+    args = [a for a in fp8.commands[0].args if a not in ("--use-distributed-optimizer", "--overlap-param-gather")]
+    no_dist = fp8.model_copy(update={"commands": [fp8.commands[0].model_copy(update={"args": args})]})
+    assert "--fp8-param-gather" in args and violations(no_dist) == ["megatron.fp8-param-gather"]
     # torchtitan: 40 layers, pp 4, 10 per stage; with the default less_layers (1 + 1): ceil(42 / 10) = 5 stages
     titan = emit(problem, Plan(dp=2, pp=4, zero=3), "torchtitan")
     toml = titan.files["job.toml"].replace("pipeline_parallel_first_stage_less_layers = 0\n", "").replace(
@@ -354,6 +366,37 @@ def test_unfused_attention_is_launched_or_refused(fmt: str) -> None:
             emit(problem, plan, fmt)
         return
     check_round_trip(problem, plan, fmt)
+
+
+@pytest.mark.parametrize("fmt", TRAINING_FORMATS)
+@pytest.mark.parametrize("precision", ["fp8", "mxfp8"])
+def test_fp8_primary_weights_are_launched_or_refused(fmt: str, precision: str) -> None:
+    """stack.fp8_params (FP8 primary weights): Megatron-LM --fp8-param-gather (arguments.py line 1935 @5be9626) with
+    the distributed optimizer or FSDP; Bridge's FP8 recipes always set fp8_param_gather (mixed_precision.py lines 264,
+    302 @067f987), so they launch only a plan priced with it; torchtitan's Float8Linear keeps high-precision weights
+    and Megatron-DeepSpeed has no FP8 path: refused."""
+    hardware_b200 = precision == "mxfp8"
+    for fp8_params in (True, False):
+        problem = problem_from_dict({
+            "model": BASE, "hardware": {"system": "dgx-b200" if hardware_b200 else "dgx-h100", "gpus": [8, 16]},
+            "task": {"kind": "pretrain", "seq_len": 4096, "global_batch": 64, "precision": precision},
+            "stack": {"fp8_params": fp8_params}})
+        for zero in (0, 1, 3):
+            plan = Plan(dp=8, zero=zero)
+            refused = {"megatron": fp8_params and zero == 0, "nemo": not fp8_params,
+                       "torchtitan": fp8_params or zero == 1,  # FSDP2: no ZeRO-1
+                       "deepspeed": True}[fmt]
+            if refused:
+                with pytest.raises(ProblemError) as err:
+                    emit(problem, plan, fmt)
+                assert "\n" not in str(err.value)
+                continue
+            e = check_round_trip(problem, plan, fmt)
+            assert launched_model(e).fp8_params is fp8_params
+    # a bf16 task is priced with bf16 weights whatever the knob says: no FP8 flag is launched
+    bf16 = problem_of(BASE, stack={"fp8_params": True})
+    if fmt != "torchtitan":
+        assert not launched_model(emit(bf16, Plan(dp=8, zero=1), fmt)).fp8_params
 
 
 # ------------------------------------------------------------------------------ the framework's own parser (optional)

@@ -190,6 +190,9 @@ def megatron_emit(ctx: Context) -> Emitted:
     moe, stack = m.moe, ctx.problem.stack
     fsdp = p.zero >= 2
     fp8 = FP8_RECIPE.get(task.precision)
+    fp8_params = stack.fp8_params and fp8 is not None  # the price keeps bf16 weights for bf16 / fp16 tasks
+    if fp8_params and p.zero == 0:
+        raise rule_refusal(fmt, "stack.fp8_params with zero=0", "megatron.fp8-param-gather", field="zero")
     launcher, nodes = torchrun(ctx, fmt)
     args = flag_args([
         ("--tensor-model-parallel-size", p.tp), ("--pipeline-model-parallel-size", p.pp),
@@ -211,6 +214,7 @@ def megatron_emit(ctx: Context) -> Emitted:
         ("--tp-comm-overlap", stack.tp_comm_overlap and p.tp > 1 and p.sp),
         ("--fp16", task.precision == "fp16"), ("--bf16", task.precision != "fp16"),
         ("--fp8-format", fp8[0] if fp8 else None), ("--fp8-recipe", fp8[1] if fp8 else None),
+        ("--fp8-param-gather", fp8_params),
         ("--attention-backend", "flash" if stack.flash_attention else "unfused"),
         ("--hidden-dropout", 0.1 if stack.dropout else 0.0), ("--attention-dropout", 0.1 if stack.dropout else 0.0),
         ("--num-layers", m.layers), ("--hidden-size", m.hidden), ("--num-attention-heads", m.heads),
@@ -323,6 +327,11 @@ def nemo_emit(ctx: Context) -> Emitted:
                      "(attention_backend None); allowed: flash_attention true", field="stack.flash_attention")
     recipe = NEMO_RECIPE[m.ffn_kind]
     stack, fsdp = ctx.problem.stack, p.zero >= 2
+    if task.precision in FP8_RECIPE and not stack.fp8_params:
+        raise refuse(fmt, f"precision {task.precision} with stack.fp8_params false", "Bridge's FP8 mixed-precision "
+                     "recipes set fp8_param_gather (FP8 primary weights) and copy it onto the model and DDP configs "
+                     "(training/mixed_precision.py lines 264, 302, 138-155 @067f987); allowed: stack.fp8_params true",
+                     field="stack.fp8_params")
     overrides: list[tuple[str, object]] = [(model_key(recipe, k), v) for k, v in nemo_model_fields(ctx, task)]
     overrides += [
         ("train.micro_batch_size", p.mbs), ("train.global_batch_size", task.global_batch),

@@ -39,6 +39,7 @@ class LaunchedModel(Strict):
     rotary_percent: float = 1.0
     rope_scaling_factor: float | None = None  # Llama-3.1 scaling factor; None: unscaled
     precision: str
+    fp8_params: bool = False  # FP8 primary weights (stack.fp8_params)
     flash_attention: bool
     dropout: bool
     grouped_gemm: bool | None = None  # MoE only: experts of a rank in one grouped GEMM
@@ -73,7 +74,7 @@ def _megatron(v: Mapping[str, object]) -> LaunchedModel:
         positions="rope" if rope else "learned", rope_theta=num("--rotary-base", 10000) if rope else None,
         rotary_percent=_f(v.get("--rotary-percent", 1.0)),
         rope_scaling_factor=_f(v.get("--rope-scaling-factor", 8.0)) if on("--use-rope-scaling") else None,
-        precision=fp8 or ("fp16" if on("--fp16") else "bf16"),
+        precision=fp8 or ("fp16" if on("--fp16") else "bf16"), fp8_params=on("--fp8-param-gather"),
         flash_attention=v.get("--attention-backend") in ("flash", "fused", "auto", None),
         dropout=_f(v.get("--hidden-dropout", 0.1)) > 0,
         grouped_gemm=on("--moe-grouped-gemm") if moe else None,
@@ -84,6 +85,8 @@ def _megatron(v: Mapping[str, object]) -> LaunchedModel:
 
 NEMO_PRECISIONS = {"bf16_mixed": "bf16", "fp16_mixed": "fp16", "bf16_with_fp8_current_scaling_mixed": "fp8",
                    "bf16_with_mxfp8_mixed": "mxfp8"}
+# the FP8 recipes set fp8_param_gather (Megatron-Bridge training/mixed_precision.py lines 264, 302 @067f987)
+NEMO_FP8_PARAMS = {"bf16_with_fp8_current_scaling_mixed", "bf16_with_mxfp8_mixed"}
 
 
 def _nemo(o: Mapping[str, object]) -> LaunchedModel:
@@ -105,7 +108,7 @@ def _nemo(o: Mapping[str, object]) -> LaunchedModel:
         positions="rope" if rope else "learned", rope_theta=num("rotary_base") if rope else None,
         rotary_percent=_f(m.get("model.rotary_percent", 1.0)),
         rope_scaling_factor=_f(m["model.rope_scaling_factor"]) if on("rope_scaling") else None,
-        precision=NEMO_PRECISIONS[m["mixed_precision"]],
+        precision=NEMO_PRECISIONS[m["mixed_precision"]], fp8_params=m["mixed_precision"] in NEMO_FP8_PARAMS,
         flash_attention=m.get("model.attention_backend") in ("flash", "fused", "auto", None),
         dropout=_f(m["model.hidden_dropout"]) > 0,
         grouped_gemm=on("moe_grouped_gemm") if moe else None,

@@ -152,6 +152,8 @@ def _megatron_checks() -> dict[str, Check]:
         "megatron.layers-per-chunk": layers_per_chunk,
         "megatron.overlap-param-gather": lambda x: not x.on("--overlap-param-gather") or (
             (x.on("--use-distributed-optimizer") or x.on(fsdp)) and x.on("--overlap-grad-reduce")),
+        "megatron.fp8-param-gather": lambda x: not x.on("--fp8-param-gather") or x.on("--use-distributed-optimizer")
+        or x.on(fsdp),
         "megatron.cp-seq-length": lambda x: x.num(cp) == 1 or x.num("--seq-length") % (2 * x.num(cp)) == 0,
         "megatron.tp-comm-overlap-sp": lambda x: not x.on("--tp-comm-overlap") or (
             x.on("--sequence-parallel") and x.num(tp) > 1),

@@ -126,6 +126,10 @@ def titan_emit(ctx: Context) -> Emitted:
     if task.precision == "fp16":
         raise refuse(FMT, "precision fp16", "mixed precision is bfloat16 or float32; allowed: bf16, fp8, mxfp8",
                      field="task.precision")
+    if stack.fp8_params and task.precision in CONVERTER:
+        raise refuse(FMT, "stack.fp8_params true", "Float8Linear keeps high-precision weights (mixed_precision_param "
+                     "bfloat16 / float32); enable_fsdp_float8_all_gather only casts them for the all-gather "
+                     "(config/job_config.py line 732 @73a0e69); allowed: stack.fp8_params false", field="stack.fp8_params")
     if task.global_batch % (p.dp * p.mbs):
         raise rule_refusal(FMT, f"mbs={p.mbs} with dp={p.dp}", "torchtitan.global-batch", field="mbs")
     if p.zero == 0 and p.gpus > p.dp:
