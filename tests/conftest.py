@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from madmax_opt.io.calibration import with_record
 from madmax_opt.model.collectives import Tiers
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.problem import Problem
@@ -99,11 +100,12 @@ def make_problem() -> ProblemFactory:
         sys_ = system or toy_system()
         g = gpu or toy_gpu()
         sizes = [gpus] if isinstance(gpus, int) else gpus
+        stack = Stack(**stack_fields)
         return Problem(
             model=model or toy_model(),
             task=task,
-            stack=Stack(**stack_fields),
-            hardware=tuple(HardwareOption(sys_, g, n) for n in sizes),
+            stack=stack,
+            hardware=tuple(with_record(HardwareOption(sys_, g, n), stack.framework) for n in sizes),
             space=Space(),
             objective="throughput",
             constraints=Constraints(),

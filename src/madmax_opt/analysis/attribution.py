@@ -18,6 +18,7 @@ thereby split between its intra- and inter-node phases (collectives.members_per_
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Sequence
 from functools import reduce
@@ -63,7 +64,7 @@ def _slower(option: HardwareOption, resource: str, lam: float) -> HardwareOption
             for i, t in enumerate(system.tiers)
         ]
         system = system.model_copy(update={"tiers": tiers})
-    return HardwareOption(system, gpu, option.gpus, option.supply)
+    return dataclasses.replace(option, system=system, gpu=gpu)  # same GPU name and fits: same trust record
 
 
 def _parts(terms_at: TermsAt, options: Sequence[HardwareOption], n_plans: int) -> dict[str, dict[str, Arr]]:

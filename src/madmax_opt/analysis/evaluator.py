@@ -22,8 +22,7 @@ from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.numeric import Arr
 from madmax_opt.core.units import SECONDS_PER_HOUR
-from madmax_opt.io import calibration
-from madmax_opt.model.hardware import HardwareTable
+from madmax_opt.model.hardware import HardwareOption, HardwareTable
 from madmax_opt.model.objectives import energy_mwh, usd_per_million_units
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.problem import Problem
@@ -211,7 +210,7 @@ def to_records(
     seq_len = model.workload.seq_len
     flops = float(t.model_flops_per_step)
     plan_rows = plan_dicts(plans, [p.hardware[h].system.name for h in cols["hw"]])
-    trust = {h: calibration.record_dict(p.hardware[h].gpu, p.stack.framework) for h in set(cols["hw"])}  # per option
+    trust = {h: _trust(p.hardware[h]) for h in set(cols["hw"])}  # per option
     out = []
     # the records hold no reference cycles: pausing the cyclic collector while they are built saves its repeated
     # traversals of the growing list (~20 % of the time at 10^5 plans); it runs again afterwards
@@ -260,6 +259,13 @@ def to_records(
         if collecting:
             gc.enable()
     return out
+
+
+def _trust(option: HardwareOption) -> dict[str, Any]:
+    """The trust record io resolved for the option's calibration (io/calibration.py ``apply``), as JSON."""
+    if option.calibration_record is None:
+        raise ValueError(f"hardware option {option.name} carries no calibration record (io/calibration.apply adds it)")
+    return option.calibration_record.model_dump()
 
 
 def plan_dicts(plans: PlanArrays, systems: list[str]) -> list[dict[str, Any]]:

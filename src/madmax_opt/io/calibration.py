@@ -12,17 +12,18 @@ fit of its own (``prior_kind: fitted``, the A100s).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
-from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.hardware import CalibrationRecord, HardwareOption, StepInterval
 from madmax_opt.model.spec import (
     FRAMEWORK_FAMILY,
     GPU,
@@ -51,17 +52,6 @@ class Overlay(Strict):
     calibrations: list[OverlayEntry] = Field(min_length=1)
 
 
-class StepInterval(BaseModel):
-    """The 80 % interval of a predicted step time: [lo x predicted, hi x predicted] (data/training_intervals.yaml)."""
-
-    lo: float
-    hi: float
-    coverage: float = Field(description="nominal coverage of the interval")
-    runs: int = Field(description="residuals it was built from")
-    basis: str = Field(description="own: the family's runs at this level; pooled over families")
-    loso_coverage: float | None = Field(None, description="measured leave-one-source-out coverage of its residuals")
-
-
 @cache
 def intervals() -> dict[str, dict[str, StepInterval]]:
     """family -> level -> interval, from data/training_intervals.yaml (``madmax-opt validate --write-catalog``)."""
@@ -79,20 +69,6 @@ def step_interval(framework: str, level: str | None) -> StepInterval | None:
     table = intervals()
     own = table.get(FRAMEWORK_FAMILY.get(framework, ""), {}).get(kind)
     return own if own is not None else table.get("pooled", {}).get(kind)
-
-
-class CalibrationRecord(BaseModel):
-    """How much to trust a prediction: the calibration that priced it and its validation error (fractions)."""
-
-    gpu: str
-    framework: str
-    status: Literal["calibrated", "uncalibrated"]
-    level: str | None = Field(None, description="what priced it: calibrated (the pair's fit), family:NAME, prior")
-    runs: int = 0
-    sources: list[str] = Field(default_factory=list)
-    in_sample_median_err: float | None = None
-    loso_median_err: float | None = None
-    interval: StepInterval | None = Field(None, description="80 % interval of the step time at this level")
 
 
 def check_overlay_file(path: Path, *, file: str | None, field: str = "calibration") -> None:
@@ -212,8 +188,14 @@ def _own(gpu: GPU, framework: str, overlay: Overlay | None = None) -> GPU:
 
 
 def apply(options: list[HardwareOption], framework: str, overlay: Overlay | None) -> list[HardwareOption]:
-    """Every hardware option with its GPU's calibration for ``framework`` (``overlay`` first)."""
-    return [HardwareOption(o.system, with_framework(o.gpu, framework, overlay), o.gpus, o.supply) for o in options]
+    """Every hardware option with its GPU's calibration for ``framework`` (``overlay`` first) and the trust record of
+    that calibration (``record``), which the evaluator copies into every record."""
+    return [with_record(replace(o, gpu=with_framework(o.gpu, framework, overlay)), framework) for o in options]
+
+
+def with_record(option: HardwareOption, framework: str) -> HardwareOption:
+    """``option`` carrying the trust record of its GPU's calibration under ``framework``."""
+    return replace(option, calibration_record=record(option.gpu, framework))
 
 
 def family_fit(gpu: GPU, framework: str) -> FamilyCalibration | None:

@@ -11,8 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.calibration import CalibrationRecord
-from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.hardware import CalibrationRecord, HardwareOption
 from madmax_opt.model.serving_calibration import (
     DEFAULT_SERVING_FRAMEWORK,
     SERVING_FRAMEWORKS,

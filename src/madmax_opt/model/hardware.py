@@ -1,11 +1,14 @@
-"""Hardware options (a system at a cluster size) and their parameters as arrays indexed by option."""
+"""Hardware options (a system at a cluster size), the trust record of their calibration, and their parameters as
+arrays indexed by option."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
+from pydantic import BaseModel, Field
 
 from madmax_opt.model.collectives import Tiers
 from madmax_opt.model.spec import GPU, System
@@ -13,14 +16,41 @@ from madmax_opt.model.spec import GPU, System
 MAX_TIERS = 3
 
 
+class StepInterval(BaseModel):
+    """The 80 % interval of a predicted step time: [lo x predicted, hi x predicted] (data/training_intervals.yaml)."""
+
+    lo: float
+    hi: float
+    coverage: float = Field(description="nominal coverage of the interval")
+    runs: int = Field(description="residuals it was built from")
+    basis: str = Field(description="own: the family's runs at this level; pooled over families")
+    loso_coverage: float | None = Field(None, description="measured leave-one-source-out coverage of its residuals")
+
+
+class CalibrationRecord(BaseModel):
+    """How much to trust a prediction: the calibration that priced it and its validation error (fractions)."""
+
+    gpu: str
+    framework: str
+    status: Literal["calibrated", "uncalibrated"]
+    level: str | None = Field(None, description="what priced it: calibrated (the pair's fit), family:NAME, prior")
+    runs: int = 0
+    sources: list[str] = Field(default_factory=list)
+    in_sample_median_err: float | None = None
+    loso_median_err: float | None = None
+    interval: StepInterval | None = Field(None, description="80 % interval of the step time at this level")
+
+
 @dataclass(frozen=True)
 class HardwareOption:
-    """One hardware choice of a problem: ``gpus`` GPUs of ``system``."""
+    """One hardware choice of a problem: ``gpus`` GPUs of ``system``; a training problem's options carry the trust
+    record of the calibration that prices them (resolved by io/calibration.py)."""
 
     system: System
     gpu: GPU
     gpus: int
     supply: int | None = None
+    calibration_record: CalibrationRecord | None = None
 
     @property
     def name(self) -> str:

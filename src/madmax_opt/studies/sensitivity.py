@@ -30,6 +30,7 @@ from madmax_opt.analysis.evaluator import Model, metrics, staged_record, to_reco
 from madmax_opt.analysis.records import Record
 from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.core.units import J_PER_KWH
+from madmax_opt.io import calibration
 from madmax_opt.io.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant, parameter_value
 from madmax_opt.io.yaml_files import shorten
 from madmax_opt.model.hardware import HardwareOption
@@ -90,7 +91,8 @@ def variant_problem(
             derived[key] = derive_variant(o.system, o.gpu, scale=scale, values=values, file=problem.source,
                                           field=field)
         system, gpu = derived[key]
-        options.append(HardwareOption(system, gpu, o.gpus, o.supply))
+        option = HardwareOption(system, gpu, o.gpus, o.supply)
+        options.append(calibration.with_record(option, problem.stack.framework))  # the derived GPU's trust record
     return dataclasses.replace(problem, hardware=tuple(options))
 
 
@@ -237,7 +239,8 @@ def optimum_unchanged(problem: Problem, param: str) -> bool:
     """Whether the base optimum's plan is provably the variant's: the parameter enters no time term, no validity
     rule and no constraint (power, or price without a cost objective or budget), so every candidate keeps its
     integer objective and the solver its choice; only the record's cost / energy fields change."""
-    unused_price = problem.objective != "cost" and problem.constraints.max_cost_per_hour is None
+    cons = problem.constraints
+    unused_price = problem.objective != "cost" and cons.max_cost_per_hour is None and cons.budget_usd is None
     unused_power = problem.objective != "energy"  # the energy objective reads the power (model/objectives.py)
     return (param == "power" and unused_power) or (param == "price" and unused_price)
 
