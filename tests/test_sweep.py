@@ -108,18 +108,11 @@ def test_expansion_crosses_everything_with_stable_distinct_keys(tmp_path: Path) 
     assert {c.label["system"] for c in every.combinations} == set(catalog.systems())
 
 
-def test_deadline_and_budget_become_the_tightest_throughput_floor(tmp_path: Path) -> None:
-    data = SMALL | {
-        "constraints": {"deadline_hours": 100.0, "budget_usd": 50_000.0, "min_throughput": 1000.0}
-    }
-    sweep = load_sweep(write_sweep(tmp_path / "s.yaml", data))
-    for c in sweep.combinations:
-        n, price = c.label["gpus"], c.label["price_per_gpu_hour"]
-        by_deadline = 1.0e11 / (100.0 * 3600.0)  # tokens / seconds
-        by_budget = 1.0e11 * n * price / 3600.0 / 50_000.0  # tokens / (budget / $ per second)
-        assert c.problem["constraints"]["min_throughput"] == pytest.approx(
-            max(1000.0, by_deadline, by_budget)
-        )
+def test_deadline_and_budget_reach_the_problems_as_written(tmp_path: Path) -> None:
+    cons = {"deadline_hours": 100.0, "budget_usd": 50_000.0, "min_throughput": 1000.0}
+    sweep = load_sweep(write_sweep(tmp_path / "s.yaml", SMALL | {"constraints": cons}))
+    for c in sweep.combinations:  # the problem enforces each (tests/test_budget.py) and names the one that binds
+        assert c.problem["constraints"] == cons
 
 
 def test_every_checked_in_sweep_file_validates() -> None:

@@ -23,7 +23,7 @@ from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.numeric import Arr
 from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.model.hardware import HardwareOption, HardwareTable
-from madmax_opt.model.objectives import energy_mwh, usd_per_million_units
+from madmax_opt.model.objectives import energy_mwh, run_cost_usd, usd_per_million_units
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
@@ -251,7 +251,7 @@ def to_records(
                 rec["time_to_train"] = {
                     "hours": hours,
                     "gpu_hours": hours * gpus,
-                    "cost_usd": hours * cols["cost_per_hour_usd"][i],
+                    "cost_usd": run_cost_usd(hours, cols["cost_per_hour_usd"][i]),
                     "energy_mwh": energy_mwh(hours, gpus * cols["power"][i]),
                 }
             out.append(rec)
@@ -337,7 +337,7 @@ def _mixed_hardware(model: Model, plan: Plan, stage_hw: list[int], rec: Training
     rec["usd_per_million_tokens"] = usd_per_million_units(hourly, rec["tokens_per_s"])
     if "time_to_train" in rec:
         tt = rec["time_to_train"]
-        tt["cost_usd"] = tt["hours"] * hourly
+        tt["cost_usd"] = run_cost_usd(tt["hours"], hourly)
         tt["energy_mwh"] = energy_mwh(tt["hours"], sum(o.system.power_w_per_gpu * per_stage for o in options))
     for o in model.problem.hardware:
         if o.supply is not None and use.get(o.gpu.name, 0) > o.supply and rec["feasible"]:

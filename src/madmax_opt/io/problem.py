@@ -15,6 +15,7 @@ from madmax_opt.io import calibration, catalog
 from madmax_opt.io.derive import derive_hardware
 from madmax_opt.io.overlays import check_overlay
 from madmax_opt.io.problem_file import HardwareEntry, HFConfig, ProblemFile
+from madmax_opt.io.serving_catalog import serving_data
 from madmax_opt.io.validate import validate
 from madmax_opt.io.yaml_files import read_text, read_yaml, shorten
 from madmax_opt.model.hardware import HardwareOption
@@ -109,6 +110,9 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
     if pf.constraints.deadline_hours is not None and (not isinstance(pf.task, Task) or pf.task.train_tokens is None):
         raise ProblemError("needs task.train_tokens (the token budget) of a training task; allowed: a training task "
                            "with train_tokens, or min_throughput", file=source, field="constraints.deadline_hours")
+    if pf.constraints.budget_usd is not None and (not isinstance(pf.task, Task) or pf.task.train_tokens is None):
+        raise ProblemError("needs task.train_tokens (the token budget) of a training task; allowed: a training task "
+                           "with train_tokens, or max_cost_per_hour", file=source, field="constraints.budget_usd")
     return Problem(
         model=model,
         task=pf.task,
@@ -119,6 +123,7 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
         constraints=pf.constraints,
         baseline=pf.baseline,
         source=source,
+        serving=serving_data() if isinstance(pf.task, InferenceTask) else None,
     )
 
 

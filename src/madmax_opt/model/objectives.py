@@ -58,6 +58,11 @@ def usd_per_million_units(usd_per_hour: Any, units_per_s: Any) -> Any:
     return usd_per_hour / SECONDS_PER_HOUR / units_per_s * 1e6
 
 
+def run_cost_usd(hours: Any, usd_per_hour: Any) -> Any:
+    """US$ of a run of ``hours`` on a deployment costing ``usd_per_hour`` (constraints.budget_usd, reports)."""
+    return hours * usd_per_hour  # $ = hours x $/h
+
+
 def energy_mwh(hours: Any, watts: Any) -> Any:
     """Wall energy in MWh of ``hours`` at ``watts`` drawn in all (every GPU's share): W x h = Wh, 1e6 Wh a MWh."""
     return hours * watts / 1e6
@@ -98,5 +103,5 @@ def objective_values(name: str, rates: Rates) -> Arr:
 
 __all__ = [
     "OBJECTIVES", "Objective", "ObjectiveName", "Rates", "energy_mwh", "objective", "objective_values",
-    "usd_per_million_units",
+    "run_cost_usd", "usd_per_million_units",
 ]

@@ -451,6 +451,10 @@ class Constraints(Strict):
         None, description="training: train task.train_tokens within this many hours (as sweep files accept it): a "
         "floor of train_tokens / (3600 x hours) tokens/s"
     )
+    budget_usd: PositiveFloat | None = Field(
+        None, description="training: train task.train_tokens for at most this many US$ (as sweep files accept it): "
+        "the run's hours x the plan's $/h"
+    )
 
     def deadline_floor(self, train_tokens: float | None) -> float | None:
         """tokens/s that deadline_hours needs: train_tokens / (deadline_hours x 3600 s/h); None without both."""

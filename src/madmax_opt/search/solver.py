@@ -29,8 +29,8 @@ from madmax_opt.analysis.evaluator import (
 from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import InfeasibleError, InternalError, ProblemError
 from madmax_opt.core.numeric import IntArr
-from madmax_opt.core.units import US
-from madmax_opt.model.objectives import Rates
+from madmax_opt.core.units import SECONDS_PER_HOUR, US
+from madmax_opt.model.objectives import Rates, run_cost_usd
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
@@ -106,14 +106,24 @@ def candidates(model: Model, plans: PlanArrays | None = None, keep_best: int = 1
 
 def limits(model: Model, c: Candidates) -> list[Limit]:
     """The problem's side constraints as linear limits over the candidates (same integers for CP-SAT and brute
-    force): GPU count, $/hour, GPU supply per type, minimum throughput (as a maximum step time)."""
+    force): GPU count, $/hour, GPU supply per type, minimum throughput (as a maximum step time), the run's budget."""
     cons = model.problem.constraints
     out = cluster_limits(
         model.problem.hardware, c.plans.hw, c.plans.gpus, c.cost_cents_per_hour, cons.max_gpus, cons.max_cost_per_hour
     )
     if cons.throughput_floor(model.problem.training_task.train_tokens) is not None:  # min_throughput, deadline
         out.append(Limit(c.step_us, _max_step_us(model)))
+    if cons.budget_usd is not None:  # 0/1 per candidate: over budget at its rounded step time
+        out.append(Limit((run_usd(model, c, c.step_us / US) > cons.budget_usd).astype(np.int64), 0))
     return out
+
+
+def run_usd(model: Model, c: Candidates, step_s: NDArray[np.float64]) -> NDArray[np.float64]:
+    """US$ of the whole run per candidate: train_tokens / (tokens/step / step_s) / 3600 s/h hours x its $/h."""
+    tokens = model.problem.training_task.train_tokens
+    assert tokens is not None, "budget_usd needs task.train_tokens (checked when loading)"
+    hours = tokens * step_s / c.met.terms.tokens_per_step / SECONDS_PER_HOUR
+    return np.asarray(run_cost_usd(hours, c.met.cost_per_hour), dtype=np.float64)
 
 
 def admissible(model: Model, c: Candidates) -> NDArray[np.bool_]:
@@ -382,6 +392,11 @@ def explain_infeasible(model: Model, c: Candidates) -> str:
                 f"needs {floor:.4g} tokens/s)" if deadline is not None and deadline >= floor
                 else f"min_throughput={floor:.4g} tokens/s")  # the constraint the user wrote that binds
         reasons.append(f"{what}: the fastest feasible plan reaches {c.met.tokens_per_s[feas].max():.4g} tokens/s")
+    if cons.budget_usd is not None:
+        cost = run_usd(model, c, c.step_us / US)
+        if not (feas & (cost <= cons.budget_usd)).any():
+            reasons.append(f"budget_usd={cons.budget_usd:g} (task.train_tokens {tokens:.4g} at the plan's $/h): the "
+                           f"cheapest feasible plan's run costs ${cost[feas].min():.4g}")
     supply = supplies(p.hardware)
     within_supply = admissible_mask(
         np.ones(len(c.plans), dtype=bool),

@@ -15,7 +15,6 @@ from typing import Annotated, Any
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.io import catalog
 from madmax_opt.io.limits import MAX_TOP_K
 from madmax_opt.io.problem import check_space, problem_from_dict, resolve_model
@@ -141,18 +140,6 @@ def combination_key(problem: dict[str, Any], solver: dict[str, Any]) -> str:
 def madmax_baseline(system: str, gpus: int) -> dict[str, Any]:
     """MAD-Max style baseline: FSDP (ZeRO-3) data parallel over all GPUs, no TP/PP, mbs 1, full recompute."""
     return {"dp": gpus, "tp": 1, "pp": 1, "cp": 1, "zero": 3, "mbs": 1, "recompute": "full", "system": system}
-
-
-def min_throughput_tokens_per_s(
-    cons: SweepConstraints, train_tokens: float | None, price_per_hour: float
-) -> float | None:
-    """Tightest of min_throughput, tokens / deadline_s, tokens * $/h / (3600 budget) (one hardware option)."""
-    bounds = [cons.min_throughput] if cons.min_throughput is not None else []
-    if cons.deadline_hours is not None and train_tokens is not None:
-        bounds.append(train_tokens / (cons.deadline_hours * SECONDS_PER_HOUR))  # hours = tokens / tps / 3600
-    if cons.budget_usd is not None and train_tokens is not None and price_per_hour > 0:
-        bounds.append(train_tokens * price_per_hour / (SECONDS_PER_HOUR * cons.budget_usd))  # $ = hours x $/h
-    return max(bounds) if bounds else None
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -287,12 +274,8 @@ def _combination(
     objective: str,
     solver: dict[str, Any],
 ) -> Combination:
-    price_per_hour = system.price_per_gpu_hour * n
+    # as written: the problem enforces deadline_hours and budget_usd, and its infeasible reason names them
     constraints = spec.constraints.model_dump(mode="json", exclude_none=True)
-    constraints.pop("budget_usd", None)  # deadline_hours goes on: the problem's infeasible reason then names it
-    floor = min_throughput_tokens_per_s(spec.constraints, task.train_tokens, price_per_hour)
-    if floor is not None:
-        constraints["min_throughput"] = floor
     problem: dict[str, Any] = {
         "model": _model_entry(mref),
         "hardware": {"system": system_ref, "gpus": n},
