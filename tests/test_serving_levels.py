@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from madmax_opt.io import catalog
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.io.serving_catalog import calibration_columns, serving_catalog
+from madmax_opt.io.serving_catalog import serving_catalog
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.serving_calibration import (
     ANY,
     FitRecord,
     ServingCalibrationEntry,
     ServingParams,
+    calibration_columns,
     compose,
     resolve_params,
 )

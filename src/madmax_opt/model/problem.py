@@ -17,6 +17,7 @@ from madmax_opt.model.dlrm_spec import (
     DLRMTask,
 )
 from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.serving_calibration import ServingData
 from madmax_opt.model.spec import (
     Constraints,
     InferenceTask,
@@ -42,6 +43,7 @@ class Problem:
     constraints: Constraints
     baseline: Plan | None
     source: str = "<inline>"
+    serving: ServingData | None = None  # an inference problem's serving calibration and GPU catalogs (io resolves)
 
     @property
     def training_task(self) -> Task:

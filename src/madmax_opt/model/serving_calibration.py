@@ -16,15 +16,18 @@ Records name the level that priced them (``calibration`` block of every serving 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
+from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.numeric import Arr
-from madmax_opt.model.spec import ServingFrameworkName
+from madmax_opt.model.hardware import CalibrationRecord, HardwareOption
+from madmax_opt.model.spec import GPU, ServingFrameworkName, Stack
 
 SERVING_FRAMEWORKS: tuple[str, ...] = get_args(ServingFrameworkName)
 DEFAULT_SERVING_FRAMEWORK = "vllm"
@@ -187,3 +190,48 @@ class CalibrationColumns:
             kv_full_reservation=np.full(n, framework.kv_reservation == "full"),
             default_max_num_seqs=np.full(n, cap),
         )
+
+
+def serving_framework(stack: Stack, *, file: str | None) -> str:
+    """The serving framework of ``stack.framework``: vLLM unless set; a training stack is a one-line error."""
+    if "framework" not in stack.model_fields_set:
+        return DEFAULT_SERVING_FRAMEWORK
+    if stack.framework not in SERVING_FRAMEWORKS:
+        raise ProblemError(
+            f"{stack.framework!r} is a training framework; allowed for inference: {', '.join(SERVING_FRAMEWORKS)}",
+            file=file,
+            field="stack.framework",
+        )
+    return stack.framework
+
+
+def calibration_columns(
+    options: Sequence[HardwareOption], framework: str, catalog: ServingCatalog
+) -> tuple[CalibrationColumns, list[dict[str, Any]]]:
+    """Per-option calibration columns and, per option, the trust record of what priced it (``CalibrationRecord``
+    plus ``level``: calibrated on this GPU, the framework's pooled fit from other GPUs, or the prior)."""
+    resolved = [catalog.resolve(o.gpu.name, framework) for o in options]
+    labels: list[dict[str, Any]] = []
+    for o, (_, level, fit) in zip(options, resolved, strict=True):
+        rec = CalibrationRecord(gpu=o.gpu.name, framework=framework, status="uncalibrated")
+        if fit is not None:
+            rec = CalibrationRecord(
+                gpu=o.gpu.name,
+                framework=framework,
+                # a pair fitted on its runs whose error stays above 30 % is still flagged (issue 23)
+                status="calibrated" if level == "calibrated" and fit.status == "calibrated" else "uncalibrated",
+                runs=fit.runs,
+                sources=list(fit.sources),
+                in_sample_median_err=fit.in_sample_median_err,
+                loso_median_err=fit.loso_median_err,
+            )
+        labels.append({**rec.model_dump(), "level": level})
+    return CalibrationColumns.of([p for p, _, _ in resolved], catalog.frameworks[framework]), labels
+
+
+@dataclass(frozen=True)
+class ServingData:
+    """What an inference problem takes from the package's catalogs, resolved by io when the problem is loaded."""
+
+    catalog: ServingCatalog  # data/serving_calibration.yaml
+    catalog_gpus: Mapping[str, GPU]  # every catalog GPU: errors name those that run a precision

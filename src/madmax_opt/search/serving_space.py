@@ -22,8 +22,6 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.core.units import NS, US
-from madmax_opt.io.serving_catalog import calibration_columns, serving_framework
-from madmax_opt.io.validate import validate
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.inference import (
     GEMM_PRECISION,
@@ -39,7 +37,13 @@ from madmax_opt.model.inference import (
 )
 from madmax_opt.model.objectives import Rates, usd_per_million_units
 from madmax_opt.model.problem import Problem
-from madmax_opt.model.serving_calibration import CalibrationColumns, ServingCatalog
+from madmax_opt.model.serving_calibration import (
+    CalibrationColumns,
+    ServingCatalog,
+    ServingData,
+    calibration_columns,
+    serving_framework,
+)
 from madmax_opt.model.spec import InferencePrecision, InferenceTask, Plan
 from madmax_opt.search.assemble import IntObjective, Limit, admissible_mask, brute_force, cluster_limits
 from madmax_opt.search.objectives import integer_objective, serving_units
@@ -62,16 +66,23 @@ SERVING_KNOBS: tuple[str, ...] = (
 BATCH_GRID: tuple[int, ...] = tuple(sorted({b for i in range(13) for b in (1 << i, 3 << i) if b <= 4096}))
 
 
+def training_knobs(plan: Plan) -> list[str]:
+    """The training-only knobs ``plan`` sets (off their defaults)."""
+    return [k for k in TRAINING_KNOBS if getattr(plan, k) != Plan.model_fields[k].default]
+
+
+def training_only(knobs: list[str]) -> str:
+    return f"{', '.join(knobs)}: training-only; allowed for inference: {', '.join(SERVING_KNOBS)}"
+
+
 class ServingPlan(Plan):
     """A serving plan: a parallel plan plus the weight precision and the prefill/decode split (disaggregation)."""
 
     @model_validator(mode="after")
     def _serving_knobs(self) -> ServingPlan:
-        training = [k for k in TRAINING_KNOBS if getattr(self, k) != ServingPlan.model_fields[k].default]
+        training = training_knobs(self)
         if training:
-            raise ValueError(
-                f"{', '.join(training)}: training-only; allowed for inference: {', '.join(SERVING_KNOBS)}"
-            )
+            raise ValueError(training_only(training))
         return self
 
     precision: InferencePrecision | None = Field(
@@ -127,7 +138,8 @@ class ServingModel:
         self.framework = serving_framework(p.stack, file=p.source)
         self.workload = serving_workload(p.model, p.task, p.stack)
         self.table = HardwareTable(p.hardware)
-        self.cal, self.calibration = calibration_columns(p.hardware, self.framework, self.catalog)
+        self.cal, self.calibration = calibration_columns(p.hardware, self.framework,
+                                                         self.catalog or _serving_data(p).catalog)
 
     def terms(self, plans: ServingArrays) -> InferenceTerms:
         return inference_terms(self.workload, self.task, self.problem.stack, self.table, plans, self.cal)
@@ -161,7 +173,8 @@ def _check_precisions(problem: Problem, precisions: list[str], where: str, optio
     for prec in precisions:
         need = GEMM_PRECISION[prec]
         if not any(gemm_precision(prec, o.gpu.peak_flops) for o in hw):  # fp4 runs weight-only (bf16) pre-Blackwell
-            able = sorted(g for g, gpu in _gpus().items() if gemm_precision(prec, gpu.peak_flops))
+            catalog_gpus = _serving_data(problem).catalog_gpus
+            able = sorted(g for g, gpu in catalog_gpus.items() if gemm_precision(prec, gpu.peak_flops))
             gpus = ", ".join(dict.fromkeys(o.gpu.name for o in hw))
             raise ProblemError(
                 f"{prec} needs {need} tensor cores, which {gpus} lack; allowed on {gpus}: "
@@ -172,10 +185,11 @@ def _check_precisions(problem: Problem, precisions: list[str], where: str, optio
             )
 
 
-def _gpus() -> dict[str, Any]:
-    from madmax_opt.io import catalog
-
-    return catalog.gpus()
+def _serving_data(problem: Problem) -> ServingData:
+    """The catalogs io resolved for an inference problem (io/problem.py, ``serving``)."""
+    if problem.serving is None:
+        raise ValueError("an inference problem carries its serving data (io/problem.py resolves it)")
+    return problem.serving
 
 
 def serving_plan(plans: ServingArrays, i: int, system: str | None = None) -> ServingPlan:
@@ -194,9 +208,10 @@ def serving_plan(plans: ServingArrays, i: int, system: str | None = None) -> Ser
 
 def as_serving_plan(plan: Plan, problem: Problem) -> ServingPlan:
     """A plan (e.g. the problem's baseline) as a serving plan; training-only knobs are one-line errors."""
-    sp = plan if isinstance(plan, ServingPlan) else validate(
-        ServingPlan, plan.model_dump(exclude_unset=True), file=problem.source, prefix="baseline"
-    )
+    if not isinstance(plan, ServingPlan) and training_knobs(plan):
+        raise ProblemError(training_only(training_knobs(plan)), file=problem.source, field="baseline")
+    # a validated Plan that sets no training knob is a valid ServingPlan
+    sp = plan if isinstance(plan, ServingPlan) else ServingPlan(**plan.model_dump(exclude_unset=True))
     if problem.model.moe is None and sp.ep > 1:  # as the space check: a dense MLP has no experts to spread
         raise ProblemError(f"ep={sp.ep} needs a mixture-of-experts model ({problem.model.name} is dense); allowed: 1",
                            file=problem.source, field="plan.ep")
