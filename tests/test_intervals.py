@@ -85,3 +85,18 @@ def test_robust_choice_by_hand() -> None:
     assert with_robust(p, {"top": recs, "best": recs[0], "baseline": None}, robust=False)["best"] is recs[0]
     narrow = robust_summary(p, [_rec(1000.0, 0.95, 1.05), _rec(700.0, 0.95, 1.05)])
     assert narrow["indistinguishable_from_best"] == [0]  # 0.95 / 700 = 1.357e-3 > 1.05e-3
+
+
+@pytest.mark.parametrize(("objective", "worst", "text"), [
+    ("throughput", 1.0 / 2_000_000, "at worst 2,000,000 tokens/s"),  # s per token -> tokens/s
+    ("cost", 0.5e-6, "at worst $0.5 per million tokens"),  # $ per token x 1e6
+    ("time_to_train", 7200.0, "at worst 2.0 h to train"),  # s / 3600
+    ("energy", 0.25, "at worst 0.25 J per token"),
+])
+def test_robust_line_reads_the_worst_case_in_the_objective_s_units(objective: str, worst: float, text: str) -> None:
+    from madmax_opt.report.report import robust_text
+
+    line = robust_text({"objective": objective, "value": [worst / 2, worst], "worst_case": [worst * 3, worst],
+                        "indistinguishable_from_best": [0, 1], "robust_choice": 1,
+                        "best_chosen_by": "predicted value"})
+    assert f"candidate 2 ({text})" in line and "candidate(s) 1, 2 of 2" in line, line

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from madmax_opt.analysis.records import TrainingRecord
-from madmax_opt.core.units import GB
+from madmax_opt.core.units import GB, SECONDS_PER_HOUR
 from madmax_opt.model.plan_settings import plan_text
 
 
@@ -201,7 +201,18 @@ def robust_text(robust: dict[str, Any]) -> str:
     same = ", ".join(str(i + 1) for i in robust["indistinguishable_from_best"])
     how = " (chosen: --robust)" if robust["best_chosen_by"] == "robust worst case" else " (solve --robust picks it)"
     return (f"within the error bars of the best: candidate(s) {same} of {len(robust['value'])}; best worst case: "
-            f"candidate {k + 1} ({robust['objective']} {robust['worst_case'][k]:.4g}){how}")
+            f"candidate {k + 1} ({_worst_case_text(robust['objective'], robust['worst_case'][k])}){how}")
+
+
+def _worst_case_text(objective: str, value: float) -> str:
+    """A training objective's value (model/objectives.py: s/token, $/token, s of the run, J/token) as people read it."""
+    if objective == "throughput":
+        return f"at worst {1.0 / value:,.0f} tokens/s"  # s per token of the whole deployment -> tokens/s
+    if objective == "cost":
+        return f"at worst ${value * 1e6:,.3g} per million tokens"
+    if objective == "time_to_train":
+        return f"at worst {value / SECONDS_PER_HOUR:,.1f} h to train"
+    return f"at worst {value:.3g} J per token"  # energy
 
 
 def print_solution(result: dict[str, Any], console: Console) -> None:
