@@ -49,7 +49,12 @@ def active_experts(wl: TransformerWorkload, tokens_pool: Arr) -> Arr:
 def tokens_per_expert(wl: TransformerWorkload, tokens: Arr, tp: Arr, ep: Arr) -> Arr:
     """M = T_pool k f / E_act: rows of the grouped GEMM per active expert (T_pool tokens pick k experts each)."""
     pool = pooled_tokens(tokens, tp, ep)
-    return pool * wl.top_k * wl.expert_load_factor / np.maximum(active_experts(wl, pool), 1e-9)
+    return _rows_per_expert(wl, pool, active_experts(wl, pool))
+
+
+def _rows_per_expert(wl: TransformerWorkload, pool: Arr, act: Arr) -> Arr:
+    """M = T_pool k f / E_act from the pooled tokens and the active experts already computed."""
+    return pool * wl.top_k * wl.expert_load_factor / np.maximum(act, 1e-9)
 
 
 def expert_weight_bytes_per_gpu(wl: TransformerWorkload, tp: Arr, ep: Arr, weight_bytes: Arr) -> Arr:
@@ -74,8 +79,9 @@ def expert_pass_s(
         return np.zeros_like(tokens)
     shards = expert_shards(tp, ep)
     per_expert_dim = np.where(ep > 1, 1.0, tp)  # ep = 1: each expert's width is TP-sharded
-    act = active_experts(wl, pooled_tokens(tokens, tp, ep))
-    rows = tokens_per_expert(wl, tokens, tp, ep)
+    pool = pooled_tokens(tokens, tp, ep)
+    act = active_experts(wl, pool)
+    rows = _rows_per_expert(wl, pool, act)  # tokens_per_expert without pooling and counting experts again
     compute = np.zeros_like(tokens)
     for g in wl.expert_gemms:
         sharded = (g.n if g.tp_dim == "n" else g.k) / per_expert_dim
