@@ -100,13 +100,13 @@ def with_framework(gpu: GPU, framework: str, overlay: Overlay | None = None) -> 
     """The GPU with the calibration that prices ``framework``: the overlay's fit, else the catalog's, else the
     family's or the prior; then ordered against every catalog GPU it dominates or is dominated by (``ordered``)."""
     own = _own(gpu, framework, overlay)
-    calibration = own.calibration
+    calibration, own_trust = own.calibration, trust(own, framework, overlay)
     for other in catalog.gpus().values():
         if other.name == gpu.name.split("+", 1)[0]:
             continue
         if dominates(gpu, other) or dominates(other, gpu):
             other_own = _own(other, framework, overlay)
-            calibration = ordered(calibration, gpu, trust(own, framework, overlay), other_own.calibration, other,
+            calibration = ordered(calibration, gpu, own_trust, other_own.calibration, other,
                                   trust(other_own, framework, overlay))
     return own.model_copy(update={"calibration": calibration})
 
