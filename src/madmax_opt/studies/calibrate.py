@@ -325,7 +325,7 @@ class MemoPredict:
             missing = np.isnan(got)
             for i in np.flatnonzero(missing.any(axis=1)):  # price each run once for all the sets it lacks
                 run = its_runs[i]
-                todo = list(dict.fromkeys(j for j in np.flatnonzero(missing[i]).tolist()))
+                todo = np.flatnonzero(missing[i]).tolist()  # ascending, each once
                 values = fit_mod.predict_scaled([run], [sets[j] for j in todo], bases)[0]
                 for j, v in zip(todo, values.tolist(), strict=True):
                     cols[j][self.position[id(run)]] = v
