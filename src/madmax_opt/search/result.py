@@ -81,10 +81,9 @@ def compare_systems(
     $ or seconds per token). ``order``: admissible candidates best first (the brute-force reference order), so the
     first one of each system is that system's best; ``optimum``: the solve's objective in the same integer units."""
     names = [o.system.name for o in problem.hardware]
-    system_of = np.array([names.index(n) for n in names], dtype=np.int64)[hw[order]] if len(order) else order
     first: dict[str, int] = {}
-    for i, s in zip(order.tolist(), system_of.tolist(), strict=True):
-        first.setdefault(names[s], int(i))
+    for i, h in zip(order.tolist(), hw[order].tolist(), strict=True):
+        first.setdefault(names[h], int(i))
     best = min([float(objective[i]) for i in first.values()] + ([optimum] if optimum is not None else []))
     rows: list[dict[str, Any]] = []
     for name in dict.fromkeys(names):
