@@ -124,11 +124,11 @@ def emit_cmd(
     from madmax_opt.launch.checks import check_before_emit
     from madmax_opt.launch.emit import emit_plan, locate_refusal, write_emitted
 
+    loaded = _load(problem)
     if benchmark is not None:
         from madmax_opt.launch.benchmark import check_benchmark_options
 
-        check_benchmark_options(benchmark, fmt, out, _load(problem).task, problem)
-    loaded = _load(problem)
+        check_benchmark_options(benchmark, fmt, out, loaded.task, problem)
     plans = load_plan_file(plan, loaded)
     listed = isinstance(read_yaml(plan, what="plan file"), list)
     for i, p in enumerate(plans):  # every plan checked before any file is written
