@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import tomllib
 
 from madmax_opt.launch.common import Emitted, parse_flags
+from madmax_opt.launch.megatron import nemo_overrides
 from madmax_opt.launch.startup import launched
 from madmax_opt.launch.titan import llama_ffn
 from madmax_opt.model.spec import Strict
@@ -89,8 +90,8 @@ NEMO_PRECISIONS = {"bf16_mixed": "bf16", "fp16_mixed": "fp16", "bf16_with_fp8_cu
 NEMO_FP8_PARAMS = {"bf16_with_fp8_current_scaling_mixed", "bf16_with_mxfp8_mixed"}
 
 
-def _nemo(o: Mapping[str, object]) -> LaunchedModel:
-    m = {k.replace("model.transformer.", "model."): str(x) for k, x in o.items()}
+def _nemo(m: Mapping[str, str]) -> LaunchedModel:
+    """``m``: the overrides as megatron.nemo_overrides reads them (model.transformer.<field> as model.<field>)."""
     num = lambda k, d=0: int(m[f"model.{k}"]) if f"model.{k}" in m else d  # noqa: E731
     on = lambda k: m.get(f"model.{k}") == "true"  # noqa: E731
     moe = "model.num_moe_experts" in m
@@ -174,5 +175,5 @@ def launched_model(e: Emitted) -> LaunchedModel:
         return _deepspeed(e)
     (cmd,) = e.commands
     if e.format == "nemo":
-        return _nemo(dict(a.split("=", 1) for a in cmd.args if "=" in a and not a.startswith("-")))
+        return _nemo(nemo_overrides(cmd.args))
     return _megatron(parse_flags(cmd.args))
