@@ -107,9 +107,8 @@ def benchmark_emitted(emitted: Emitted, problem: Problem, plan: Plan, n: int) ->
 
 
 def _port(c: Command) -> str | None:
-    for flag in ("--port",):
-        if flag in c.args and c.args.index(flag) + 1 < len(c.args):
-            return c.args[c.args.index(flag) + 1]
+    if "--port" in c.args and c.args.index("--port") + 1 < len(c.args):
+        return c.args[c.args.index("--port") + 1]
     return None
 
 
