@@ -162,9 +162,10 @@ class SolveOutcome:
         """The ``solver`` object of the solve JSON: objective, bound and gap of the returned plan; wall time and
         model size of the search that produced it (``search``); ``total_wall_s`` over all searches run."""
         c = self.candidates
-        size = (len(c.plans) if c.evaluated is None else c.evaluated) if self.search == "uniform" or \
-            self.uneven is None else (
-            self.uneven.bases_solved + self.uneven.bases_pruned)  # uneven: pipeline bases (each a CP-SAT model)
+        if self.search == "uniform" or self.uneven is None:
+            size = len(c.plans) if c.evaluated is None else c.evaluated
+        else:  # uneven: pipeline bases (each a CP-SAT model)
+            size = self.uneven.bases_solved + self.uneven.bases_pruned
         out = solver_summary(self.objective, self.best_bound, self.wall_s, size, self.model_size)
         out["search"] = self.search
         out["total_wall_s"] = self.total_wall_s if self.total_wall_s is not None else self.wall_s
