@@ -24,8 +24,9 @@ class Registered:
     listed: int
 
 
+@cache
 def flag_files() -> dict[str, str]:
-    """File name -> text of every flag file (package data)."""
+    """File name -> text of every flag file (package data; read once, not again for each format's flagset)."""
     folder = resources.files("madmax_opt").joinpath("data/flags")
     return {p.name: p.read_text(encoding="utf-8") for p in folder.iterdir() if p.name.endswith(".yaml")}
 
