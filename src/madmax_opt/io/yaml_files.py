@@ -71,9 +71,9 @@ def read_input_bytes(path: Path, *, what: str, file: str, field: str | None = No
     except OSError as exc:
         raise ProblemError(f"cannot read {named}: {_reason(exc)}", file=file, field=field) from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ProblemError(f"{named} is {_kind(os.fstat(fd).st_mode)}; allowed: a regular file", file=file,
-                               field=field)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ProblemError(f"{named} is {_kind(mode)}; allowed: a regular file", file=file, field=field)
         chunks: list[bytes] = []
         size = 0
         while size <= max_bytes:
