@@ -6,6 +6,7 @@ import shlex
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -21,7 +22,11 @@ from madmax_opt.studies.sweep_spec import RESULTS_FILE, TABLE_FILE, load_sweep
 
 def write_report(outdir: Path, md_path: Path | None = None) -> Path:
     """Write the Markdown summary (default OUTDIR/report.md) and its plots (next to it, in STEM-plots/)."""
-    manifest, rows = load(outdir)
+    return _write_loaded(outdir, md_path, *load(outdir))
+
+
+def _write_loaded(outdir: Path, md_path: Path | None, manifest: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
+    """``write_report`` of a folder already read by ``load`` (the report command counts the same rows)."""
     md_path = md_path or outdir / "report.md"
     md_path.parent.mkdir(parents=True, exist_ok=True)
     points = [point(r) for r in rows if r["status"] == "ok"]
@@ -37,8 +42,8 @@ def report_cmd(
     md: Path | None,
 ) -> None:
     """Pareto fronts, best plans per objective and per system, speedups, PNG plots of a sweep's results."""
-    print(f"wrote {write_report(outdir, md)}")
-    _, rows = load(outdir)
+    manifest, rows = load(outdir)  # read once: the report and the status count below use the same rows
+    print(f"wrote {_write_loaded(outdir, md, manifest, rows)}")
     status = {s: sum(r["status"] == s for r in rows) for s in dict.fromkeys(r["status"] for r in rows)}
     print(f"report: {len(rows)} problems ({', '.join(f'{n} {s}' for s, n in status.items()) or 'none'})")
 
