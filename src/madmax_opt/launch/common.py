@@ -182,6 +182,11 @@ def flag_args(pairs: Iterable[tuple[str, object]]) -> list[str]:
     return out
 
 
+def key_values(args: Sequence[str]) -> dict[str, str]:
+    """The ``KEY=VALUE`` overrides among ``args`` (Megatron-Bridge's command line), key -> value as written."""
+    return dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("-"))
+
+
 def parse_flags(args: Sequence[str]) -> dict[str, str | bool]:
     """The inverse of :func:`flag_args`: a flag followed by non-flag tokens takes them as its value (several:
     joined by spaces, as an argparse ``nargs`` list)."""

@@ -18,6 +18,7 @@ from madmax_opt.launch.common import (
     Format,
     flag_args,
     integer,
+    key_values,
     layout_layers,
     layout_string,
     node_layout,
@@ -357,8 +358,7 @@ def nemo_emit(ctx: Context) -> Emitted:
 
 def nemo_overrides(args: Sequence[str]) -> dict[str, str]:
     """The KEY=VALUE overrides, model.transformer.<field> read as model.<field>."""
-    pairs = (a.split("=", 1) for a in args if "=" in a and not a.startswith("-"))
-    return {k.replace("model.transformer.", "model."): v for k, v in pairs}
+    return {k.replace("model.transformer.", "model."): v for k, v in key_values(args).items()}
 
 
 def nemo_parse(e: Emitted) -> Plan:
@@ -388,8 +388,7 @@ def nemo_parse(e: Emitted) -> Plan:
 
 
 def nemo_config(e: Emitted) -> dict[str, Any]:
-    return {k: v for c in e.commands for k, v in
-            (a.split("=", 1) for a in c.args if "=" in a and not a.startswith("-"))}
+    return {k: v for c in e.commands for k, v in key_values(c.args).items()}
 
 
 MIXED = "stage_systems with more than one system: one launch runs on one GPU type"

@@ -22,7 +22,7 @@ import tomllib
 import yaml
 from pydantic import Field
 
-from madmax_opt.launch.common import Emitted, dotted_items, parse_flags, refuse
+from madmax_opt.launch.common import Emitted, dotted_items, key_values, parse_flags, refuse
 from madmax_opt.model.spec import Strict, TransformerModel
 
 # ------------------------------------------------------------------------------------------ position encodings
@@ -108,7 +108,7 @@ def launched(e: Emitted) -> Launched:
     values: dict[str, Any] = {}
     if e.format == "nemo":  # --recipe R --mode M, then KEY=VALUE overrides
         values = {**parse_flags([a for a in cmd.args if a.startswith("--") or "=" not in a]),
-                  **dict(a.split("=", 1) for a in cmd.args if "=" in a and not a.startswith("-"))}
+                  **key_values(cmd.args)}
     elif e.format == "torchtitan":
         values = dotted_items(tomllib.loads(e.files["job.toml"]))
     else:
