@@ -38,6 +38,7 @@ from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.inference import INVALID_REASONS, InferenceTerms, ServingArrays, inference_terms
 from madmax_opt.model.serving_calibration import CalibrationColumns, ServingFramework, ServingParams
 from madmax_opt.search.serving_space import ServingModel, ServingPlan
+from madmax_opt.studies.serving_cases import grouped_terms
 
 DATA_FILE = "inferencex.yaml"
 LENGTH_MEAN = 0.9  # lengths uniform in [0.8 L, L] (InferenceX --random-range-ratio 0.8): mean 0.9 L
@@ -293,12 +294,7 @@ class EngineGroup:
             return self._last[1]
         first = self.points[0].decode
         m, k, n = first.model, len(params), len(self.points)
-        options = tuple(p.decode.model.table.options[0] for p in self.points)
-        table = HardwareTable(options * k)
-        cal = CalibrationColumns.of([q for q in params for _ in range(n)], first.framework)
-        plans = ServingArrays.concat([p.decode.plans for p in self.points] * k)
-        plans = ServingArrays(**{**plans.__dict__, "hw": np.arange(k * n, dtype=np.int64)})
-        t = inference_terms(m.workload, m.task, m.problem.stack, table, plans, cal)
+        t, _ = grouped_terms(m, [(p.decode.model, p.decode.plans) for p in self.points], first.framework, params)
         clients = np.tile([float(p.point.concurrency) for p in self.points], k)
         gpus = np.tile([p.point.num_gpus for p in self.points], k)
         rate = closed_loop_rate(clients, m.workload.mean_output, t.ttft_s, t.tpot_s)

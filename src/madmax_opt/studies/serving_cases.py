@@ -202,12 +202,9 @@ class CaseGroup:
         key = tuple(params)
         if self._last is not None and self._last[0] == key:
             return self._last[1]
-        m, k, n = self.cases[0].model, len(params), len(self.cases)
-        table = HardwareTable(tuple(c.model.table.options[0] for c in self.cases) * k)
-        cal = CalibrationColumns.of([q for q in params for _ in range(n)], self.cases[0].framework)
-        plans = ServingArrays.concat([c.plans for c in self.cases] * k)
-        plans = ServingArrays(**{**plans.__dict__, "hw": np.arange(k * n, dtype=np.int64)})
-        t = inference_terms(m.workload, m.task, m.problem.stack, table, plans, cal)
+        k, n = len(params), len(self.cases)
+        t, plans = grouped_terms(self.cases[0].model, [(c.model, c.plans) for c in self.cases],
+                                 self.cases[0].framework, params)
         out = np.empty((k, n))
         for j, c in enumerate(self.cases):
             rows = np.arange(k) * n + j
@@ -215,6 +212,19 @@ class CaseGroup:
             out[:, j] = _metric(c.case, sub, plans.dp[rows])
         self._last = (key, out)
         return out
+
+
+def grouped_terms(model: ServingModel, members: Sequence[tuple[ServingModel, ServingArrays]],
+                  framework: ServingFramework, params: Sequence[ServingParams]) -> tuple[InferenceTerms, ServingArrays]:
+    """One vectorised evaluation of n engines that share ``model``'s workload, task and stack (each member: its
+    model, whose one hardware option it runs on, and its one plan) under k parameter sets: row s x n + j is member
+    j priced by ``params[s]``. Returns the terms and the plans they priced."""
+    k, n = len(params), len(members)
+    table = HardwareTable(tuple(mm.table.options[0] for mm, _ in members) * k)
+    cal = CalibrationColumns.of([q for q in params for _ in range(n)], framework)
+    plans = ServingArrays.concat([p for _, p in members] * k)
+    plans = ServingArrays(**{**plans.__dict__, "hw": np.arange(k * n, dtype=np.int64)})
+    return inference_terms(model.workload, model.task, model.problem.stack, table, plans, cal), plans
 
 
 def _take(value: Any, rows: np.ndarray) -> Any:
