@@ -48,11 +48,12 @@ def solve(
     from madmax_opt.report.families import SolveOptions, family_of
 
     check_emit(problem, emit)  # an unknown or wrong-kind format fails before the search
-    if benchmark is not None:
+    if benchmark is not None:  # the loaded problem is read again by the measured runs below
         from madmax_opt.io.problem import load_problem
         from madmax_opt.launch.benchmark import check_benchmark_options
 
-        check_benchmark_options(benchmark, emit, out, load_problem(problem).task, problem)
+        loaded = load_problem(problem)
+        check_benchmark_options(benchmark, emit, out, loaded.task, problem)
     family = family_of(problem)
     result = family.solve(problem, SolveOptions(top_k, time_limit, workers, solver_params, export_model,
                                                 robust=robust))
@@ -66,13 +67,12 @@ def solve(
         result["emitted"] = emit_best(problem, result, emit, out)
     if benchmark is not None and emit is not None and out is not None:  # measured runs of the returned plans
         from madmax_opt.cli.emit import report_written
-        from madmax_opt.io.problem import load_problem
         from madmax_opt.io.yaml_files import read_yaml
         from madmax_opt.launch.benchmark import benchmark_plans
 
         records = result.get("top") or [result["best"]]
         raw = read_yaml(problem, what="problem file")
-        report_written(benchmark_plans(problem, raw, load_problem(problem), records, emit, out, benchmark))
+        report_written(benchmark_plans(problem, raw, loaded, records, emit, out, benchmark))
     if json_out:
         print(json.dumps(result, indent=2))
     else:
