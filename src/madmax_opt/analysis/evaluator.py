@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from madmax_opt.analysis.attribution import TermsAt, bottleneck_shares
 from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.core.intervals import Interval
 from madmax_opt.core.numeric import Arr
 from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.model.hardware import HardwareOption, HardwareTable
@@ -211,6 +212,7 @@ def to_records(
     flops = float(t.model_flops_per_step)
     plan_rows = plan_dicts(plans, [p.hardware[h].system.name for h in cols["hw"]])
     trust = {h: _trust(p.hardware[h]) for h in set(cols["hw"])}  # per option
+    step_iv = {h: _step_interval(p.hardware[h]) for h in trust}
     out = []
     # the records hold no reference cycles: pausing the cyclic collector while they are built saves its repeated
     # traversals of the growing list (~20 % of the time at 10^5 plans); it runs again afterwards
@@ -239,12 +241,11 @@ def to_records(
                 "overlapped_comm_s": {k: v[i] for k, v in hidden_cols.items()},
                 "bottleneck_shares": shares[i],
             }
-            iv = rec["calibration"].get("interval")
+            iv = step_iv[cols["hw"][i]]
             if iv is not None:  # the calibration level's interval on the step time; throughput = its inverse
-                step = cols["step_time_s"][i]
-                rec["interval"] = {"coverage": iv["coverage"], "level": str(rec["calibration"].get("level")),
-                                   "step_time_s": [step * iv["lo"], step * iv["hi"]],
-                                   "tokens_per_s": [tokens_per_s / iv["hi"], tokens_per_s / iv["lo"]]}
+                rec["interval"] = {"coverage": iv.coverage, "level": str(rec["calibration"].get("level")),
+                                   "step_time_s": list(iv.of(cols["step_time_s"][i])),
+                                   "tokens_per_s": list(iv.of_rate(tokens_per_s))}
             if met.train_tokens:
                 hours = met.train_tokens / tokens_per_s / SECONDS_PER_HOUR
                 gpus = cols["gpus"][i]
@@ -266,6 +267,12 @@ def _trust(option: HardwareOption) -> dict[str, Any]:
     if option.calibration_record is None:
         raise ValueError(f"hardware option {option.name} carries no calibration record (io/calibration.apply adds it)")
     return option.calibration_record.model_dump()
+
+
+def _step_interval(option: HardwareOption) -> Interval | None:
+    """The option's step-time interval (its trust record's) as core/intervals.Interval; None without one."""
+    iv = option.calibration_record.interval if option.calibration_record is not None else None
+    return None if iv is None else Interval(iv.lo, iv.hi, iv.coverage, iv.runs)
 
 
 def plan_dicts(plans: PlanArrays, systems: list[str]) -> list[dict[str, Any]]:
