@@ -143,8 +143,12 @@ class Fit:
     warm: Fit | None = None
     _done: dict[tuple[str, str], ServingParams | None] = field(default_factory=dict, repr=False)
 
-    def _fit(self, key: tuple[str, str], subset: list[FitCase], around: ServingParams) -> ServingParams | None:
+    def _fit(self, key: tuple[str, str], member: Callable[[CaseInfo], bool],
+             around: ServingParams) -> ServingParams | None:
+        """The fit of the cases ``member`` selects around ``around``, made once per key (the cases are selected
+        only then: resolve runs once per held-out case)."""
         if key not in self._done:
+            subset = [c for c in self.cases if member(c.case)]
             start = self.warm._done.get(key) if self.warm is not None else None
             self._done[key] = fit(subset, around, start=start) if subset else None
         return self._done[key]
@@ -153,21 +157,21 @@ class Fit:
         """The pooled fits (GPU's, its family's, framework's) that exist for a pair."""
         family = self.families.get(gpu)
         out = {
-            (gpu, ANY): self._fit((gpu, ANY), [c for c in self.cases if c.case.gpu == gpu], self.prior),
-            (ANY, framework): self._fit(
-                (ANY, framework), [c for c in self.cases if c.case.framework == framework], self.prior
-            ),
+            (gpu, ANY): self._fit((gpu, ANY), lambda k: k.gpu == gpu, self.prior),
+            (ANY, framework): self._fit((ANY, framework), lambda k: k.framework == framework, self.prior),
         }
         if family is not None and out[(gpu, ANY)] is None:
-            members = [c for c in self.cases if self.families.get(c.case.gpu) == family]
-            out[(family_key(family), ANY)] = self._fit((family_key(family), ANY), members, self.prior)
+            out[(family_key(family), ANY)] = self._family_fit(family)
         return {k: v for k, v in out.items() if v is not None}
+
+    def _family_fit(self, family: str) -> ServingParams | None:
+        """The fit of the family's GPUs' cases under every framework, around the prior."""
+        return self._fit((family_key(family), ANY), lambda k: self.families.get(k.gpu) == family, self.prior)
 
     def resolve_level(self, gpu: str, framework: str) -> tuple[ServingParams, str]:
         """(parameters, level) as the catalog resolves them (``resolve_params``)."""
         base = resolve_params(gpu, framework, self.pooled(gpu, framework), self.prior, self.families.get(gpu))
-        mine = [c for c in self.cases if c.case.pair == (gpu, framework)]
-        pair = self._fit((gpu, framework), mine, base[0])
+        pair = self._fit((gpu, framework), lambda k: k.pair == (gpu, framework), base[0])
         return (pair, "calibrated") if pair is not None else base
 
     def resolve(self, gpu: str, framework: str) -> ServingParams:
@@ -179,8 +183,7 @@ class Fit:
         for pair in sorted({c.case.pair for c in self.cases}):
             self.resolve(*pair)
         for name in sorted({self.families[c.case.gpu] for c in self.cases if c.case.gpu in self.families}):
-            members = [c for c in self.cases if self.families.get(c.case.gpu) == name]
-            self._fit((family_key(name), ANY), members, self.prior)
+            self._family_fit(name)
         done = {k: v for k, v in self._done.items() if v is not None}
         order = sorted(done, key=lambda k: (k[0] == ANY or k[1] == ANY, k[0].startswith("family:"), k))
         return {k: done[k] for k in order}
