@@ -98,9 +98,9 @@ def bench_all_command(
             continue
         print(f"bench-{name} ...", flush=True)
         if name == "solver":
-            from madmax_opt.studies.bench_solver import write_solver_bench
+            from madmax_opt.cli.core import bench_solver_cmd
 
-            print(f"wrote {write_solver_bench(out)}")
+            bench_solver_cmd(out=out)
         elif name == "evaluator":
             bench_evaluator_command(out=out / "evaluator.md")
         elif name == "sensitivity":
@@ -109,10 +109,10 @@ def bench_all_command(
             bench_trace_command(out=out)
         elif name == "startup":
             bench_startup_command(out=out)
-        else:
-            from madmax_opt.fleet.bench import write_fleet_bench
+        else:  # the bench-fleet command itself: its runner measures the 2-process row in 2 processes
+            from madmax_opt.cli.fleet import bench_fleet_cmd
 
-            print(f"wrote {write_fleet_bench(out)}")
+            bench_fleet_cmd(out=out)
 
 
 @app.command("validate-online")
