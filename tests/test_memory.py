@@ -206,3 +206,52 @@ def test_first_stage_keeps_min_p_m_micro_batches_in_the_evaluator(make_problem: 
         assert rec["memory_bytes_per_gpu"]["activations"] == max(
             2 * in_flight * per_layer_mb, 2 * per_layer_mb + s * 1000 * 4
         ), f"gbs={gbs}"
+
+
+# ---------------------------------------------------------------------------- optimizer state precision
+
+
+def test_optimizer_state_bytes_follow_their_dtype() -> None:
+    """fp32 master + m + v: 12 B; fp32 master + bf16 m, v: 4 + 2 + 2 = 8 B; all bf16 (Apex DistributedFusedAdam
+    dtype=bf16, store_params): 2 + 2 + 2 = 6 B per trainable parameter, sharded like fp32 states."""
+    one = np.array([1e9])
+    for optimizer_bytes, expected in ((12.0, 12e9), (8.0, 8e9), (6.0, 6e9)):
+        _, _, o = model_state_bytes(one, one, np.array([0]), np.array([1.0]), 2.0, optimizer_bytes)
+        assert float(o[0]) == expected
+        _, _, o = model_state_bytes(one, one, np.array([1]), np.array([4.0]), 2.0, optimizer_bytes)
+        assert float(o[0]) == expected / 4
+
+
+def nemo_sft_70b(optimizer_dtype: str) -> dict[str, Any]:
+    """NeMo 24.07's measured Llama-2 70B SFT on 16 H100 (performance summary, fine-tuning table: 1,816 tokens/s/GPU;
+    recipe NeMo-Framework-Launcher examples/peft/llama/h100/70b_2node.sh @1ee3eb3: tp 4, pp 4, vp 20, SP, mbs 1,
+    GBS 32, packed seq 4096, fp8 with fp8_params; conf/peft/llama/sft.yaml @0da9ad9: no activation checkpointing,
+    distributed_fused_adam with dtype bf16 and grad_sync_dtype bf16)."""
+    p = problem_from_dict({
+        "model": "llama2-70b", "hardware": {"system": "dgx-h100", "gpus": [16]},
+        "task": {"kind": "finetune", "seq_len": 4096, "global_batch": 32, "precision": "fp8"},
+        "stack": {"fp8_params": True, "grad_reduce_dtype": "bf16", "optimizer_dtype": optimizer_dtype},
+    })
+    (rec,) = evaluate(p, [Plan(tp=4, pp=4, vpp=20, sp=True, mbs=1, recompute="none")])
+    return rec
+
+
+def test_nemo_llama2_70b_sft_on_16_h100_fits_by_hand() -> None:
+    """The issue's example: refused at 86.5 GiB with fp32 Adam states; with the recipe's bf16 states it fits."""
+    h, a, g, dh, f, v, s, t = 8192, 64, 8, 128, 28672, 32000, 4096, 4
+    layer = h * (a + 2 * g) * dh + a * dh * h + 3 * h * f + 2 * h  # QKV, proj, SwiGLU MLP, two RMSNorm scales
+    stage0 = 20 * layer / t + v * h / t  # 20 layers + the vocab-parallel embedding
+    # per token per layer / t: 8h replicated (SP) + Q, K, V, attention output 2(2 a dh + 2 g dh) + SwiGLU 6f
+    per_layer = s * (2 * 4 * h + 2 * (2 * a * dh + 2 * g * dh) + 6 * f) / t
+    in_flight = 2 * (4 - 1) + (20 - 1) * 4 + 1  # interleaved warm-up chunks on rank 0 (83), each 1 layer here
+    mem = nemo_sft_70b("bf16")["memory_bytes_per_gpu"]
+    # FP8 weight + transpose 2 B, bf16 main grads 2 B, bf16 master + m + v 6 B (dp = 1: nothing sharded)
+    assert mem["weights"] == pytest.approx(2 * stage0, rel=1e-12)
+    assert mem["gradients"] == pytest.approx(2 * stage0, rel=1e-12)
+    assert mem["optimizer"] == pytest.approx(6 * stage0, rel=1e-12)
+    assert mem["activations"] == pytest.approx(in_flight * per_layer, rel=1e-12)
+    assert mem["total"] == pytest.approx(10 * stage0 + in_flight * per_layer, rel=1e-12)
+    assert mem["total"] / GIB < 0.95 * 80  # H100 80 GiB less the 5 % reserve
+    fp32 = nemo_sft_70b("fp32")["memory_bytes_per_gpu"]
+    assert fp32["optimizer"] == pytest.approx(12 * stage0, rel=1e-12)
+    assert fp32["total"] / GIB > 0.95 * 80  # fp32 states do not fit: the plan needs the recipe's optimizer

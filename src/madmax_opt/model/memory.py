@@ -1,7 +1,8 @@
 """Memory per GPU for training: weights, gradients, optimizer states, activations, temporary buffers (vectorised).
 
 Mixed-precision Adam as Megatron-Core runs it (Korthikanti et al. 2022, Fig. 1; Rajbhandari et al. 2020, ZeRO):
-bf16 weights (2 B), main gradients (4 B fp32, or 2 B), fp32 master weights + Adam m and v (12 B) per parameter;
+bf16 weights (2 B), main gradients (4 B fp32, or 2 B), fp32 master weights + Adam m and v (12 B; 8 or 6 B with
+bf16 optimizer states, ``OPTIMIZER_STATE_BYTES``) per parameter;
 ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the weights over the data-parallel
 group (dp x cp, Megatron's ``data_parallel_group_with_cp``).
 """
@@ -18,7 +19,16 @@ from numpy.typing import NDArray
 from madmax_opt.core.numeric import Arr
 
 WEIGHT_BYTES = 2.0  # bf16 model weights
-OPTIMIZER_BYTES = 12.0  # fp32 master weights + Adam m + v
+# Adam state per trainable parameter, by ``stack.optimizer_dtype``:
+# fp32: fp32 master weights + m + v (Megatron-Core default; Rajbhandari et al. 2020, Sec. 3.1: 12 B);
+# bf16-moments: fp32 master + bf16 m, v (Megatron-Core --use-precision-aware-optimizer --exp-avg-dtype bf16
+#   --exp-avg-sq-dtype bf16, megatron/core/optimizer/optimizer_config.py);
+# bf16: master copy, m and v all in the state dtype bf16 (Apex DistributedFusedAdam, dtype=bf16, store_params=True:
+#   StateBucket allocates params_shard, exp_avg_shard, exp_avg_sq_shard in ``dtype``,
+#   apex/contrib/optimizers/distributed_fused_adam.py @d571f3e), which NeMo 1.0's SFT recipe selects
+#   (NeMo-Framework-Launcher launcher_scripts/conf/peft/llama/sft.yaml @0da9ad9: optim.dtype bf16).
+OPTIMIZER_STATE_BYTES: dict[str, float] = {"fp32": 12.0, "bf16-moments": 8.0, "bf16": 6.0}
+OPTIMIZER_BYTES = OPTIMIZER_STATE_BYTES["fp32"]
 LOGIT_BYTES = 4.0  # fp32 logits kept for the cross-entropy backward (vocab-parallel)
 
 
@@ -38,13 +48,19 @@ class MemoryTerms:
 
 
 def model_state_bytes(
-    params: Arr, trainable: Arr, zero: NDArray[np.int64] | Arr, shard: Arr | float, grad_bytes: float
+    params: Arr,
+    trainable: Arr,
+    zero: NDArray[np.int64] | Arr,
+    shard: Arr | float,
+    grad_bytes: float,
+    optimizer_bytes: float = OPTIMIZER_BYTES,
 ) -> tuple[Arr, Arr, Arr]:
     """(weights, gradients, optimizer) bytes per GPU for ``params`` local parameters (``trainable`` of them):
-    2 P / (d if ZeRO-3), g T / (d if ZeRO >= 2), 12 T / (d if ZeRO >= 1) (Rajbhandari et al. 2020, Sec. 5)."""
+    2 P / (d if ZeRO-3), g T / (d if ZeRO >= 2), o T / (d if ZeRO >= 1) (Rajbhandari et al. 2020, Sec. 5), with
+    o the Adam state bytes per parameter (``OPTIMIZER_STATE_BYTES``)."""
     weights = params * WEIGHT_BYTES / np.where(zero >= 3, shard, 1.0)
     gradients = trainable * grad_bytes / np.where(zero >= 2, shard, 1.0)
-    optimizer = trainable * OPTIMIZER_BYTES / np.where(zero >= 1, shard, 1.0)
+    optimizer = trainable * optimizer_bytes / np.where(zero >= 1, shard, 1.0)
     return weights, gradients, optimizer
 
 

@@ -396,6 +396,12 @@ class Stack(Strict):
     tp_comm_overlap: bool = Field(False, description="overlap TP/SP collectives with GEMMs (Megatron --tp-comm-overlap)")
     dp_overlap: bool = Field(True, description="overlap DP gradient reduction with backward (bucketed DDP)")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Megatron main-grad precision")
+    optimizer_dtype: Literal["fp32", "bf16-moments", "bf16"] = Field(
+        "fp32", description="Adam state per trainable parameter: fp32 (master weights + m + v, 12 B; Megatron-Core "
+        "default), bf16-moments (fp32 master, bf16 m and v, 8 B; Megatron-Core --use-precision-aware-optimizer "
+        "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16), bf16 (master, m, v all bf16, 6 B; NeMo 1.0 "
+        "distributed_fused_adam with optim.dtype bf16, as its SFT recipes ship)",
+    )
     fp8_params: bool = Field(
         False, description="fp8/mxfp8 tasks: FP8 primary weights (Megatron-Core --fp8-param-gather, NeMo "
         "fp8_params): each weight held as FP8 plus its transpose instead of bf16 plus the FP8 cache; ZeRO/FSDP "

@@ -29,16 +29,23 @@ from madmax_opt.model.compute import (
     memory_bound_time_s,
 )
 from madmax_opt.model.hardware import HardwareTable
-from madmax_opt.model.memory import WEIGHT_BYTES, MemoryTerms, layer_activation_bytes, model_state_bytes
+from madmax_opt.model.memory import (
+    OPTIMIZER_STATE_BYTES,
+    WEIGHT_BYTES,
+    MemoryTerms,
+    layer_activation_bytes,
+    model_state_bytes,
+)
 from madmax_opt.model.ops import exposed_hidden, layer_ops
 from madmax_opt.model.pipeline import bubble_time_s, in_flight_layer_factor, stage_in_flight
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import Stack, Task
 from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
 
-# Adam step reads grad + master + m + v (16 B), writes master + m + v (12 B) and the bf16 copy (2 B), and the
-# grad zeroing/unscale pass touches the fp32 grad again (4 B): 34 B per local trainable parameter, memory-bound.
-OPTIMIZER_BYTES_PER_PARAM = 34.0
+# Adam step reads grad + master + m + v (4 + S B), writes master + m + v (S B) and the bf16 copy (2 B), and the
+# grad zeroing/unscale pass touches the fp32 grad again (4 B): 10 + 2 S B per local trainable parameter, memory-bound,
+# with S the state bytes (memory.OPTIMIZER_STATE_BYTES: 12 B in fp32, so 34 B).
+OPTIMIZER_STEP_FIXED_BYTES = 10.0
 COMM_INTERFERENCE = 0.15  # compute slowdown while NVLink collectives overlap it (docs/reference/hardware.md)
 STAGE_TERMS: tuple[str, ...] = (
     "compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "zero3_comm", "overhead"
@@ -100,6 +107,7 @@ class LayerCosts:
     expert_params: Arr | float = 0.0  # routed-expert parameters of one layer on one GPU (MoE)
     expert_group: Arr | float = 1.0  # expert-data-parallel group (dp*cp/ep) and its stride
     expert_stride: Arr | float = 1.0
+    optimizer_bytes: float = OPTIMIZER_STATE_BYTES["fp32"]  # Adam state per trainable parameter (stack.optimizer_dtype)
 
 
 def layer_costs(
@@ -209,6 +217,7 @@ def layer_costs(
         expert_params=ex.params,
         expert_group=ex.group,
         expert_stride=ex.stride,
+        optimizer_bytes=OPTIMIZER_STATE_BYTES[stack.optimizer_dtype],
     )
 
 
@@ -299,10 +308,10 @@ def stage_costs(
     hidden["dp_comm"] = sync - dp_exposed
     ex_params, ex_train = n_layers * lc.expert_params, train_layers * lc.expert_params
     opt_params = trainable / np.where(zero >= 1, group, 1.0) + ex_train / np.where(zero >= 1, lc.expert_group, 1.0)
-    optimizer = memory_bound_time_s(opt_params * OPTIMIZER_BYTES_PER_PARAM, hbm_bw)
+    optimizer = memory_bound_time_s(opt_params * (OPTIMIZER_STEP_FIXED_BYTES + 2.0 * lc.optimizer_bytes), hbm_bw)
 
-    w, g, o = model_state_bytes(params, trainable, zero, group, lc.grad_bytes)
-    we, ge, oe = model_state_bytes(ex_params, ex_train, zero, lc.expert_group, lc.grad_bytes)
+    w, g, o = model_state_bytes(params, trainable, zero, group, lc.grad_bytes, lc.optimizer_bytes)
+    we, ge, oe = model_state_bytes(ex_params, ex_train, zero, lc.expert_group, lc.grad_bytes, lc.optimizer_bytes)
     w, g, o = w + we, g + ge, o + oe
     w = w + params * lc.weight_copy_bytes / np.where(zero >= 3, group, 1.0)  # FP8 weight copies (TE cache)
     act = n_layers * act_multiplier * lc.act_stored_bytes + lc.act_working_bytes + last * lc.logits_bytes
