@@ -87,10 +87,13 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
                            f"{pf.task.kind}: {', '.join(FRAMEWORKS)}", file=source, field="stack.framework")
     if isinstance(pf.task, InferenceTask) and model.family != "llm":
         raise ProblemError(f"kind inference needs an llm, got a {model.family}", file=source, field="task.kind")
-    if isinstance(pf.task, InferenceTask) and OBJECTIVES[pf.objective].needs_total_units:
+    if isinstance(pf.task, InferenceTask) and OBJECTIVES[pf.objective_name].needs_total_units:
         allowed = ", ".join(n for n, o in OBJECTIVES.items() if not o.needs_total_units)
-        raise ProblemError(f"{pf.objective!r} needs a training run; allowed for inference: {allowed}", file=source,
-                           field="objective")
+        raise ProblemError(f"{pf.objective_name!r} needs a training run; allowed for inference: {allowed}",
+                           file=source, field="objective")
+    if isinstance(pf.task, InferenceTask) and pf.robust:
+        raise ProblemError("true needs a training task (the error bars are the training fit's); allowed for kind "
+                           "inference: false", file=source, field="objective.robust")
     if isinstance(pf.task, Task) and model.family == "llm" and pf.task.seq_len is None:
         raise ProblemError("missing, required for an llm; allowed: tokens per sequence, an integer > 0",
                            file=source, field="task.seq_len")
@@ -104,7 +107,7 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
         check_training_precision(pf.task.precision, options, file=source)
     check_space(pf.space, file=source)
     check_expert_parallel(getattr(pf.space, "ep", None), model, file=source)
-    if pf.objective == "time_to_train" and isinstance(pf.task, Task) and pf.task.train_tokens is None:
+    if pf.objective_name == "time_to_train" and isinstance(pf.task, Task) and pf.task.train_tokens is None:
         raise ProblemError("missing, objective time_to_train needs it; allowed: a token count > 0, e.g. 2.0e+12",
                            file=source, field="task.train_tokens")
     if pf.constraints.deadline_hours is not None and (not isinstance(pf.task, Task) or pf.task.train_tokens is None):
@@ -119,7 +122,8 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
         stack=pf.stack,
         hardware=tuple(options),
         space=pf.space,
-        objective=pf.objective,
+        objective=pf.objective_name,
+        robust=pf.robust,
         constraints=pf.constraints,
         baseline=pf.baseline,
         source=source,

@@ -117,6 +117,16 @@ TaskRef = Annotated[
 ]
 
 
+class ObjectiveForm(Strict):
+    """The mapping form of ``objective``: its name and how the best plan is chosen."""
+
+    name: Objective = Field("throughput", description="the objective to optimise")
+    robust: bool = Field(
+        False, description="training: pick the plan with the best worst case within the 80 % error bars (among "
+        "the top-k and each system's best), as `solve --robust` does (search/robust.py)"
+    )
+
+
 class ProblemFile(Strict):
     """The YAML problem file. ``madmax-opt schema`` prints its JSON Schema."""
 
@@ -125,10 +135,22 @@ class ProblemFile(Strict):
     task: TaskRef
     space: Space = Space()
     stack: Stack = Stack()
-    objective: Objective = "throughput"
+    objective: Objective | ObjectiveForm = Field(
+        "throughput", description="an objective name, or {name: NAME, robust: true} to choose the best worst case"
+    )
     constraints: Constraints = Constraints()
     baseline: Plan | None = Field(None, description="the plan run today, for speedup reporting")
     calibration: str | None = Field(
         None, description="overlay file written by `madmax-opt calibrate` (relative to this file): its fitted "
         "(GPU, framework) calibrations replace the catalog's"
     )
+
+    @property
+    def objective_name(self) -> Objective:
+        """The objective's name, from either form."""
+        return self.objective.name if isinstance(self.objective, ObjectiveForm) else self.objective
+
+    @property
+    def robust(self) -> bool:
+        """Whether the best plan is the one with the best worst case (``objective: {robust: true}``)."""
+        return isinstance(self.objective, ObjectiveForm) and self.objective.robust

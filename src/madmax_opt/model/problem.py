@@ -44,6 +44,7 @@ class Problem:
     baseline: Plan | None
     source: str = "<inline>"
     serving: ServingData | None = None  # an inference problem's serving calibration and GPU catalogs (io resolves)
+    robust: bool = False  # objective: {robust: true}: the best worst case is the best plan (search/robust.py)
 
     @property
     def training_task(self) -> Task:

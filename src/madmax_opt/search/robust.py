@@ -1,5 +1,5 @@
 """Robust choice: which returned training plans the error bars cannot tell from the best, and the plan with the
-best worst case (``solve --robust``).
+best worst case (``solve --robust``, or ``objective: {robust: true}`` in the problem file).
 
 Every training objective is proportional to the step time (tokens per step are fixed: model/objectives.py), so a
 record's step-time interval [lo, hi] x predicted (core/intervals.py, from the residuals of the calibration level
@@ -69,8 +69,10 @@ def _key(rec: Record) -> tuple[Any, ...]:
 
 
 def with_robust(problem: Problem, result: dict[str, Any], robust: bool) -> dict[str, Any]:
-    """``result`` (a training solve) with its ``robust`` summary; with ``robust`` its best (and the head of top)
-    is the candidate with the best worst case."""
+    """``result`` (a training solve) with its ``robust`` summary; with ``robust`` (``solve --robust``) or the
+    problem's ``objective: {robust: true}`` its best (and the head of top) is the candidate with the best worst
+    case."""
+    robust = robust or problem.robust
     top: list[Record] = list(result["top"])
     seen = {_key(r) for r in top}
     extra = [row["best"] for row in result.get("options", []) if row.get("best") and _key(row["best"]) not in seen]
