@@ -27,14 +27,14 @@ def _fleet(tmp: Path, jobs: dict[str, Any]) -> Path:
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    calls: list[tuple[str, int]] = []
-    real = options.search_option
+    calls: list[tuple[str, int]] = []  # (job, size) searched
+    real = options.search_options
 
-    def spy(job: Any, pool: Any, gpus: int, limit: float) -> dict[str, Any]:
-        calls.append((job.name, gpus))
-        return real(job, pool, gpus, limit)
+    def spy(job: Any, pool: Any, sizes: list[int], limit: float) -> list[dict[str, Any]]:
+        calls.extend((job.name, n) for n in sizes)
+        return real(job, pool, sizes, limit)
 
-    monkeypatch.setattr(options, "search_option", spy)
+    monkeypatch.setattr(options, "search_options", spy)
     return calls
 
 
@@ -49,6 +49,21 @@ def test_identical_problems_are_searched_once_and_shared(tmp_path: Path, monkeyp
     assert [o.model_dump(exclude={"job"}) for o in a.options] == [o.model_dump(exclude={"job"}) for o in b.options]
     # c's space holds a's: its optimum is at least as fast on each size (a different search)
     assert all(oc.throughput >= oa.throughput for oa, oc in zip(a.options, c.options, strict=True))
+
+
+def test_sizes_searched_together_match_each_size_alone(tmp_path: Path) -> None:
+    # one search over every size keeps each size's best plan; a size with none (max_gpus 16 rules out 32) is
+    # searched alone, which names the constraint
+    capped = {**TRAIN, "constraints": {"max_gpus": 16}}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump({"objective": "throughput", "jobs": {"a": {"problem": OTHER}, "b": {"problem": capped}},
+                                    "systems": {"h100": {"system": "dgx-h100", "gpus": 32, "sizes": [8, 16, 32]}}}))
+    fleet = load_fleet(path)
+    pool = fleet.pools[0]
+    for job in fleet.jobs:
+        together = options.search_options(job, pool, list(pool.sizes), 30.0)
+        assert together == [options.search_option(job, pool, n, 30.0) for n in pool.sizes]
+    assert "infeasible" in together[2] and "option" in together[1]
 
 
 def test_damaged_cache_entries_are_searched_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

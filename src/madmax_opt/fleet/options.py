@@ -4,7 +4,9 @@ Training jobs go through ``search.solver.solve_records`` and serving jobs throug
 (both cross-checked against the exact evaluator), once per hardware option with objective throughput: at a fixed
 system and GPU count the fastest plan is also the cheapest per token. Each distinct search is run once: jobs whose
 resolved problems are identical on a (system, size) share it (the key: sha256 of the resolved problem, the time
-limit and the source of the cost model and search). Searches run in this process or through a sweep backend
+limit and the source of the cost model and search). A training job's sizes on one system are priced in one
+search over all of them (``search_options``: the same best plan per size as a search of that size alone). Searches
+run in this process or through a sweep backend
 (``studies.sweep.run_local`` / ``run_ray``, passed in by the CLI as a ``SearchRunner``). Results are cached on
 disk under that key; an entry that is not JSON of the expected shape is searched again.
 """
@@ -20,13 +22,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from madmax_opt.analysis.evaluator import Model, to_records
 from madmax_opt.core.errors import InfeasibleError, ProblemError, TimeLimitError
 from madmax_opt.fleet.spec import Fleet, Job, Pool
 from madmax_opt.model.problem import Problem
 from madmax_opt.search import serving
-from madmax_opt.search.solver import solve_records
+from madmax_opt.search.cpsat import INT_LIMIT
+from madmax_opt.search.solver import SolveOutcome, admissible, candidates, cross_check, solve_records
 
 CACHE_VERSION = 1
 Progress = Callable[[str], None]
@@ -145,18 +150,27 @@ def option_tables(
         entry = _read_cache(cache_dir / f"{k}.json" if cache_dir else None)
         if entry is not None:
             found[k] = entry
-    todo: list[SearchJob] = [(k, {}, {"job": fleet.jobs[j], "pool": pool, "gpus": n, "limit": limit})
-                             for k, (j, pool, n) in first.items() if k not in found]
+    groups: dict[tuple[int, str], list[str]] = {}  # the sizes a job's problem is searched on, per system
+    for k, (j, pool, _) in first.items():
+        if k not in found:
+            groups.setdefault((j, pool.name), []).append(k)
+    todo: list[SearchJob] = [(ks[0], {}, {"job": fleet.jobs[j], "pool": first[ks[0]][1], "keys": ks,
+                                          "sizes": [first[k][2] for k in ks], "limit": limit})
+                             for (j, _), ks in groups.items()]
+    members = {ks[0]: ks for ks in groups.values()}
 
     def on_row(row: dict[str, Any]) -> None:
-        k = row["key"]
         if row.get("status") == "error":  # the worker failed (not the search): listed as missing, never cached
-            entry = {"infeasible": f"search failed: {row['error']['message']}", "transient": True}
+            failed: dict[str, Any] = {"infeasible": f"search failed: {row['error']['message']}", "transient": True}
+            rows: list[dict[str, Any]] = [{"key": k, **failed} for k in members[row["key"]]]
         else:
-            entry = {key: v for key, v in row.items() if key != "key"}
-        j, pool, n = first[k]
-        found[k] = _store(cache_dir / f"{k}.json" if cache_dir else None, entry, progress,
-                          f"{fleet.jobs[j].name} on {n} x {pool.system.name}")
+            rows = row["rows"]
+        for one in rows:
+            k = str(one["key"])
+            entry = {key: v for key, v in one.items() if key != "key"}
+            j, pool, n = first[k]
+            found[k] = _store(cache_dir / f"{k}.json" if cache_dir else None, entry, progress,
+                              f"{fleet.jobs[j].name} on {n} x {pool.system.name}")
 
     if todo:
         (runner or run_here)(todo, on_row)
@@ -189,9 +203,11 @@ def run_here(todo: list[SearchJob], on_row: Callable[[dict[str, Any]], None]) ->
 
 def search_row(key: str, label: dict[str, Any], payload: dict[str, Any], source: str, solver: dict[str, Any]
                ) -> dict[str, Any]:
-    """One option search with a sweep backend's signature (``studies.sweep`` SolveFn): ``payload`` holds the job,
-    pool, GPU count and time limit; the row is the cache entry with its key."""
-    return {"key": key, **search_option(payload["job"], payload["pool"], payload["gpus"], payload["limit"])}
+    """A job's option searches on one system with a sweep backend's signature (``studies.sweep`` SolveFn):
+    ``payload`` holds the job, pool, GPU counts, their cache keys and the time limit; the row holds one cache
+    entry with its key per size (``rows``)."""
+    entries = search_options(payload["job"], payload["pool"], payload["sizes"], payload["limit"])
+    return {"key": key, "rows": [{"key": k, **e} for k, e in zip(payload["keys"], entries, strict=True)]}
 
 
 class CachedOption(BaseModel):
@@ -230,6 +246,43 @@ def _store(path: Path | None, entry: dict[str, Any], progress: Progress | None, 
     return entry
 
 
+def search_options(job: Job, pool: Pool, sizes: list[int], limit: float) -> list[dict[str, Any]]:
+    """``search_option`` on each of ``sizes``. A uniform training search prices every size in one pass: one
+    problem over the sizes, each size's best admissible plan (``prune.best_candidates`` keeps every hardware
+    option's best, exactly as a search of that option alone) and their records together; a size with no admissible
+    plan (or a serving job, an uneven-stage space, an error) is searched alone, which names why."""
+    shared = _training_bests(job, pool, sizes, limit) if not job.serving and len(sizes) > 1 else {}
+    return [_entry(job, pool, n, *shared[n]) if n in shared else search_option(job, pool, n, limit) for n in sizes]
+
+
+def _training_bests(job: Job, pool: Pool, sizes: list[int], limit: float
+                    ) -> dict[int, tuple[Mapping[str, Any], str]]:
+    """GPU count -> (record, status) of the sizes whose best plan one search over all ``sizes`` finds (the same
+    plan and record as ``_training_best`` on that size alone); the others are left out."""
+    try:
+        problem = job.on(pool, sizes)
+        if problem.space.uneven_stages:
+            return {}
+        model = Model(problem)
+        c = candidates(model, keep_best=1, top_only=True)
+        ok = admissible(model, c)
+        objective = c.objective(problem.objective)
+    except (ProblemError, InfeasibleError):  # each size alone says which
+        return {}
+    best: dict[int, int] = {}
+    for i, option in enumerate(problem.hardware):  # its least objective, ties by position (as a search alone)
+        idx = np.flatnonzero(ok & (c.plans.hw == i))
+        first = idx[np.lexsort((idx, objective[idx]))][:1]
+        if len(first) and objective[first[0]] < INT_LIMIT // 2:  # beyond a lone search's range: it names why
+            best[option.gpus] = int(first[0])
+    top = list(best.values())
+    if not top:
+        return {}
+    records = to_records(model, c.plans.take(top))
+    cross_check(SolveOutcome("optimal", top, None, None, 0.0, c, 0), records)
+    return {n: (rec, "optimal") for n, rec in zip(best, records, strict=True)}
+
+
 def search_option(job: Job, pool: Pool, gpus: int, limit: float) -> dict[str, Any]:
     """{"option": JobOption} with the job's fastest plan on ``gpus`` GPUs of ``pool``, or {"infeasible": why}."""
     problem = job.on(pool, [gpus])
@@ -241,6 +294,10 @@ def search_option(job: Job, pool: Pool, gpus: int, limit: float) -> dict[str, An
         return {"infeasible": " ".join(str(exc).split()), "transient": True}
     except ProblemError as exc:  # e.g. a precision this GPU lacks: no option here (an error if none anywhere)
         return {"infeasible": " ".join(str(exc).split()), "input_error": True}
+    return _entry(job, pool, gpus, rec, status)
+
+
+def _entry(job: Job, pool: Pool, gpus: int, rec: Mapping[str, Any], status: str) -> dict[str, Any]:
     power_w = pool.system.power_w_per_gpu * gpus
     common = {
         "job": job.name,
