@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import fields, is_dataclass
+from dataclasses import fields, is_dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -96,13 +96,17 @@ def option_key(job: Job, pool: Pool, gpus: int, time_limit_s: float) -> str:
     """sha256 of the resolved problem on this hardware (catalog entries, calibration and files it names read in),
     the search's time limit and the code digest."""
     # the resolved problem depends only on the problem mapping, the directory its files are read from, the system
-    # and the size: computed once per distinct combination (jobs often repeat a problem)
+    # and the size: resolved once per distinct combination (jobs often repeat a problem), every size of the pool
+    # at once (the options of a problem over several sizes are those of each size alone)
     memo = (json.dumps(job.problem, sort_keys=True, default=str), str(Path(job.source).parent),
             pool.system.model_dump_json(), gpus, time_limit_s)
     if memo not in _KEYS:
         if len(_KEYS) > MAX_MEMO:
             _KEYS.clear()
-        _KEYS[memo] = _resolved_key(job, pool, gpus, time_limit_s)
+        keys = _resolved_keys(job, pool, time_limit_s)
+        _KEYS.update({(*memo[:3], n, time_limit_s): k for n, k in keys.items()})
+        if gpus not in keys:
+            _KEYS[memo] = _key(job.on(pool, [gpus]), time_limit_s)
     return _KEYS[memo]
 
 
@@ -110,8 +114,17 @@ _KEYS: dict[tuple[str, str, str, int, float], str] = {}
 MAX_MEMO = 100_000
 
 
-def _resolved_key(job: Job, pool: Pool, gpus: int, time_limit_s: float) -> str:
-    problem = job.on(pool, [gpus])
+def _resolved_keys(job: Job, pool: Pool, time_limit_s: float) -> dict[int, str]:
+    """GPU count -> key of every size of ``pool`` (none when the problem over them all is refused: each size alone
+    then names why)."""
+    try:
+        problem = job.on(pool, list(pool.sizes))
+    except ProblemError:
+        return {}
+    return {o.gpus: _key(replace(problem, hardware=(o,)), time_limit_s) for o in problem.hardware}
+
+
+def _key(problem: Problem, time_limit_s: float) -> str:
     payload = {
         "v": CACHE_VERSION,
         "code": code_digest(),
