@@ -88,3 +88,13 @@ def layer_activation_bytes(
     stored = np.select([recompute == 0, recompute == 1], [full_store, selective], inputs)
     working = np.where(recompute == 2, full_store, 0.0)
     return stored, working
+
+
+def op_sac_layer_bytes(
+    tokens: Arr, tp: Arr, sp: NDArray[Any], replicated_per_token: float, tp_sharded_per_token: float,
+    unsharded_per_token: float,
+) -> Arr:
+    """Stored activation bytes of one layer for one micro-batch under torchtitan's op-level selective AC:
+    tokens * (R / (t if SP) + S / t + U) (the per-token sets: ``workload.op_sac_bytes``)."""
+    sp_div = np.where(sp > 0, tp, 1.0)
+    return tokens * (replicated_per_token / sp_div + tp_sharded_per_token / tp + unsharded_per_token)

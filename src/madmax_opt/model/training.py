@@ -35,6 +35,7 @@ from madmax_opt.model.memory import (
     MemoryTerms,
     layer_activation_bytes,
     model_state_bytes,
+    op_sac_layer_bytes,
 )
 from madmax_opt.model.ops import exposed_hidden, layer_ops
 from madmax_opt.model.pipeline import bubble_time_s, in_flight_layer_factor, stage_in_flight
@@ -175,6 +176,10 @@ def layer_costs(
     stored, working = layer_activation_bytes(
         tokens, tp, sp, rc, wl.act_replicated_bytes, wl.act_tp_sharded_bytes, score_per_token, ACT_BYTES * h
     )
+    if stack.framework == "torchtitan" and wl.act_sac_tp_bytes:  # its selective AC is op-level SAC
+        sac = op_sac_layer_bytes(tokens, tp, sp, wl.act_sac_replicated_bytes, wl.act_sac_tp_bytes,
+                                 wl.act_sac_unsharded_bytes)
+        stored = np.where(rc == 1, sac, stored)
     return LayerCosts(
         plans=plans,
         tiers=tiers,

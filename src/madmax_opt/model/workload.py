@@ -69,6 +69,11 @@ class TransformerWorkload:
     num_experts: int = 0
     top_k: int = 0
     expert_load_factor: float = 1.0  # capacity factor x load imbalance: routed work on the critical path
+    # torchtitan's selective AC (op-level SAC) keeps other tensors than Megatron's selective recompute:
+    # per token, bytes split by how TP shards them (``op_sac_bytes``; all 0 where it does not apply: MoE, dropout)
+    act_sac_replicated_bytes: int = 0  # the block input: sharded only by SP
+    act_sac_tp_bytes: int = 0  # saved outputs of column-parallel mm's and of the attention kernel: / TP
+    act_sac_unsharded_bytes: int = 0  # saved outputs of row-parallel mm's (partial sums before their reduction)
 
     @property
     def moe(self) -> bool:
@@ -213,5 +218,29 @@ def lower(model: TransformerModel, task: Task, stack: Stack) -> TransformerWorkl
         num_experts=moe.num_experts if moe is not None else 0,
         top_k=moe.top_k if moe is not None else 0,
         expert_load_factor=load,
+        **op_sac_bytes(model, h, a, g, dh, f, swiglu, moe is None and not drop),
         final_norm_params=norm_width,
     )
+
+
+def op_sac_bytes(
+    model: TransformerModel, h: int, a: int, g: int, dh: int, f: int, swiglu: bool, applies: bool
+) -> dict[str, int]:
+    """Bytes per token one layer keeps under torchtitan's op-level selective AC (``selective_ac_option = 'op'``,
+    its Llama 3 configs' default): the checkpointed block's input, plus the outputs of the ops on its save list,
+    aten.mm and the SDPA kernels, except every second mm (torchtitan/parallelisms/parallelize_llama.py
+    _apply_ac_to_transformer_block @582fe7d; train_configs/llama3_8b.toml @0011fb9). The block's mm's run in order
+    wq, wk, wv, wo, w1, (w3,) w2: the 1st, 3rd, 5th, 7th are kept. Column-parallel outputs (wq, wv, w1) and the
+    attention output (+ its fp32 log-sum-exp) are sharded by TP; a row-parallel output (w2) is the partial sum of
+    every token. MoE blocks (grouped expert mm's) and dropout masks are not covered: they keep the Megatron sets."""
+    if not applies or model.family != "llm":
+        return {}
+    mm = [(a * dh, "tp"), (g * dh, "tp"), (g * dh, "tp"), (h, "row"), (f, "tp")]
+    mm += [(f, "tp"), (h, "row")] if swiglu else [(h, "row")]
+    kept = mm[0::2]  # every second mm is recomputed
+    tp_bytes = ACT_BYTES * (sum(w for w, kind in kept if kind == "tp") + a * dh) + 4 * a  # + SDPA out, fp32 LSE
+    return {
+        "act_sac_replicated_bytes": ACT_BYTES * h,
+        "act_sac_tp_bytes": tp_bytes,
+        "act_sac_unsharded_bytes": ACT_BYTES * sum(w for w, kind in kept if kind == "row"),
+    }
