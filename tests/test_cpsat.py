@@ -22,6 +22,9 @@ from madmax_opt.search.cpsat import INT_LIMIT, MAX_WORKERS, CpSatOptions, new_so
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = {"model": "llama2-7b", "hardware": {"gpu": "h100-sxm", "gpus": [8, 16]},
          "task": {"kind": "pretrain", "seq_len": 2048, "global_batch": 64}}
+# 32 layers on 3 stages: no uniform plan, so the uneven-stage search builds CP-SAT models (the uniform search sorts)
+UNEVEN = {"model": "llama2-7b", "hardware": {"gpu": "h100-sxm", "gpus": 24},
+          "task": {"kind": "pretrain", "seq_len": 2048, "global_batch": 64}, "space": {"pp": 3, "uneven_stages": True}}
 
 
 def _write(tmp_path: Path, data: dict[str, Any], name: str = "p.yaml") -> Path:
@@ -57,8 +60,8 @@ def test_cli_option_errors_are_one_line(tmp_path: Path) -> None:
                     "text format")
     _one_line_error(run_main("solve", path, "--solver-params", "no_such_parameter: 1"), 2, "--solver-params")
     # accepted by the text parser, rejected by CP-SAT's own parameter check: still the user's input
-    _one_line_error(run_main("solve", path, "--solver-params", "num_workers: 10001"), 2, "--solver-params",
-                    "num_workers")
+    _one_line_error(run_main("solve", _write(tmp_path, UNEVEN), "--solver-params", "num_workers: 10001"), 2,
+                    "--solver-params", "num_workers")
 
 
 def test_model_invalid_is_an_internal_error_with_the_validation_message() -> None:
@@ -81,7 +84,7 @@ def test_time_out_without_a_plan_is_its_own_exit_code(tmp_path: Path) -> None:
         pick_best(obj, np.ones(n, bool), np.arange(n), [Limit(np.arange(n), n // 2)],
                   cpsat=CpSatOptions(params="max_deterministic_time: 0"))
     assert err.value.exit_code == 5
-    out = run_main("solve", _write(tmp_path, LLAMA), "--solver-params", "max_deterministic_time: 0")
+    out = run_main("solve", _write(tmp_path, UNEVEN), "--solver-params", "max_deterministic_time: 0")
     _one_line_error(out, 5, "no plan proven within 60 s", "raise --time-limit")
 
 
@@ -103,15 +106,32 @@ def test_feasible_is_reported_with_its_gap() -> None:
 
 def test_export_model_writes_named_variables(tmp_path: Path) -> None:
     model_file = tmp_path / "model.pbtxt"
-    out = run_main("solve", _write(tmp_path, LLAMA), "--json", "--export-model", model_file)
+    out = run_main("solve", _write(tmp_path, UNEVEN), "--json", "--export-model", model_file)
     assert out.returncode == 0, out.stderr
-    proto = text_format.Parse(model_file.read_text(), cp_model_pb2.CpModelProto())
-    names = [v.name for v in proto.variables]
     res = json.loads(out.stdout)
-    assert len(names) == res["solver"]["booleans"]
-    best = res["best"]["plan"]
-    assert any(f"_dp{best['dp']}_tp{best['tp']}_pp{best['pp']}_" in n for n in names)  # the chosen plan, by name
-    assert all(n.startswith("plan") for n in names)
+    s = res["solver"]
+    assert (s["search"], s["method"]) == ("uneven", "cp-sat")
+    written = sorted(tmp_path.glob("model*.pbtxt"))
+    assert len(written) == s["uneven"]["bases_solved"] >= 1  # FILE, FILE-2, ...: one per stage model solved
+    sizes = []
+    for f in written:
+        proto = text_format.Parse(f.read_text(), cp_model_pb2.CpModelProto())
+        booleans = [v.name for v in proto.variables if list(v.domain) == [0, 1]]
+        assert booleans and all(n.startswith("stage") for n in booleans)  # named: stage, layers, recompute, option
+        sizes.append(len(booleans))
+    assert max(sizes) == s["booleans"]  # the summary reports the largest model built
+
+
+def test_enumeration_builds_no_model_and_says_so(tmp_path: Path) -> None:
+    """The uniform and serving searches select by an exact sort: no CP-SAT model, no file, one warning line."""
+    for problem in (_write(tmp_path, LLAMA), ROOT / "problems" / "serve-llama2-70b-dgx-h100.yaml"):
+        model_file = tmp_path / "model.pbtxt"
+        out = run_main("solve", problem, "--json", "--export-model", model_file, "--solver-params", "num_workers: 2")
+        assert out.returncode == 0, out.stderr
+        s = json.loads(out.stdout)["solver"]
+        assert s["method"] == "enumeration" and s["booleans"] == 0 and 1 <= s["admissible"] <= s["candidates"]
+        assert not model_file.exists()
+        assert out.stderr.count("\n") == 1 and "--export-model and --solver-params: no CP-SAT model" in out.stderr
 
 
 def test_same_answer_twice() -> None:

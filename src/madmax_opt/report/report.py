@@ -215,12 +215,21 @@ def _worst_case_text(objective: str, value: float) -> str:
     return f"at worst {value:.3g} J per token"  # energy
 
 
+def search_text(s: Mapping[str, Any]) -> str:
+    """Which search ran, from the solve JSON's ``solver`` object: an exact sort of enumerated plans, or CP-SAT."""
+    if s.get("method") == "enumeration":
+        if "kept" in s:  # training: the space streamed, each option's best kept by the exact bound
+            return (f"enumeration of {s['candidates']:,} plans ({s['admissible']:,} admissible candidates kept by "
+                    "the per-option bound), exact sort")
+        return f"enumeration of {s['candidates']:,} plans ({s['admissible']:,} admissible), exact sort"
+    return f"CP-SAT: candidates {s['candidates']:,}   Booleans {s['booleans']}"
+
+
 def print_solution(result: dict[str, Any], console: Console) -> None:
     s = result["solver"]
     console.print(
         f"[bold]status:[/bold] {result['status']}   objective {s['objective']} (bound {s['best_bound']}, "
-        f"gap {s['gap']:.3g})   {s.get('search', 'uniform')} search: candidates {s['candidates']:,}   "
-        f"CP-SAT Booleans {s['booleans']}   wall {s['wall_s']:.3f} s"
+        f"gap {s['gap']:.3g})   {s.get('search', 'uniform')} search, {search_text(s)}   wall {s['wall_s']:.3f} s"
         + (f" (all searches {s['total_wall_s']:.3f} s)" if s.get("total_wall_s", s["wall_s"]) != s["wall_s"] else "")
     )
     console.print(evaluation_table(result["best"], title="best plan"))

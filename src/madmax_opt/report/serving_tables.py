@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from madmax_opt.model.plan_settings import plan_text
-from madmax_opt.report.report import metric_table
+from madmax_opt.report.report import metric_table, search_text
 
 if TYPE_CHECKING:
     from madmax_opt.model.problem import Problem
@@ -84,8 +84,7 @@ def print_result(result: dict[str, Any], console: Console) -> None:
     s = result["solver"]
     console.print(
         f"[bold]status:[/bold] {result['status']}   objective {s['objective']} {s['objective_unit']}   "
-        f"candidates {s['candidates']:,} (admissible {s['admissible']:,})   CP-SAT Booleans "
-        f"{s['booleans']}   wall {s['wall_s']:.3f} s"
+        f"{search_text(s)}   wall {s['wall_s']:.3f} s"
     )
     console.print(record_table(result["best"], title="best plan"))
     if result.get("options"):

@@ -1,7 +1,8 @@
 """The one CP-SAT factory: parameters, determinism, user parameters, model export and honest statuses.
 
-Every search (uniform plans, uneven and mixed stages, serving, DLRM table placement) builds its ``CpSolver``
-here and runs it through :func:`run`, so that:
+Every search that builds a CP-SAT model (uneven and mixed stages, DLRM table placement, fleet allocation; the
+uniform and serving searches select by an exact sort, search/selection.py) builds its ``CpSolver`` here and runs
+it through :func:`run`, so that:
 - the defaults are deterministic: one worker, a fixed seed (``CpSatOptions``);
 - ``--solver-params`` (CP-SAT's text format, e.g. ``"linearization_level: 2 log_search_progress: true"``) is
   applied last, over the search's own settings;
@@ -15,6 +16,7 @@ here and runs it through :func:`run`, so that:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +26,7 @@ from google.protobuf import text_format
 from numpy.typing import NDArray
 from ortools.sat import cp_model_pb2, sat_parameters_pb2
 
-from madmax_opt.core.errors import InternalError, ProblemError, TimeLimitError
+from madmax_opt.core.errors import InputWarning, InternalError, ProblemError, TimeLimitError
 from madmax_opt.core.numeric import IntArr
 
 if TYPE_CHECKING:  # the solver module itself (0.4 s: it pulls in pandas) is imported where a model is built
@@ -61,6 +63,7 @@ class CpSatOptions:
     params: str | None = None
     export_model: Path | None = None
     exported: list[Path] = field(default_factory=list, compare=False)  # files written so far
+    solved: list[str] = field(default_factory=list, compare=False)  # the models run so far, by what they choose
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not 1 <= self.workers <= MAX_WORKERS:
@@ -74,7 +77,7 @@ class CpSatOptions:
     def with_time_limit(self, time_limit_s: float) -> CpSatOptions:
         """The same options with another time limit (e.g. what is left of a search's budget); exports shared."""
         return CpSatOptions(max(time_limit_s, 0.01), self.workers, self.seed, self.params, self.export_model,
-                            self.exported)
+                            self.exported, self.solved)
 
 
 def options(cpsat: CpSatOptions | None = None, **kwargs: Any) -> CpSatOptions:
@@ -113,6 +116,7 @@ def export(model: cp_model.CpModel, opts: CpSatOptions) -> None:
 def run(model: cp_model.CpModel, opts: CpSatOptions, what: str, **overrides: Any) -> tuple[Status, cp_model.CpSolver]:
     """Solve ``model`` (``what`` names it in messages); MODEL_INVALID raises, every other status is returned."""
     export(model, opts)
+    opts.solved.append(what)
     solver = new_solver(opts, **overrides)
     status = solver.solve(model)
     if status == cp_model_pb2.MODEL_INVALID:
@@ -121,6 +125,17 @@ def run(model: cp_model.CpModel, opts: CpSatOptions, what: str, **overrides: Any
             raise InternalError(f"CP-SAT rejected the {what} model: {problem}")
         raise ProblemError(f"CP-SAT rejected the parameters: {solver.solution_info()}", field="--solver-params")
     return status, solver
+
+
+def warn_if_unused(opts: CpSatOptions, search: str) -> None:
+    """--export-model or --solver-params given to a command whose searches built no CP-SAT model (``search`` says
+    which search ran instead): one warning line, since nothing was written and nothing was tuned."""
+    given = [name for name, value in (("--export-model", opts.export_model), ("--solver-params", opts.params))
+             if value]
+    if given and not opts.solved:
+        warnings.warn(f"{' and '.join(given)}: no CP-SAT model was built ({search}), so nothing was written or "
+                      "tuned; CP-SAT models are built by uneven or mixed stages, DLRM placement and fleet",
+                      InputWarning, stacklevel=2)
 
 
 def has_solution(status: Status) -> bool:
@@ -158,4 +173,4 @@ def check_range(largest: float, limit: float, quantity: str, *, field: str | Non
 
 
 __all__ = ["INT_LIMIT", "MAX_WORKERS", "CpSatOptions", "check_range", "export", "gap", "has_solution",
-           "new_solver", "options", "parse_params", "run", "time_limit_error", "to_int"]
+           "new_solver", "options", "parse_params", "run", "time_limit_error", "to_int", "warn_if_unused"]

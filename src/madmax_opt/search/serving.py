@@ -1,8 +1,8 @@
-"""Serving search: CP-SAT over the enumerated candidates under latency targets, exact records, explanations of
-infeasibility and the throughput-latency Pareto front.
+"""Serving search: an exact selection over the enumerated candidates under latency targets, exact records,
+explanations of infeasibility and the throughput-latency Pareto front.
 
-Same design as ``solver`` (docs/reference/solver-notes.md, "enumerate, then assemble"); the candidates and their
-integer columns come from ``search.serving_space`` (re-exported here).
+Same design as ``solver`` (docs/reference/solver-notes.md, "enumerate, then assemble", the assembly a numpy sort,
+no CP-SAT model); the candidates and their integer columns come from ``search.serving_space`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.serving_calibration import ServingCatalog
 from madmax_opt.model.spec import Plan
-from madmax_opt.search.assemble import admissible_mask, pick_best, solver_summary, supplies
-from madmax_opt.search.cpsat import CpSatOptions
+from madmax_opt.search.assemble import admissible_mask, solver_summary, supplies
+from madmax_opt.search.cpsat import CpSatOptions, warn_if_unused
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.objectives import serving_units
+from madmax_opt.search.selection import METHOD, select_best
 from madmax_opt.search.serving_space import (
     BATCH_GRID,
     US,
@@ -68,7 +69,7 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------- CP-SAT
+# ------------------------------------------------------------------------------------------- selection
 
 
 @dataclass
@@ -95,27 +96,16 @@ def solve_serving(
 ) -> ServingOutcome:
     """The best serving plan(s) under the targets; InfeasibleError names what binds."""
     t0 = time.perf_counter()
-    opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
+    cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)  # checked; no CP-SAT model here
     model = model or ServingModel(problem)
     c = candidates(model, plans)
     lims = target_limits(model, c) + cluster(model, c)
-    pick = pick_best(
-        c.int_objective(problem.objective),
-        admissible_mask(c.valid, lims),
-        c.plans.hw,
-        lims,
-        top_k=top_k,
-        cpsat=opts,
-        label=lambda i: (f"plan{i}_hw{c.plans.hw[i]}_dp{c.plans.dp[i]}_tp{c.plans.tp[i]}_pp{c.plans.pp[i]}_"
-                         f"ep{c.plans.ep[i]}_batch{c.plans.batch[i]}_prec{c.plans.precision[i]}_"
-                         f"prefill{c.plans.prefill_dp[i]}_seqs{c.plans.max_seqs[i]}"),  # CP-SAT variable names
-        file=problem.source,
-    )
+    pick = select_best(c.int_objective(problem.objective), admissible_mask(c.valid, lims), c.plans.hw, top_k=top_k,
+                       file=problem.source)
     if pick is None:
         raise InfeasibleError(explain_infeasible(model, c))
-    return ServingOutcome(
-        pick.status, pick.top, pick.objective, pick.best_bound, time.perf_counter() - t0, c, pick.booleans
-    )
+    # an exact sort of every admissible candidate: optimal, its own bound, no CP-SAT model
+    return ServingOutcome("optimal", pick.top, pick.objective, pick.objective, time.perf_counter() - t0, c, 0)
 
 
 # --------------------------------------------------------------------------------------------- records
@@ -378,8 +368,9 @@ def solve_result(
 ) -> dict[str, Any]:
     """The JSON object of ``solve --json`` for an inference problem."""
     model = ServingModel(problem)
-    outcome = solve_serving(problem, top_k=top_k, time_limit_s=time_limit, workers=workers, cpsat=cpsat,
-                            model=model)
+    opts = cpsat_options(cpsat, time_limit_s=time_limit, workers=workers)
+    outcome = solve_serving(problem, top_k=top_k, cpsat=opts, model=model)
+    warn_if_unused(opts, "the serving search ran an exact enumeration")
     c = outcome.candidates
     records = to_records(model, c, outcome.top)
     cross_check(outcome, records, problem.objective)
@@ -395,6 +386,7 @@ def solve_result(
     summary = solver_summary(outcome.objective, outcome.best_bound, outcome.wall_s, len(c.plans), outcome.model_size)
     summary["objective_unit"] = serving_units(problem.objective).integer_unit
     summary["admissible"] = int(admissible(model, c).sum())
+    summary["method"] = METHOD
     return {
         "task": "inference",
         "status": outcome.status,

@@ -1,12 +1,14 @@
-"""CP-SAT search: enumerate candidates with the exact cost model, round their terms, assemble with CP-SAT.
+"""Training search: enumerate candidates with the exact cost model, round their terms, select the best exactly.
 
-Design (docs/reference/solver-notes.md, "enumerate, then assemble"): every cost term of the model depends on
+Design (docs/reference/solver-notes.md, "enumerate, then assemble"; the assembly of one plan is a sort): every cost term of the model depends on
 5-7 of the 9 knobs, so the terms are computed for all candidates at once by the vectorised model
-(``training.training_terms``), each additive term is rounded once to an integer (microseconds; the objectives in their units, search/objectives.py),
-and CP-SAT picks one candidate (one Boolean each, ``add_exactly_one``) under the linear side constraints
-(GPU count, GPU supply per type, $/hour budget, minimum throughput). Within one hardware option every constraint
-is monotone in the step time, so only the ``k`` best candidates of each option can be in the top-k; the rest are
-dropped before the model is built (exact, not a heuristic).
+(``training.training_terms``), each additive term is rounded once to an integer (microseconds; the objectives in
+their units, search/objectives.py), every plan is checked against the linear side constraints (GPU count, GPU
+supply per type, $/hour budget, minimum throughput, run budget), and the best admissible plans are selected by an
+exact sort (``selection.select_best``; ties by enumeration order). Within one hardware option every constraint is
+monotone in the step time, so only the ``k`` best candidates of each option can be in the top-k; the rest are
+pruned while the space streams (exact, not a heuristic). CP-SAT models are built by the uneven- and mixed-stage
+search (search/stages.py), which the summary's ``method`` names.
 """
 
 from __future__ import annotations
@@ -41,14 +43,14 @@ from madmax_opt.search.assemble import (
     admissible_mask,
     brute_force,
     cluster_limits,
-    pick_best,
     solver_summary,
     supplies,
 )
-from madmax_opt.search.cpsat import INT_LIMIT, CpSatOptions, time_limit_error, to_int
+from madmax_opt.search.cpsat import INT_LIMIT, CpSatOptions, time_limit_error, to_int, warn_if_unused
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.objectives import UUSD, integer_objective, training_units  # noqa: F401 (UUSD: re-export)
 from madmax_opt.search.prune import ROUNDING_TOLERANCE_S, best_candidates, space_candidates
+from madmax_opt.search.selection import METHOD, select_best
 from madmax_opt.search.space import empty_space_reason
 from madmax_opt.search.stages import UnevenResult, solve_uneven
 
@@ -152,11 +154,17 @@ class SolveOutcome:
     best_bound: float | None
     wall_s: float
     candidates: Candidates
-    model_size: int  # Booleans in the CP-SAT model
+    model_size: int  # Booleans in the CP-SAT model (0: the uniform search builds none)
     explanation: str | None = None
     uneven: UnevenResult | None = None  # uneven-pipeline search, when the space allows it
     search: str = "uniform"  # the search that produced the returned plan: uniform | uneven | mixed
     total_wall_s: float | None = None  # every search together (uniform + uneven)
+    admissible: int | None = None  # uniform search: kept candidates that meet every limit
+
+    @property
+    def method(self) -> str:
+        """How the returned plan was found: an exact numpy sort of the enumerated plans, or a CP-SAT model."""
+        return METHOD if self.search == "uniform" else "cp-sat"
 
     def summary(self) -> dict[str, Any]:
         """The ``solver`` object of the solve JSON: objective, bound and gap of the returned plan; wall time and
@@ -168,6 +176,9 @@ class SolveOutcome:
             size = self.uneven.bases_solved + self.uneven.bases_pruned
         out = solver_summary(self.objective, self.best_bound, self.wall_s, size, self.model_size)
         out["search"] = self.search
+        out["method"] = self.method
+        if self.search == "uniform":
+            out["kept"], out["admissible"] = len(c.plans), self.admissible
         out["total_wall_s"] = self.total_wall_s if self.total_wall_s is not None else self.wall_s
         if self.uneven is not None:
             out["uneven"] = {"status": self.uneven.status, "bases_solved": self.uneven.bases_solved,
@@ -193,37 +204,25 @@ def solve(
     ``plans``: search these plans of the space instead (``top`` indexes them); with ``prune`` they are first pruned
     like the space (``prune.space_candidates``; ``top`` then indexes ``candidates.plans``)."""
     t0 = time.perf_counter()
-    opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
+    cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)  # checked; no CP-SAT model here
     model = model or Model(problem)
     c = candidates(model, plans, keep_best=top_k, top_only=True) if plans is None or not prune else Candidates(
         *space_candidates(model, top_k, plans))
     lims = limits(model, c)
 
-    def label(i: int) -> str:
-        pl = c.plans
-        return (f"plan{i}_hw{pl.hw[i]}_dp{pl.dp[i]}_tp{pl.tp[i]}_pp{pl.pp[i]}_cp{pl.cp[i]}_vpp{pl.vpp[i]}_"
-                f"mbs{pl.mbs[i]}_zero{pl.zero[i]}_rc{pl.recompute[i]}_sp{int(pl.sp[i])}_ep{pl.ep[i]}")
-
-    pick = pick_best(
-        c.int_objective(problem.objective),
-        admissible_mask(c.met.feasible, lims),
-        c.plans.hw,
-        lims,
-        top_k=top_k,
-        cpsat=opts,
-        label=label,
-        file=problem.source,
-    )
+    pick = select_best(c.int_objective(problem.objective), admissible_mask(c.met.feasible, lims), c.plans.hw,
+                       top_k=top_k, file=problem.source)
     if pick is None:  # explained on the pruned space (the kept top plans hold no infeasible ones)
         raise InfeasibleError(explain_infeasible(model, c if c.evaluated is None else candidates(model)))
     return SolveOutcome(
-        status=pick.status,
+        status="optimal",  # an exact sort of every admissible candidate
         top=pick.top,
         objective=pick.objective,
-        best_bound=pick.best_bound,
+        best_bound=pick.objective,
         wall_s=time.perf_counter() - t0,
         candidates=c,
-        model_size=pick.booleans,
+        model_size=0,
+        admissible=pick.admissible,
     )
 
 
@@ -310,6 +309,7 @@ def solve_records(
             outcome.best_bound = min(outcome.best_bound, uneven.best_bound)
     assert outcome is not None  # a uniform or an uneven plan was found, else InfeasibleError was raised
     outcome.total_wall_s = time.perf_counter() - t0
+    warn_if_unused(opts, f"the {outcome.search} search ran an exact enumeration")
     return outcome, recs
 
 
