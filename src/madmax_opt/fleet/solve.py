@@ -377,12 +377,30 @@ def _resolve(run: FleetRun, relaxed: Instance, base: Instance, alloc: Allocation
     memo = (relaxed.inp.capacity_nodes, relaxed.inp.max_cents_per_hour, relaxed.inp.max_cents, relaxed.relaxed)
     if memo not in run.relaxed_solves:
         index = {id(s): k for k, s in enumerate(full.scored)}
-        kept = {id(s) for s in relaxed.scored}
         start = [index[id(base.scored[k])] if k is not None else None for k in alloc.choice]
-        run.relaxed_solves[memo] = model.solve(relaxed.inp.capacity_nodes, relaxed.inp.max_cents_per_hour,
-                                               relaxed.inp.max_cents, [id(s) in kept for s in full.scored], start,
-                                               _quick(run))
+        own = (base.inp.capacity_nodes, base.inp.max_cents_per_hour, base.inp.max_cents, base.relaxed)
+        if any(_within(memo, known) and again.status == "optimal" and again.objective == alloc.objective
+               for known, again in [*run.relaxed_solves.items(), (own, alloc)]):
+            # the base itself, or a looser relaxation proved no better than it: this one (between the two) is no
+            # better either, so the base allocation is its optimum
+            run.relaxed_solves[memo] = Allocation("optimal", tuple(start), alloc.objective,
+                                                  float(alloc.objective or 0), tie_break="skipped")
+        else:
+            kept = {id(s) for s in relaxed.scored}
+            run.relaxed_solves[memo] = model.solve(relaxed.inp.capacity_nodes, relaxed.inp.max_cents_per_hour,
+                                                   relaxed.inp.max_cents, [id(s) in kept for s in full.scored],
+                                                   start, _quick(run))
     return run.relaxed_solves[memo], full
+
+
+def _within(tight: tuple[Any, ...], loose: tuple[Any, ...]) -> bool:
+    """Whether relaxation ``tight`` (supplies, $/hour and $ budgets, jobs whose targets are dropped) allows no more
+    than ``loose``: every supply and budget at most its own (None: no budget), targets dropped for fewer jobs."""
+    caps, hourly, total, jobs = tight
+    more_caps, more_hourly, more_total, more_jobs = loose
+    return (all(c <= m for c, m in zip(caps, more_caps, strict=True))
+            and (more_hourly is None or (hourly is not None and hourly <= more_hourly))
+            and (more_total is None or (total is not None and total <= more_total)) and jobs <= more_jobs)
 
 
 def _resolve_value(run: FleetRun, relaxed: Instance, base: Instance, alloc: Allocation) -> tuple[float | None, str]:
