@@ -95,11 +95,16 @@ def default_cache_dir() -> Path:
 def option_key(job: Job, pool: Pool, gpus: int, time_limit_s: float) -> str:
     """sha256 of the resolved problem on this hardware (catalog entries, calibration and files it names read in),
     the search's time limit and the code digest."""
+    return _option_key(json.dumps(job.problem, sort_keys=True, default=str), pool.system.model_dump_json(), job, pool,
+                       gpus, time_limit_s)
+
+
+def _option_key(problem_text: str, system_text: str, job: Job, pool: Pool, gpus: int, time_limit_s: float) -> str:
+    """``option_key`` given the job's problem mapping and the pool's system as JSON."""
     # the resolved problem depends only on the problem mapping, the directory its files are read from, the system
     # and the size: resolved once per distinct combination (jobs often repeat a problem), every size of the pool
     # at once (the options of a problem over several sizes are those of each size alone)
-    memo = (json.dumps(job.problem, sort_keys=True, default=str), str(Path(job.source).parent),
-            pool.system.model_dump_json(), gpus, time_limit_s)
+    memo = (problem_text, str(Path(job.source).parent), system_text, gpus, time_limit_s)
     if memo not in _KEYS:
         if len(_KEYS) > MAX_MEMO:
             _KEYS.clear()
@@ -154,7 +159,9 @@ def option_tables(
     tasks = [(j, pool, n) for j, job in enumerate(fleet.jobs) for pool in fleet.pools
              if job.spec.systems is None or pool.name in job.spec.systems
              for n in pool.sizes if job.spec.max_gpus is None or n <= job.spec.max_gpus]
-    keys = [option_key(fleet.jobs[j], pool, n, limit) for j, pool, n in tasks]
+    problem_text = [json.dumps(job.problem, sort_keys=True, default=str) for job in fleet.jobs]
+    pool_text = {pool.name: pool.system.model_dump_json() for pool in fleet.pools}
+    keys = [_option_key(problem_text[j], pool_text[pool.name], fleet.jobs[j], pool, n, limit) for j, pool, n in tasks]
     first: dict[str, tuple[int, Pool, int]] = {}  # one search per distinct key, named after its first job
     for k, t in zip(keys, tasks, strict=True):
         first.setdefault(k, t)
@@ -187,14 +194,17 @@ def option_tables(
 
     if todo:
         (runner or run_here)(todo, on_row)
+    of_job: list[list[tuple[Pool, int, str]]] = [[] for _ in fleet.jobs]  # each job's (pool, size, key) in order
+    for (j, pool, n), k in zip(tasks, keys, strict=True):
+        of_job[j].append((pool, n, k))
     tables = []
     for j, job in enumerate(fleet.jobs):
         options: list[JobOption] = []
         infeasible: dict[str, str] = {}
         input_errors: list[str] = []
-        for (jj, pool, n), k in zip(tasks, keys, strict=True):
+        for pool, n, k in of_job[j]:
             entry = found.get(k)
-            if jj != j or entry is None:
+            if entry is None:
                 continue
             if "option" in entry:  # the shared search, under this job's name
                 options.append(JobOption.model_validate({**entry["option"], "job": job.name}))

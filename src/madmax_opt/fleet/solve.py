@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -105,6 +106,11 @@ class Instance:
     inp: AllocationInput
     scored: list[Scored]
     relaxed: frozenset[int] = field(default_factory=frozenset)  # jobs whose targets are ignored
+
+    @cached_property
+    def offered(self) -> frozenset[int]:
+        """The jobs with at least one option."""
+        return frozenset(s.job for s in self.scored)
 
 
 def instance(fleet: Fleet, scored: list[Scored], relaxed: frozenset[int] = frozenset()) -> Instance:
@@ -279,7 +285,7 @@ def _why_unplaced(fleet: Fleet, inst: Instance, j: int, table: OptionTable, gree
     if not table.options:
         first = next(iter(table.infeasible.values()), "no system and size offered")
         return f"no feasible plan on any fleet system ({first})"
-    if not any(s.job == j for s in inst.scored):
+    if j not in inst.offered:
         missed = [s for s in scored_options_of(fleet, table, j) if s.misses]
         fastest = max(missed, key=lambda s: s.option.throughput)
         return f"no option meets its targets; the fastest misses {fastest.misses}"
@@ -445,8 +451,9 @@ def binding_constraints(run: FleetRun, inst: Instance, value: float | None, allo
             out.append(Binding(constraint=f"budget.{key}", gain=gain,
                                detail=f"{getattr(fleet.spec.budget, key):,.0f} US$" + ("/h" if key == "usd_per_hour" else "")))
     targeted = sorted({s.job for s in run.scored if s.misses})[:MAX_TARGET_CHECKS]
-    for j in targeted:
-        relaxed = instance(fleet, run.scored, frozenset({j}))
+    for j in targeted:  # what _resolve reads of instance(fleet, run.scored, {j}): the base supply and budgets
+        relaxed = replace(inst, scored=[s for s in run.scored if s.misses is None or s.job == j],
+                          relaxed=frozenset({j}))
         again, full = _resolve(run, relaxed, inst, alloc)
         v = value_of(fleet, full, again)
         gain = run.better(v, value)
@@ -465,7 +472,7 @@ def explain_infeasible(run: FleetRun, inst: Instance, alloc: Allocation) -> str:
     """Name what binds when the required jobs cannot all be placed."""
     fleet = run.fleet
     for j, job in enumerate(fleet.jobs):
-        if inst.inp.required[j] and not any(o.job == j for o in inst.inp.options):
+        if inst.inp.required[j] and j not in inst.offered:
             return f"job {job.name} cannot be placed: {_why_unplaced(fleet, inst, j, run.tables[j])} " \
                    f"(binding constraint: jobs.{job.name} targets)"
     unlimited = inst.inp
