@@ -20,18 +20,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import fields, is_dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from madmax_opt.analysis.evaluator import Model, to_records
 from madmax_opt.core.errors import InfeasibleError, ProblemError, TimeLimitError
 from madmax_opt.fleet.spec import Fleet, Job, Pool
-from madmax_opt.model.problem import Problem
-from madmax_opt.search import serving
-from madmax_opt.search.cpsat import INT_LIMIT
-from madmax_opt.search.solver import SolveOutcome, admissible, candidates, cross_check, solve_records
+
+if TYPE_CHECKING:
+    from madmax_opt.model.problem import Problem
+
+# the plan searches (analysis.evaluator, search.solver, search.serving: 0.3 s to import) are imported where a
+# search runs: a fleet whose options are all cached never loads them
 
 CACHE_VERSION = 1
 Progress = Callable[[str], None]
@@ -282,6 +283,10 @@ def _training_bests(job: Job, pool: Pool, sizes: list[int], limit: float
                     ) -> dict[int, tuple[Mapping[str, Any], str]]:
     """GPU count -> (record, status) of the sizes whose best plan one search over all ``sizes`` finds (the same
     plan and record as ``_training_best`` on that size alone); the others are left out."""
+    from madmax_opt.analysis.evaluator import Model, to_records
+    from madmax_opt.search.cpsat import INT_LIMIT
+    from madmax_opt.search.solver import SolveOutcome, admissible, candidates, cross_check
+
     try:
         problem = job.on(pool, sizes)
         if problem.space.uneven_stages:
@@ -353,11 +358,15 @@ def _entry(job: Job, pool: Pool, gpus: int, rec: Mapping[str, Any], status: str)
 
 
 def _training_best(problem: Problem, limit: float) -> tuple[Mapping[str, Any], str]:
+    from madmax_opt.search.solver import solve_records
+
     outcome, records = solve_records(problem, top_k=1, time_limit_s=limit, workers=1)
     return records[0], outcome.status
 
 
 def _serving_best(problem: Problem, limit: float) -> tuple[Mapping[str, Any], str]:
+    from madmax_opt.search import serving
+
     model = serving.ServingModel(problem)
     outcome = serving.solve_serving(problem, top_k=1, time_limit_s=limit, workers=1, model=model)
     records = serving.to_records(model, outcome.candidates, outcome.top)
