@@ -53,17 +53,20 @@ def test_identical_problems_are_searched_once_and_shared(tmp_path: Path, monkeyp
 
 def test_sizes_searched_together_match_each_size_alone(tmp_path: Path) -> None:
     # one search over every size keeps each size's best plan; a size with none (max_gpus 16 rules out 32) is
-    # searched alone, which names the constraint
+    # searched alone, which names the constraint; the same for a serving job
     capped = {**TRAIN, "constraints": {"max_gpus": 16}}
+    serve = {"model": "llama3-8b", "task": {"kind": "inference", "prompt_len": 1024, "output_len": 256,
+                                            "ttft_s": 0.5, "tpot_s": 0.03}, "constraints": {"max_gpus": 16}}
     path = tmp_path / "fleet.yaml"
-    path.write_text(yaml.safe_dump({"objective": "throughput", "jobs": {"a": {"problem": OTHER}, "b": {"problem": capped}},
+    jobs = {"a": {"problem": OTHER}, "b": {"problem": capped}, "c": {"problem": serve}}
+    path.write_text(yaml.safe_dump({"objective": "throughput", "jobs": jobs,
                                     "systems": {"h100": {"system": "dgx-h100", "gpus": 32, "sizes": [8, 16, 32]}}}))
     fleet = load_fleet(path)
     pool = fleet.pools[0]
     for job in fleet.jobs:
         together = options.search_options(job, pool, list(pool.sizes), 30.0)
         assert together == [options.search_option(job, pool, n, 30.0) for n in pool.sizes]
-    assert "infeasible" in together[2] and "option" in together[1]
+        assert "option" in together[1] and ("infeasible" in together[2]) == (job.name != "a"), job.name
 
 
 def test_damaged_cache_entries_are_searched_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

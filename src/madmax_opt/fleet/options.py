@@ -275,7 +275,8 @@ def search_options(job: Job, pool: Pool, sizes: list[int], limit: float) -> list
     problem over the sizes, each size's best admissible plan (``prune.best_candidates`` keeps every hardware
     option's best, exactly as a search of that option alone) and their records together; a size with no admissible
     plan (or a serving job, an uneven-stage space, an error) is searched alone, which names why."""
-    shared = _training_bests(job, pool, sizes, limit) if not job.serving and len(sizes) > 1 else {}
+    shared = {} if len(sizes) < 2 else _serving_bests(job, pool, sizes) if job.serving else _training_bests(
+        job, pool, sizes, limit)
     return [_entry(job, pool, n, *shared[n]) if n in shared else search_option(job, pool, n, limit) for n in sizes]
 
 
@@ -308,6 +309,38 @@ def _training_bests(job: Job, pool: Pool, sizes: list[int], limit: float
         return {}
     records = to_records(model, c.plans.take(top))
     cross_check(SolveOutcome("optimal", top, None, None, 0.0, c, 0), records)
+    return {n: (rec, "optimal") for n, rec in zip(best, records, strict=True)}
+
+
+def _serving_bests(job: Job, pool: Pool, sizes: list[int]) -> dict[int, tuple[Mapping[str, Any], str]]:
+    """``_training_bests`` of a serving job: one serving model over every size, each size's best admissible
+    candidate (``solve_serving``'s selection restricted to that size) and their records together."""
+    from madmax_opt.search import serving
+    from madmax_opt.search.assemble import admissible_mask
+    from madmax_opt.search.selection import select_best
+
+    best: dict[int, int] = {}
+    try:
+        problem = job.on(pool, sizes)
+        model = serving.ServingModel(problem)
+        c = serving.candidates(model, None)
+        ok = admissible_mask(c.valid, serving.target_limits(model, c) + serving.cluster(model, c))
+        objective = c.int_objective(problem.objective)
+        for i, option in enumerate(problem.hardware):
+            try:
+                pick = select_best(objective, ok & (c.plans.hw == i), c.plans.hw, file=problem.source)
+            except ProblemError:  # beyond a lone search's range: it names why
+                continue
+            if pick is not None:
+                best[option.gpus] = pick.top[0]
+    except (ProblemError, InfeasibleError):  # each size alone says which
+        return {}
+    if not best:
+        return {}
+    top = list(best.values())
+    outcome = serving.ServingOutcome("optimal", top, None, None, 0.0, c, 0)
+    records = serving.to_records(model, c, top)
+    serving.cross_check(outcome, records, "throughput")
     return {n: (rec, "optimal") for n, rec in zip(best, records, strict=True)}
 
 
