@@ -183,6 +183,10 @@ def validate_cmd(
 
     for line in coverage_summary(summary):  # the interval every training record carries, checked held-out
         console().print(line, soft_wrap=True)
+    from madmax_opt.studies import serving_fit, serving_intervals
+
+    for line in serving_intervals.coverage_summary(serving_fit.evaluate_all()):  # cached: the report's fit
+        console().print(line, soft_wrap=True)
     for path in [*validation_modern.write_catalog(summary), write_intervals(summary)] if write_catalog else []:
         console().print(f"wrote {path}")
 

@@ -4,9 +4,10 @@ an objective. Strict pydantic shapes (unknown keys are errors), bounded sizes, o
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -274,8 +275,22 @@ def _job(name: str, j: FleetJob, spec: FleetFile, pools: tuple[Pool, ...], base:
 
 
 def _problem_on(problem: dict[str, Any], source: str, pool: Pool, sizes: list[int]) -> Problem:
+    # a problem depends on its source only through the directory relative files are read from (and the name in
+    # its errors): jobs repeating a problem share one resolution (an error is raised by the first, named after it)
+    memo = (json.dumps(problem, sort_keys=True, default=str),
+            source if source == "<inline>" else str(Path(source).parent), pool.system.model_dump_json(), tuple(sizes))
+    known = _RESOLVED.get(memo)
+    if known is not None:
+        return known if known.source == source else replace(known, source=source)
     data = dict(problem, hardware={"system": pool.system.model_dump(), "gpus": sizes}, objective="throughput")
-    return problem_from_dict(data, source=source)
+    if len(_RESOLVED) > MAX_RESOLVED:
+        _RESOLVED.clear()
+    _RESOLVED[memo] = resolved = problem_from_dict(data, source=source)
+    return resolved
+
+
+_RESOLVED: dict[tuple[str, str, str, tuple[int, ...]], Problem] = {}
+MAX_RESOLVED = 10_000
 
 
 def _check_kind(j: FleetJob, serving: bool, file: str, field: str) -> None:

@@ -10,14 +10,14 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.yaml_files import shorten
+from madmax_opt.io.yaml_files import SAFE_LOADER, shorten
 from madmax_opt.model.spec import GPU, FamilyCalibration, System, TransformerModel
 
 T = TypeVar("T", bound=BaseModel)
 
 def _load(filename: str, cls: type[T]) -> dict[str, T]:
     text = resources.files("madmax_opt").joinpath("data").joinpath(filename).read_text()
-    raw: dict[str, dict[str, Any]] = yaml.safe_load(text) or {}
+    raw: dict[str, dict[str, Any]] = yaml.load(text, Loader=SAFE_LOADER) or {}  # libyaml when present
     out: dict[str, T] = {}
     for name, fields in raw.items():
         try:

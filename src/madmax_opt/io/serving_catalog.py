@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
+from madmax_opt.io.yaml_files import SAFE_LOADER
 from madmax_opt.model.serving_calibration import ServingCatalog, ServingData
 
 CATALOG_FILE = "serving_calibration.yaml"
@@ -20,7 +21,7 @@ CATALOG_FILE = "serving_calibration.yaml"
 def serving_catalog() -> ServingCatalog:
     text = resources.files("madmax_opt").joinpath("data").joinpath(CATALOG_FILE).read_text()
     try:
-        return ServingCatalog(**yaml.safe_load(text))
+        return ServingCatalog(**yaml.load(text, Loader=SAFE_LOADER))  # libyaml when present
     except ValidationError as exc:  # a broken catalog is a bug in the package, but say where
         raise ProblemError(str(exc).splitlines()[0], file=f"catalog {CATALOG_FILE}") from None
 

@@ -117,6 +117,7 @@ def shorten(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
 
 
 _SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 10x faster, nesting capped at 1000
+SAFE_LOADER: Any = _SafeLoader  # the package's own catalogs (yaml.load(text, Loader=SAFE_LOADER))
 
 
 class _UniqueKeyLoader(_SafeLoader):

@@ -84,6 +84,46 @@ class FitRecord(_Strict):
     )
 
 
+class IntervalFactors(_Strict):
+    """An 80 % interval as factors on a prediction (core/intervals.Interval) with its coverage on left-out runs."""
+
+    lo: float = Field(gt=0.0, le=1.0)
+    hi: float = Field(ge=1.0)
+    runs: int = Field(ge=0, description="held-out residuals the interval was built from")
+    held_out_by: str = Field(description="the grouping of the coverage check: fold, gpu or source")
+    coverage: float | None = Field(
+        None, description="share of each group's runs inside the interval of the other groups' residuals"
+    )
+    coverage_runs: int = 0
+
+
+INTERVAL_LEVELS: tuple[str, ...] = ("calibrated", "family", "prior")
+INTERVAL_METRICS: tuple[str, ...] = ("throughput", "tpot")
+
+
+def interval_level(level: str) -> str:
+    """The interval level of a resolved calibration level (``resolve_params``): the pair's own fit, the pooled
+    fits that stand in for a pair without runs (family:NAME, composed, gpu- / framework-pooled), or the prior."""
+    return level if level in ("calibrated", "prior") else "family"
+
+
+def record_interval(label: dict[str, Any], tpot_s: float, tokens_per_s: float,
+                    tokens_per_s_per_gpu: float) -> dict[str, Any] | None:
+    """A serving record's interval block from its calibration label's factors (``calibration_columns``): the
+    measured value lies in [lo x predicted, hi x predicted] with the stated coverage; None without factors."""
+    iv = label.get("interval")
+    if not iv:
+        return None
+    out: dict[str, Any] = {"coverage": iv["coverage"], "level": iv["level"]}
+    if "tpot" in iv:
+        out["tpot_s"] = [tpot_s * iv["tpot"][0], tpot_s * iv["tpot"][1]]
+    if "throughput" in iv:
+        lo, hi = iv["throughput"]
+        out["output_tokens_per_s"] = [tokens_per_s * lo, tokens_per_s * hi]
+        out["output_tokens_per_s_per_gpu"] = [tokens_per_s_per_gpu * lo, tokens_per_s_per_gpu * hi]
+    return out
+
+
 class ServingCalibrationEntry(_Strict):
     gpu: str = Field(description=f"GPU catalog key, or {ANY_GPU!r} for the framework's pooled fit")
     framework: str
@@ -114,6 +154,20 @@ class ServingCatalog(_Strict):
     )
     gpu_families_source: str = ""
     entries: list[ServingCalibrationEntry] = []
+    interval_coverage: float = Field(0.8, gt=0.0, lt=1.0, description="coverage of the intervals below")
+    intervals: dict[str, dict[str, IntervalFactors]] = Field(
+        default_factory=dict, description="interval level (calibrated, family, prior) -> metric (throughput, tpot) "
+        "-> factors from the held-out residuals of that level (studies/serving_intervals.py)"
+    )
+
+    def interval_factors(self, level: str) -> dict[str, Any] | None:
+        """The factors a record priced at ``level`` carries (``record_interval``); None without intervals."""
+        key = interval_level(level)
+        got = self.intervals.get(key)
+        if not got:
+            return None
+        return {"coverage": self.interval_coverage, "level": key,
+                **{m: [f.lo, f.hi] for m, f in got.items()}}
 
     def gpu_family_of(self) -> dict[str, str]:
         return {g: name for name, gpus in self.gpu_families.items() for g in gpus}
@@ -225,7 +279,8 @@ def calibration_columns(
                 in_sample_median_err=fit.in_sample_median_err,
                 loso_median_err=fit.loso_median_err,
             )
-        labels.append({**rec.model_dump(), "level": level})
+        factors = catalog.interval_factors(level)
+        labels.append({**rec.model_dump(), "level": level, **({"interval": factors} if factors else {})})
     return CalibrationColumns.of([p for p, _, _ in resolved], catalog.frameworks[framework]), labels
 
 

@@ -28,8 +28,14 @@ def record_table(rec: dict[str, Any], title: str = "plan") -> Table:
         t.add_row("[red]infeasible[/red]", str(rec["infeasible_reason"]))
     t.add_row("TTFT (ms)", _ms(rec["ttft_s"]))
     t.add_row("TPOT (ms)", _ms(rec["tpot_s"]))
+    iv = rec.get("interval")  # the calibration level's interval (held-out residuals of that level)
+    if iv is not None and "tpot_s" in iv:
+        t.add_row(f"  {iv['coverage']:.0%} interval (ms, {iv['level']})", f"{_ms(iv['tpot_s'][0])} - {_ms(iv['tpot_s'][1])}")
     t.add_row("output tokens/s", f"{rec['output_tokens_per_s']:,.0f}")
     t.add_row("output tokens/s per GPU", f"{rec['output_tokens_per_s_per_gpu']:,.1f}")
+    if iv is not None and "output_tokens_per_s_per_gpu" in iv:
+        lo, hi = iv["output_tokens_per_s_per_gpu"]
+        t.add_row(f"  {iv['coverage']:.0%} interval ({iv['level']})", f"{lo:,.1f} - {hi:,.1f}")
     t.add_row("max batch per replica (KV cache)", f"{rec['max_batch']:,}")
     t.add_row("running batch (offered)", f"{rec['running_batch']:,} ({rec['plan']['batch']:,})")
     if rec["queue_wait_s"] > 0:

@@ -27,7 +27,7 @@ from madmax_opt.model.inference import (
 from madmax_opt.model.objectives import Rates, objective_values
 from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.model.problem import Problem
-from madmax_opt.model.serving_calibration import ServingCatalog
+from madmax_opt.model.serving_calibration import ServingCatalog, record_interval
 from madmax_opt.model.spec import Plan
 from madmax_opt.search.assemble import admissible_mask, solver_summary, supplies
 from madmax_opt.search.cpsat import CpSatOptions, warn_if_unused
@@ -187,6 +187,11 @@ def to_records(
                 "tpot_breakdown_s": {k: float(t.step[k][i]) for k in STEP_TERMS},
             }
         )
+        # the calibration level's 80 % interval on TPOT and throughput (the level's held-out residuals)
+        iv = record_interval(model.calibration[int(c.plans.hw[i])], float(t.tpot_s[i]),
+                             float(t.output_tokens_per_s[i]), float(t.output_tokens_per_s_per_gpu[i]))
+        if iv is not None:
+            out[-1]["interval"] = iv
     return out
 
 

@@ -1,6 +1,7 @@
 """results/validation/inferencex.md: the InferenceX points predicted in sample, leave-one-source-out and
 leave-one-GPU-out, per (GPU, framework), per metric and per serving feature (MTP, disaggregation, attention DP,
-small batches), with the calibration record of every pair."""
+small batches), with the calibration record of every pair, the worst held-out points and the coverage of the
+serving prediction intervals."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from madmax_opt.studies.inferencex import DATA_FILE, METRICS, Point, prepared_points
+from madmax_opt.model.serving_calibration import ServingParams
+from madmax_opt.studies.inferencex import DATA_FILE, METRICS, Point, PreparedPoint, prepared_points
 from madmax_opt.studies.serving_fit import UNCALIBRATED_ABOVE, Evaluation, evaluate_all
+from madmax_opt.studies.serving_intervals import coverage_lines
 
 TARGET_MEDIAN, TARGET_MAX, TARGET_EXPRESSIBLE = 0.15, 0.40, 0.90  # issue 23 "done when" (held-out points)
 SMALL_BATCH = 8  # concurrency at or below which a point counts as small-batch decode
@@ -119,6 +122,10 @@ def inferencex_lines(ev: Evaluation | None = None) -> list[str]:
                 else "attention DP" if p.dp_attention else f"concurrency <= {SMALL_BATCH}"
                 if p.concurrency <= SMALL_BATCH else "other"),
         "",
+        *worst_lines(ev, points, ix),
+        "",
+        *coverage_lines(ev),
+        "",
         "## Every point",
         "",
         "| point | metric | measured | predicted | in-sample | 5-fold | LOSO | LOGO |",
@@ -132,6 +139,41 @@ def inferencex_lines(ev: Evaluation | None = None) -> list[str]:
         lines.append(f"| {pid} {points[pid].key} | {metric} ({unit}) | {c.measured * scale:,.4g} | "
                      f"{pred * scale:,.4g} | {ev.in_sample[cid]:+.1%} | {ev.kfold[cid]:+.1%} | {ev.loso[cid]:+.1%} | "
                      f"{ev.logo[cid]:+.1%} |")
+    return lines
+
+
+WORST = 10
+
+
+def dominant_term(pp: PreparedPoint, params: ServingParams) -> str:
+    """The largest term of the point's decode-engine TPOT under ``params`` and its share (e.g. 'expert_gemm 41%')."""
+    step = pp.decode.terms([params]).step
+    total = sum(float(v[0]) for v in step.values()) or 1.0
+    name = max(step, key=lambda k: float(step[k][0]))
+    return f"{name} {float(step[name][0]) / total:.0%}"
+
+
+def worst_lines(ev: Evaluation, points: dict[str, Point], ix: list[str]) -> list[str]:
+    """The WORST held-out (5-fold) errors with the point's plan, concurrency, serving features and the term that
+    dominates its decode step under the in-sample fit."""
+    prepared = {p.point.id: p for p in prepared_points()[0]}
+    lines = [
+        f"## The {WORST} worst held-out points (5-fold)",
+        "",
+        "| # | point | metric | 5-fold | LOSO | decode plan (per engine) | concurrency | MTP | disagg | attention DP "
+        "| largest TPOT term (in-sample fit) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for rank, cid in enumerate(sorted(ix, key=lambda i: -abs(ev.kfold[i]))[:WORST], start=1):
+        pid, metric = cid.split(":")
+        p, pp = points[pid], prepared[pid]
+        plan = pp.decode.plans
+        engine = (f"dp {int(plan.dp[0])} tp {int(plan.tp[0])} ep {int(plan.ep[0])} batch {int(plan.batch[0])}"
+                  + (f" x{p.decode.workers}" if p.decode is not None and p.decode.workers > 1 else ""))
+        yes = {True: "yes", False: "-"}
+        lines.append(f"| {rank} | {pid} {p.key} | {metric} | {ev.kfold[cid]:+.1%} | {ev.loso[cid]:+.1%} | {engine} | "
+                     f"{p.concurrency} | {yes[p.mtp]} | {yes[p.disagg]} | {yes[p.dp_attention]} | "
+                     f"{dominant_term(pp, ev.fit.resolve(*p.pair))} |")
     return lines
 
 

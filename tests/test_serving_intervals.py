@@ -1,0 +1,99 @@
+"""Serving prediction intervals (studies/serving_intervals.py, model/serving_calibration.py): the residuals of each
+calibration level, the factors a record carries and the interval of an evaluated serving record."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from madmax_opt.io.serving_catalog import serving_catalog
+from madmax_opt.model.serving_calibration import interval_level, record_interval
+from madmax_opt.studies.inferencex import prepared_metrics
+from madmax_opt.studies.serving_fit import Evaluation, Fit, fold
+from madmax_opt.studies.serving_intervals import residuals
+
+
+def test_levels_of_resolved_calibrations() -> None:
+    assert interval_level("calibrated") == "calibrated"
+    assert interval_level("prior") == "prior"
+    for pooled in ("family:hopper", "composed", "gpu-pooled", "framework-pooled"):
+        assert interval_level(pooled) == "family"
+
+
+def test_record_interval_by_hand() -> None:
+    label = {"interval": {"coverage": 0.8, "level": "calibrated", "tpot": [0.9, 1.25], "throughput": [0.8, 1.1]}}
+    got = record_interval(label, 0.010, 1000.0, 125.0)
+    assert got is not None
+    assert got["tpot_s"] == pytest.approx([0.009, 0.0125])
+    assert got["output_tokens_per_s"] == pytest.approx([800.0, 1100.0])
+    assert got["output_tokens_per_s_per_gpu"] == pytest.approx([100.0, 137.5])
+    assert record_interval({"level": "prior"}, 0.01, 1.0, 1.0) is None
+
+
+def test_residuals_take_each_level_from_its_held_out_errors() -> None:
+    """Ten InferenceX metrics with chosen held-out errors: calibrated residuals are the 5-fold errors of the points
+    the refit priced at the calibrated level, family the leave-one-GPU-out errors priced by pooled fits, prior
+    every point under the prior; each r = ln(measured / predicted) = -ln(1 + error)."""
+    cases = prepared_metrics()[:10]
+    cat = serving_catalog()
+    err = {c.case.id: 0.05 * (i + 1) * (-1) ** i for i, c in enumerate(cases)}
+    kfold_level = {c.case.id: ("calibrated" if i % 2 == 0 else "composed") for i, c in enumerate(cases)}
+    logo_level = {c.case.id: ("family:blackwell" if i < 4 else "calibrated") for i, c in enumerate(cases)}
+    ev = Evaluation(Fit(tuple(cases), cat.prior, cat.gpu_family_of()), err, err, err, tuple(cases), err,
+                    kfold_level, logo_level)
+    got = residuals(ev)
+    for metric in ("throughput", "tpot"):
+        mine = [(i, c) for i, c in enumerate(cases) if (c.case.kind == "tpot") == (metric == "tpot")]
+        cal = got[("calibrated", metric)]
+        assert cal.values == pytest.approx([-math.log1p(err[c.case.id]) for i, c in mine if i % 2 == 0])
+        assert cal.groups == [fold(c) for i, c in mine if i % 2 == 0]
+        fam = got[("family", metric)]
+        assert fam.values == pytest.approx([-math.log1p(err[c.case.id]) for i, c in mine if i < 4])
+        assert fam.groups == [c.case.gpu for i, c in mine if i < 4]
+        prior = got[("prior", metric)]
+        want = [math.log(c.case.measured / c.predict(cat.prior)) for _, c in mine]
+        assert prior.values == pytest.approx(want)
+
+
+def test_interval_factors_are_the_split_conformal_order_statistics() -> None:
+    """Nine residuals -0.4 ... 0.4: the 80 % interval's ends are the k-th smallest with k = ceil(10 x 0.1) = 1 and
+    ceil(10 x 0.9) = 9, i.e. exp(-0.4) and exp(0.4); coverage by group: three groups of three, each against the
+    interval of the other six (k = ceil(7 x 0.1) = 1 and ceil(7 x 0.9) = 7: their min and max)."""
+    from madmax_opt.studies.serving_intervals import Residuals
+
+    values = [round(-0.4 + 0.1 * i, 10) for i in range(9)]
+    groups = ["a", "b", "c"] * 3  # a: -0.4, -0.1, 0.2; b: -0.3, 0.0, 0.3; c: -0.2, 0.1, 0.4
+    f = Residuals("calibrated", "tpot", values, groups, groups).factors()
+    assert f is not None
+    assert (f.lo, f.hi) == (round(math.exp(-0.4), 4), round(math.exp(0.4), 4))
+    # a against [-0.3, 0.4]: -0.4 out; b against [-0.4, 0.4]: all in; c against [-0.4, 0.3]: 0.4 out -> 7 of 9
+    assert f.coverage == pytest.approx(round(7 / 9, 4)) and f.coverage_runs == 9
+
+
+def test_serving_record_carries_its_levels_interval() -> None:
+    """An evaluated serving record on a pair with a fit carries the catalog's calibrated factors on TPOT and
+    throughput, and its prediction lies inside."""
+    from madmax_opt.io.problem import problem_from_dict
+    from madmax_opt.search.serving import ServingPlan, evaluate_serving
+
+    cat = serving_catalog()
+    if "calibrated" not in cat.intervals:
+        pytest.skip("the serving catalog has no intervals (madmax-opt fit-serving writes them)")
+    problem = problem_from_dict({
+        "model": "deepseek-r1", "hardware": {"gpu": "h200-sxm", "gpus": 8},
+        "task": {"kind": "inference", "prompt_len": 1000, "output_len": 1000, "precision": "fp8"},
+        "stack": {"framework": "sglang"},
+    })
+    rec = evaluate_serving(problem, [ServingPlan(dp=1, tp=8, ep=1, batch=16, precision="fp8")])[0]
+    assert rec["calibration"]["level"] == "calibrated"
+    iv = rec["interval"]
+    f = cat.intervals["calibrated"]
+    assert iv["level"] == "calibrated" and iv["coverage"] == cat.interval_coverage
+    assert iv["tpot_s"] == pytest.approx([rec["tpot_s"] * f["tpot"].lo, rec["tpot_s"] * f["tpot"].hi])
+    per_gpu = rec["output_tokens_per_s_per_gpu"]
+    assert iv["output_tokens_per_s_per_gpu"] == pytest.approx(
+        [per_gpu * f["throughput"].lo, per_gpu * f["throughput"].hi])
+    assert iv["tpot_s"][0] <= rec["tpot_s"] <= iv["tpot_s"][1]
+    assert np.isfinite(iv["output_tokens_per_s"]).all()
