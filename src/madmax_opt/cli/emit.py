@@ -19,10 +19,11 @@ OutOpt = Annotated[Path | None, typer.Option("--out", help="write the files and 
 
 def _load(problem: Path) -> Any:
     from madmax_opt.core.errors import ProblemError
-    from madmax_opt.io.dlrm_problem import is_dlrm_file
-    from madmax_opt.io.problem import load_problem
+    from madmax_opt.io.problem import file_family, load_problem
+    from madmax_opt.io.yaml_files import read_yaml
+    from madmax_opt.search.family import FAMILIES
 
-    if is_dlrm_file(problem):
+    if FAMILIES[file_family(read_yaml(problem, what="problem file"))].launch_kind is None:
         raise ProblemError("recommendation (DLRM) problems have no launch formats; allowed: transformer problems",
                            file=str(problem), field="--emit")
     return load_problem(problem)
@@ -73,10 +74,10 @@ def load_plan_file(path: Path, problem: Any) -> list[Any]:
     from madmax_opt.io.plans import load_plans
     from madmax_opt.io.validate import validate
     from madmax_opt.io.yaml_files import read_yaml
-    from madmax_opt.model.spec import InferenceTask
+    from madmax_opt.search.family import family_of
     from madmax_opt.search.serving_space import ServingPlan
 
-    if not isinstance(problem.task, InferenceTask):
+    if not family_of(problem).serving:
         return load_plans(path, problem)
     data = read_yaml(path, what="plan file")
     items = data if isinstance(data, list) else [data]

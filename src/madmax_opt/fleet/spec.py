@@ -15,12 +15,13 @@ from pydantic import Discriminator, Field, PositiveInt, Tag
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
-from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.io.problem import file_family, problem_from_dict
 from madmax_opt.io.problem_file import ModelRef, SystemRef, TaskRef
 from madmax_opt.io.validate import validate
 from madmax_opt.io.yaml_files import read_yaml
+from madmax_opt.model.family_name import FamilyName
 from madmax_opt.model.problem import Problem
-from madmax_opt.model.spec import GPU, Constraints, InferenceTask, Space, Stack, Strict, System, Task
+from madmax_opt.model.spec import GPU, Constraints, Space, Stack, Strict, System
 
 MAX_SYSTEMS = 32
 MAX_JOBS = 500
@@ -229,9 +230,7 @@ def _job(name: str, j: FleetJob, spec: FleetFile, pools: tuple[Pool, ...], base:
     else:
         source = f"{file}: {field}.problem"
         problem = j.problem.model_dump(mode="json", exclude_unset=True)
-    from madmax_opt.io.dlrm_problem import is_dlrm_data
-
-    if is_dlrm_data(problem):
+    if file_family(problem) is FamilyName.RECOMMENDER:
         raise ProblemError("recommender (DLRM) jobs are not offered in fleets; allowed: transformer training and "
                            "serving problems", file=file, field=f"{field}.problem")
     names = [p.name for p in pools]
@@ -240,15 +239,15 @@ def _job(name: str, j: FleetJob, spec: FleetFile, pools: tuple[Pool, ...], base:
         raise ProblemError(f"unknown fleet system {unknown[0]!r}; allowed: {', '.join(names)}", file=file,
                            field=f"{field}.systems")
     resolved = _problem_on(problem, source, pools[0], [pools[0].sizes[0]])
-    serving = isinstance(resolved.task, InferenceTask)
-    if serving and getattr(resolved.task, "arrival_rate", None) is not None:
+    serving = resolved.family in (FamilyName.SERVING, FamilyName.ONLINE)
+    if resolved.family is FamilyName.ONLINE:
         raise ProblemError("online serving (task.arrival_rate with percentile targets) is not a fleet option yet; "
                            "allowed: the job's arrival_rate_rps (a capacity floor) with the task's mean ttft_s/tpot_s",
                            file=source, field="task.arrival_rate")
     _check_kind(j, serving, file, field)
     tokens = samples = None
-    if isinstance(resolved.task, Task):
-        tokens = j.train_tokens if j.train_tokens is not None else resolved.task.train_tokens
+    if resolved.family is FamilyName.TRAINING:
+        tokens = j.train_tokens if j.train_tokens is not None else resolved.training_task.train_tokens
         samples = j.train_samples
         if tokens is not None and samples is not None:
             if j.train_tokens is None:
@@ -261,8 +260,7 @@ def _job(name: str, j: FleetJob, spec: FleetFile, pools: tuple[Pool, ...], base:
                                "task.train_tokens in its problem)", file=file, field=f"{field}.deadline_h")
     floor = j.min_throughput
     if serving and j.arrival_rate_rps is not None:
-        assert isinstance(resolved.task, InferenceTask)
-        shapes = resolved.task.requests()
+        shapes = resolved.serving_task.requests()
         mean_output = sum(r.output_len * r.weight for r in shapes) / sum(r.weight for r in shapes)
         # sustained load: output tokens/s = requests/s x mean output tokens per request (no queueing model)
         floor = max(floor or 0.0, j.arrival_rate_rps * mean_output)

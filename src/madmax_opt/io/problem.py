@@ -18,16 +18,15 @@ from madmax_opt.io.problem_file import HardwareEntry, HFConfig, ProblemFile
 from madmax_opt.io.serving_catalog import serving_data
 from madmax_opt.io.validate import validate
 from madmax_opt.io.yaml_files import read_text, read_yaml, shorten
+from madmax_opt.model.family_name import FamilyName, serving_task, training_task
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.objectives import OBJECTIVES
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import (
     FRAMEWORKS,
     GPU,
-    InferenceTask,
     Space,
     System,
-    Task,
     TransformerModel,
 )
 
@@ -50,6 +49,20 @@ def load_problem(path: str | Path) -> Problem:
     if not isinstance(data, dict):
         validate(ProblemFile, data, file=str(path))  # raises the one-line "wrong type; allowed: ..." error
     return problem_from_dict(data, source=str(path))
+
+
+def file_family(data: Any) -> FamilyName:
+    """The family of a problem file's mapping before it is resolved (the one classifier of raw problem files): a
+    DLRM model is a recommender, ``task.kind: inference`` serving (online with ``task.arrival_rate``), anything else
+    training (its loader names what is wrong)."""
+    from madmax_opt.io.dlrm_problem import is_dlrm_data
+
+    if is_dlrm_data(data):
+        return FamilyName.RECOMMENDER
+    task = data.get("task") if isinstance(data, dict) else None
+    if not (isinstance(task, dict) and task.get("kind") == "inference"):
+        return FamilyName.TRAINING
+    return FamilyName.ONLINE if task.get("arrival_rate") is not None else FamilyName.SERVING
 
 
 def hardware_options(
@@ -75,45 +88,46 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
     model = resolve_model(pf.model, file=source)
     options = hardware_options(pf.hardware, file=source)
     overlay = None
+    train, serve = training_task(pf.task), serving_task(pf.task)
     if pf.calibration is not None:
         overlay_path = (Path(source).parent if source != "<inline>" else Path(".")) / pf.calibration
         overlay = load_overlay(overlay_path, file=source)
-        check_overlay(overlay, options=options, framework=pf.stack.framework, training=isinstance(pf.task, Task),
+        check_overlay(overlay, options=options, framework=pf.stack.framework, training=train is not None,
                       file=source, overlay_file=str(overlay_path))
-    if isinstance(pf.task, Task):  # the training (GPU, framework) fit prices the plan (serving: serving_calibration)
+    if train is not None:  # the training (GPU, framework) fit prices the plan (serving: serving_calibration)
         options = calibration.apply(options, pf.stack.framework, overlay)
-    if isinstance(pf.task, Task) and pf.stack.framework not in FRAMEWORKS:  # a serving engine prices no training
+    if train is not None and pf.stack.framework not in FRAMEWORKS:  # a serving engine prices no training
         raise ProblemError(f"{pf.stack.framework} is a serving engine, it does not train; allowed for kind "
-                           f"{pf.task.kind}: {', '.join(FRAMEWORKS)}", file=source, field="stack.framework")
-    if isinstance(pf.task, InferenceTask) and model.family != "llm":
+                           f"{train.kind}: {', '.join(FRAMEWORKS)}", file=source, field="stack.framework")
+    if serve is not None and model.family != "llm":
         raise ProblemError(f"kind inference needs an llm, got a {model.family}", file=source, field="task.kind")
-    if isinstance(pf.task, InferenceTask) and OBJECTIVES[pf.objective_name].needs_total_units:
+    if serve is not None and OBJECTIVES[pf.objective_name].needs_total_units:
         allowed = ", ".join(n for n, o in OBJECTIVES.items() if not o.needs_total_units)
         raise ProblemError(f"{pf.objective_name!r} needs a training run; allowed for inference: {allowed}",
                            file=source, field="objective")
-    if isinstance(pf.task, InferenceTask) and pf.robust:
+    if serve is not None and pf.robust:
         raise ProblemError("true needs a training task (the error bars are the training fit's); allowed for kind "
                            "inference: false", file=source, field="objective.robust")
-    if isinstance(pf.task, Task) and model.family == "llm" and pf.task.seq_len is None:
+    if train is not None and model.family == "llm" and train.seq_len is None:
         raise ProblemError("missing, required for an llm; allowed: tokens per sequence, an integer > 0",
                            file=source, field="task.seq_len")
-    if isinstance(pf.task, Task) and pf.task.frozen_layers > model.layers:
+    if train is not None and train.frozen_layers > model.layers:
         raise ProblemError(
-            f"{pf.task.frozen_layers} exceeds the model's {model.layers} layers; allowed: 0 to {model.layers}",
+            f"{train.frozen_layers} exceeds the model's {model.layers} layers; allowed: 0 to {model.layers}",
             file=source,
             field="task.frozen_layers",
         )
-    if isinstance(pf.task, Task):
-        check_training_precision(pf.task.precision, options, file=source)
+    if train is not None:
+        check_training_precision(train.precision, options, file=source)
     check_space(pf.space, file=source)
     check_expert_parallel(getattr(pf.space, "ep", None), model, file=source)
-    if pf.objective_name == "time_to_train" and isinstance(pf.task, Task) and pf.task.train_tokens is None:
+    if pf.objective_name == "time_to_train" and train is not None and train.train_tokens is None:
         raise ProblemError("missing, objective time_to_train needs it; allowed: a token count > 0, e.g. 2.0e+12",
                            file=source, field="task.train_tokens")
-    if pf.constraints.deadline_hours is not None and (not isinstance(pf.task, Task) or pf.task.train_tokens is None):
+    if pf.constraints.deadline_hours is not None and (train is None or train.train_tokens is None):
         raise ProblemError("needs task.train_tokens (the token budget) of a training task; allowed: a training task "
                            "with train_tokens, or min_throughput", file=source, field="constraints.deadline_hours")
-    if pf.constraints.budget_usd is not None and (not isinstance(pf.task, Task) or pf.task.train_tokens is None):
+    if pf.constraints.budget_usd is not None and (train is None or train.train_tokens is None):
         raise ProblemError("needs task.train_tokens (the token budget) of a training task; allowed: a training task "
                            "with train_tokens, or max_cost_per_hour", file=source, field="constraints.budget_usd")
     return Problem(
@@ -127,7 +141,7 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
         constraints=pf.constraints,
         baseline=pf.baseline,
         source=source,
-        serving=serving_data() if isinstance(pf.task, InferenceTask) else None,
+        serving=serving_data() if serve is not None else None,
     )
 
 

@@ -36,8 +36,10 @@ import yaml
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.launch.common import Command, Emitted
+from madmax_opt.model.family_name import serving_task
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import InferenceTask, Plan, Task
+from madmax_opt.search.family import family_of
 
 MIN_ITERATIONS = 3  # calibrate leaves out the first iteration (warm-up) and takes the median of the rest
 MAX_ITERATIONS = 10_000
@@ -91,7 +93,7 @@ def check_iterations(n: int) -> None:
 def benchmark_emitted(emitted: Emitted, problem: Problem, plan: Plan, n: int) -> Emitted:
     """The emitted launch as a measured run: n logged training iterations, or a serving client script."""
     check_iterations(n)
-    if isinstance(problem.task, InferenceTask):
+    if family_of(problem).serving:
         return emitted.model_copy(update={"files": {**emitted.files, CLIENT: client_script(emitted, problem, plan)},
                                           "notes": [*emitted.notes, f"benchmark: start launch.sh, then run "
                                                     f"{CLIENT}: it writes {RESULT} (benchmark-serving result JSON)"]})
@@ -127,8 +129,7 @@ def endpoints(emitted: Emitted) -> list[str]:
 
 def client_script(emitted: Emitted, problem: Problem, plan: Plan) -> str:
     """``benchmark.sh``: wait for each endpoint, then one client per endpoint at its share of the concurrency."""
-    task = problem.task
-    assert isinstance(task, InferenceTask)
+    task = problem.serving_task
     if task.prompt_len is None or task.output_len is None:
         raise ProblemError("a request mix has no single length to benchmark; allowed: prompt_len and output_len",
                            file=problem.source, field="task.mix")
@@ -247,7 +248,7 @@ def benchmark_plans(problem_file: Path, raw: Any, problem: Problem, records: lis
         paths += write_emitted(benchmark_emitted(emitted, problem, plan, n), out / d)
         plans.append(plan)
         dirs.append(d)
-    if plans and not isinstance(problem.task, InferenceTask):
+    if plans and not family_of(problem).serving:
         paths += write_loop_files(loop_files(problem_file, raw, problem, plans, dirs), out)
     return paths
 
@@ -257,7 +258,8 @@ def check_benchmark_options(n: int, fmt: str | None, out: Path | None, task: Tas
     """--benchmark needs a format and --out (the files it writes are the point), and 3..10,000 iterations; a
     serving problem's requests need one length (a mix has no single benchmark client), checked before the search."""
     check_iterations(n)
-    if isinstance(task, InferenceTask) and (task.prompt_len is None or task.output_len is None):
+    serve = serving_task(task) if task is not None else None
+    if serve is not None and (serve.prompt_len is None or serve.output_len is None):
         raise ProblemError("a request mix has no single length to benchmark; allowed: --benchmark with "
                            "prompt_len and output_len (benchmark a mix one shape at a time)",
                            file=str(problem_file), field="task.mix")

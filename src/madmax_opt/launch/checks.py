@@ -17,7 +17,8 @@ from madmax_opt.analysis.evaluator import evaluate
 from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.model import serving_workload, training
 from madmax_opt.model.problem import Problem
-from madmax_opt.model.spec import InferenceTask, Plan
+from madmax_opt.model.spec import Plan
+from madmax_opt.search.family import family_of
 from madmax_opt.search.serving import to_records
 from madmax_opt.search.serving_space import ServingModel, as_serving_plan, candidates
 
@@ -33,7 +34,7 @@ class PlanCheck:
 def plan_check(problem: Problem, plan: Plan) -> PlanCheck | None:
     """The evaluator's verdict on ``plan`` (None: valid and fits). A plan the evaluator cannot read at all (a GPU
     count no hardware option has, fp4 on a GPU without fp4, ep on a dense model) raises its ProblemError."""
-    if isinstance(problem.task, InferenceTask):
+    if family_of(problem).serving:
         return _serving_check(problem, plan)
     rec = evaluate(problem, [plan])[0]
     reason = rec["infeasible_reason"]

@@ -18,7 +18,8 @@ from madmax_opt.launch.common import Context, Emitted, Format, is_problem_field,
 from madmax_opt.launch.flagsets import flagset
 from madmax_opt.launch.registry import check_format, format_names
 from madmax_opt.model.problem import Problem
-from madmax_opt.model.spec import InferenceTask, Plan
+from madmax_opt.model.spec import Plan
+from madmax_opt.search.family import family_of
 from madmax_opt.search.serving_space import ServingPlan
 
 
@@ -35,8 +36,10 @@ def formats() -> dict[str, Format]:
 
 
 def formats_for(problem: Problem) -> list[str]:
-    """The formats of the problem's kind: serving formats for inference tasks, training formats otherwise."""
-    return format_names("serving" if isinstance(problem.task, InferenceTask) else "training")
+    """The formats of the problem's family (search/family.py): serving formats for serving problems, training
+    formats for training problems."""
+    kind = family_of(problem).launch_kind
+    return format_names(kind) if kind is not None else []
 
 
 def emit_plan(problem: Problem, plan: Plan, fmt: str, checkpoint: str | None = None) -> Emitted:
@@ -47,7 +50,7 @@ def emit_plan(problem: Problem, plan: Plan, fmt: str, checkpoint: str | None = N
         allowed = ", ".join(formats_for(problem))
         raise ProblemError(f"{fmt} is a {f.kind} format; allowed for this problem: {allowed}", file=problem.source,
                            field="FORMAT")
-    if f.kind == "serving" and not isinstance(plan, ServingPlan):
+    if family_of(problem).serving and not isinstance(plan, ServingPlan):
         plan = _serving_plan(problem, plan)
     option = problem.hardware[problem.hw_index(plan)]
     emitted = f.emit(Context(problem=problem, plan=plan, option=option, checkpoint=checkpoint))
@@ -108,11 +111,13 @@ def allowed_names(fmt: str) -> set[str]:
 def plan_of_record(problem: Problem, record_plan: dict[str, Any]) -> Plan:
     """A plan of a ``solve --json`` record (serving records carry kv_precision, a task setting, besides); the
     records are solve's own, so a record that is not a plan is a bug (exit 4)."""
-    cls = ServingPlan if isinstance(problem.task, InferenceTask) else Plan
+    cls = family_of(problem).plan_type
     try:
-        return cls.model_validate({k: v for k, v in record_plan.items() if k in cls.model_fields})
+        plan = cls.model_validate({k: v for k, v in record_plan.items() if k in cls.model_fields})
     except ValidationError as exc:
         raise InternalError(f"a solve record's plan is not a {cls.__name__}: {exc.errors()[0]['msg']}") from None
+    assert isinstance(plan, Plan)  # transformer families only: recommenders emit nothing (launch_kind None)
+    return plan
 
 
 def locate_refusal(exc: ProblemError, problem: Path, plan_file: Path, prefix: str = "") -> ProblemError:

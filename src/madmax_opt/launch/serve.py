@@ -39,8 +39,9 @@ from madmax_opt.launch.common import (
 from madmax_opt.launch.flagsets import flagset
 from madmax_opt.launch.rules import cite
 from madmax_opt.launch.serving_rules import CHECKPOINT_METHOD, CHECKPOINT_RULES, loads
+from madmax_opt.model.family_name import serving_task
 from madmax_opt.model.inference import DEFAULT_KV_PRECISION
-from madmax_opt.model.spec import InferenceTask, TransformerModel
+from madmax_opt.model.spec import TransformerModel
 from madmax_opt.search.serving_space import TRAINING_KNOBS, ServingPlan
 
 # weight precision -> (dtype, quantization) per framework; int8 / int4 / fp4 need a pre-quantized checkpoint
@@ -64,8 +65,8 @@ class Serving:
 
     def __init__(self, ctx: Context, fmt: str, weights: Mapping[str, tuple[str, str | None]],
                  kv: Mapping[str, str | None]) -> None:
-        task, p = ctx.problem.task, ctx.plan
-        if not isinstance(task, InferenceTask) or not isinstance(p, ServingPlan):
+        task, p = serving_task(ctx.problem.task), ctx.plan
+        if task is None or not isinstance(p, ServingPlan):
             raise refuse(fmt, "a training task", "a serving format; allowed for training: megatron, nemo, "
                          "torchtitan, deepspeed", field="task.kind")
         if p.batch is not None and p.max_num_seqs is not None and p.max_num_seqs != p.batch:

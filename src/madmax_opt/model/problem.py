@@ -16,6 +16,7 @@ from madmax_opt.model.dlrm_spec import (
     DLRMStack,
     DLRMTask,
 )
+from madmax_opt.model.family_name import FamilyName, serving_task, task_family, training_task
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.serving_calibration import ServingData
 from madmax_opt.model.spec import (
@@ -47,12 +48,27 @@ class Problem:
     robust: bool = False  # objective: {robust: true}: the best worst case is the best plan (search/robust.py)
 
     @property
+    def family(self) -> FamilyName:
+        """The problem's workload family (model/family_name.py): training, serving or online."""
+        return task_family(self.task)
+
+    @property
     def training_task(self) -> Task:
         """The task of a training problem (inference problems go to ``madmax_opt.search.serving``)."""
-        if not isinstance(self.task, Task):
+        task = training_task(self.task)
+        if task is None:
             raise ProblemError("this command needs a training task (kind pretrain or finetune)", file=self.source,
                                field="task.kind")
-        return self.task
+        return task
+
+    @property
+    def serving_task(self) -> InferenceTask:
+        """The task of a serving problem (steady or online); a training problem is refused in one line."""
+        task = serving_task(self.task)
+        if task is None:
+            raise ProblemError("this command needs an inference task (kind inference)", file=self.source,
+                               field="task.kind")
+        return task
 
     def hw_index(self, plan: Plan) -> int:
         """The hardware option a plan runs on: by ``system`` name and GPU count, else the only one."""
@@ -82,6 +98,11 @@ class DLRMProblem:
     constraints: DLRMConstraints
     baseline: DLRMPlan | None
     source: str = "<inline>"
+
+    @property
+    def family(self) -> FamilyName:
+        """Always the recommender family."""
+        return FamilyName.RECOMMENDER
 
     def hw_index(self, plan: DLRMPlan) -> int:
         for i, o in enumerate(self.hardware):

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import platform
 import time
 from pathlib import Path
@@ -17,48 +16,19 @@ from rich.table import Table
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.core.units import GB
 from madmax_opt.io import catalog
-from madmax_opt.io.dlrm_problem import dlrm_problem_from_dict, load_dlrm_plans, load_dlrm_problem
+from madmax_opt.io.dlrm_problem import dlrm_problem_from_dict
 from madmax_opt.model.dlrm import layout_of
 from madmax_opt.model.dlrm_embedding import embedding_options, phase_weights
 from madmax_opt.model.dlrm_spec import MLP, DLRMModel, TableGroup
 from madmax_opt.model.problem import DLRMProblem
 from madmax_opt.report.report import metric_table
-from madmax_opt.search.cpsat import CpSatOptions
-from madmax_opt.search.dlrm_search import dlrm_status, evaluate_dlrm, solve_dlrm
+from madmax_opt.search.dlrm_search import solve_dlrm
 from madmax_opt.search.placement import int_tables, solve_placement
 
 MS = 1e3
 
 
 # ============================================================================================ solve / evaluate
-
-
-def solve_result(
-    problem: DLRMProblem, time_limit_s: float, workers: int, cpsat: CpSatOptions | None = None
-) -> dict[str, Any]:
-    """The JSON object of ``solve --json`` for a DLRM problem: best plan, per-option results, baseline."""
-    best, results = solve_dlrm(problem, time_limit_s=time_limit_s, workers=workers, cpsat=cpsat)
-    baseline: dict[str, Any] | None
-    if problem.baseline is not None:
-        baseline = evaluate_dlrm(problem, [problem.baseline], problem.source)[0]
-    else:
-        hw = next(r.hw for r in results if r.record is best)
-        baseline = next(r.baseline for r in results if r.hw == hw)
-    speedup = baseline["step_time_s"] / best["step_time_s"] if baseline and baseline["feasible"] else None
-    return {
-        "status": dlrm_status(results),
-        "model": problem.model.name,
-        "objective": problem.objective,
-        "best": best,
-        "options": [
-            {"hardware": problem.hardware[r.hw].name, "feasible": r.record is not None, "reason": r.reason,
-             "step_time_s": r.record["step_time_s"] if r.record else None,
-             "samples_per_s": r.record["samples_per_s"] if r.record else None}
-            for r in results
-        ],
-        "baseline": baseline,
-        "speedup_vs_baseline": speedup,
-    }
 
 
 def plan_text(rec: dict[str, Any]) -> str:
@@ -115,13 +85,8 @@ def print_result(result: dict[str, Any], console: Console) -> None:
         console.print(f"[bold]speedup over baseline: {result['speedup_vs_baseline']:.2f}x[/bold]")
 
 
-def evaluate_command(path: Path, plan_path: Path, json_out: bool, console: Console) -> None:
-    problem = load_dlrm_problem(path)
-    plans = load_dlrm_plans(plan_path)
-    records = evaluate_dlrm(problem, plans, str(plan_path))
-    if json_out:
-        print(json.dumps(records if len(records) > 1 else records[0], indent=2))
-        return
+def print_evaluations(records: list[dict[str, Any]], console: Console) -> None:
+    """The tables of ``evaluate`` on a recommender problem: one per plan."""
     for i, rec in enumerate(records):
         console.print(record_table(rec, f"plan {i + 1}" if len(records) > 1 else "plan"))
 
@@ -427,4 +392,4 @@ def _plot_frontier(points: list[dict[str, Any]], front: list[dict[str, Any]], pa
     return path
 
 
-__all__ = ["evaluate_command", "print_result", "solve_result", "write_dlrm_study"]
+__all__ = ["print_evaluations", "print_result", "write_dlrm_study"]

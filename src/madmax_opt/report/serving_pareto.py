@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from madmax_opt.model.family_name import FamilyName
 from madmax_opt.model.plan_settings import plan_text
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def plot_pareto(
 
 def write_pareto(problem: Problem, out: Path) -> tuple[Path, Path]:
     """``<out>.md`` (the front as a table) and ``<out>.png`` for an inference problem."""
-    if getattr(problem.task, "arrival_rate", None) is not None:  # online serving: rate-vs-latency curves per plan
+    if problem.family is FamilyName.ONLINE:  # online serving: rate-vs-latency curves per plan
         from madmax_opt.report.online_reports import write_online_pareto
 
         return write_online_pareto(problem, out)

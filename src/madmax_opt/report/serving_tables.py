@@ -1,20 +1,16 @@
-"""Serving records as rich tables (one plan, the Pareto front, a solve result) and ``madmax-opt evaluate`` for an
-inference problem: its plan file read and each plan's record printed."""
+"""Serving records as rich tables (one plan, the Pareto front, a solve result) and the serving plan files that
+``madmax-opt evaluate`` reads (report/families.py prints their records)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.report.report import metric_table, search_text
-
-if TYPE_CHECKING:
-    from madmax_opt.model.problem import Problem
 
 
 def _ms(x: float) -> str:
@@ -129,25 +125,3 @@ def load_serving_plans(path: Path) -> tuple[list[Any], bool]:
         for i, x in enumerate(items)
     ]
     return plans, isinstance(data, list)
-
-
-def evaluate_command(problem: Problem, plan_file: Path, json_out: bool, out: Console) -> None:
-    """``madmax-opt evaluate`` for an inference problem."""
-    from madmax_opt.search.serving import evaluate_serving
-
-    plans, is_list = load_serving_plans(plan_file)
-    if getattr(problem.task, "arrival_rate", None) is not None:  # online serving: percentiles at the arrival rate
-        from madmax_opt.report.online_reports import print_online_records
-        from madmax_opt.search.online import evaluate_online
-
-        online = evaluate_online(problem, plans)
-        if json_out:
-            print(json.dumps(online if is_list else online[0], indent=2))
-        else:
-            print_online_records(online, out)
-        return
-    records = evaluate_serving(problem, plans)
-    if json_out:
-        print(json.dumps(records if is_list else records[0], indent=2))
-    else:
-        print_records(records, out)

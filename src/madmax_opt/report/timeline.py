@@ -32,6 +32,7 @@ from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 from madmax_opt.model.training import STEP_TERMS
 from madmax_opt.report.plots import gantt_figure, plan_figures
+from madmax_opt.search.family import family_of
 from madmax_opt.search.space import enumerate_plans
 
 console = Console()
@@ -75,7 +76,7 @@ def timeline_cmd(
     if detail not in ("ops", "layers"):
         raise ProblemError(f"unknown detail {detail!r}; allowed: ops, layers", field="--detail")
     loaded = load_problem(problem)
-    if loaded.task.kind == "inference":  # serving plans: decode rounds, prefill, KV transfer
+    if family_of(loaded).serving:  # serving plans: decode rounds, prefill, KV transfer
         from madmax_opt.report.serving_timeline import serving_timeline_cmd
 
         warning = serving_timeline_cmd(loaded, plan, index, out, json_out, console)

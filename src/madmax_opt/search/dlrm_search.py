@@ -286,3 +286,31 @@ __all__ = [
     "solve_dlrm",
     "solve_placement",
 ]
+
+
+def dlrm_solve_result(
+    problem: DLRMProblem, time_limit_s: float, workers: int, cpsat: CpSatOptions | None = None
+) -> dict[str, Any]:
+    """The JSON object of ``solve --json`` for a DLRM problem: best plan, per-option results, baseline."""
+    best, results = solve_dlrm(problem, time_limit_s=time_limit_s, workers=workers, cpsat=cpsat)
+    baseline: dict[str, Any] | None
+    if problem.baseline is not None:
+        baseline = evaluate_dlrm(problem, [problem.baseline], problem.source)[0]
+    else:
+        hw = next(r.hw for r in results if r.record is best)
+        baseline = next(r.baseline for r in results if r.hw == hw)
+    speedup = baseline["step_time_s"] / best["step_time_s"] if baseline and baseline["feasible"] else None
+    return {
+        "status": dlrm_status(results),
+        "model": problem.model.name,
+        "objective": problem.objective,
+        "best": best,
+        "options": [
+            {"hardware": problem.hardware[r.hw].name, "feasible": r.record is not None, "reason": r.reason,
+             "step_time_s": r.record["step_time_s"] if r.record else None,
+             "samples_per_s": r.record["samples_per_s"] if r.record else None}
+            for r in results
+        ],
+        "baseline": baseline,
+        "speedup_vs_baseline": speedup,
+    }

@@ -1,11 +1,11 @@
 """The result of a solve as users see it (``madmax-opt solve --json``, sweep rows): status, best and top-k
-records, solver summary, baseline and speedup; training and serving problems alike."""
+records, solver summary, baseline and speedup; every family's solve goes through search/family.py."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -13,33 +13,52 @@ from numpy.typing import NDArray
 from madmax_opt.analysis.evaluator import evaluate
 from madmax_opt.analysis.records import TrainingSolveResult
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.model.problem import Problem
+from madmax_opt.model.problem import DLRMProblem, Problem
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.robust import with_robust
 
+if TYPE_CHECKING:
+    from madmax_opt.search.family import SearchOptions
+
 
 def solve_result(
-    problem: Problem, top_k: int, time_limit: float, workers: int, cpsat: CpSatOptions | None = None,
+    problem: Problem | DLRMProblem, top_k: int, time_limit: float, workers: int, cpsat: CpSatOptions | None = None,
     robust: bool = False,
 ) -> dict[str, Any]:
-    """The JSON object of ``solve --json``; training results carry ``robust`` (search/robust.py), and with
-    ``robust`` their best is the candidate with the best worst case within the error bars."""
+    """The JSON object of ``solve --json``, from the problem's family (search/family.py); training results carry
+    ``robust`` (search/robust.py), and with ``robust`` their best is the candidate with the best worst case within
+    the error bars."""
+    from madmax_opt.search.family import SearchOptions, family_of
+
+    return family_of(problem).solve(problem, SearchOptions(top_k, time_limit, workers, cpsat, robust))
+
+
+def solve_online_serving(problem: Problem, o: SearchOptions) -> dict[str, Any]:
+    """Online serving: Poisson arrivals, percentiles (search/online.py); each system's best with several."""
+    from madmax_opt.search.online import solve_online
+
+    online = solve_online(problem, o.top_k, cpsat=o.cpsat, workers=o.workers)
+    if _systems(problem) > 1:
+        online["options"] = _online_options(problem, online, o.cpsat, o.workers)
+    return online
+
+
+def solve_steady_serving(problem: Problem, o: SearchOptions) -> dict[str, Any]:
+    """Steady-state serving plans (search/serving.py); each system's best with several."""
     from madmax_opt.search import serving
+
+    result = serving.solve_result(problem, o.top_k, o.time_limit_s, o.workers, cpsat=o.cpsat)
+    if _systems(problem) > 1:
+        result["options"] = _serving_options(problem, result)
+    return result
+
+
+def solve_training(problem: Problem, o: SearchOptions) -> dict[str, Any]:
+    """Training plans (search/solver.py): best, top-k, baseline and speedup; each system's best with several."""
     from madmax_opt.search.solver import solve_records
 
-    if problem.task.kind == "inference" and getattr(problem.task, "arrival_rate", None) is not None:
-        from madmax_opt.search.online import solve_online  # online serving: Poisson arrivals, percentiles
-
-        online = solve_online(problem, top_k, cpsat=cpsat, workers=workers)
-        if _systems(problem) > 1:
-            online["options"] = _online_options(problem, online, cpsat, workers)
-        return online
-    if problem.task.kind == "inference":  # serving plans
-        result = serving.solve_result(problem, top_k, time_limit, workers, cpsat=cpsat)
-        if _systems(problem) > 1:
-            result["options"] = _serving_options(problem, result)
-        return result
-    outcome, records = solve_records(problem, top_k=top_k, time_limit_s=time_limit, workers=workers, cpsat=cpsat)
+    outcome, records = solve_records(problem, top_k=o.top_k, time_limit_s=o.time_limit_s, workers=o.workers,
+                                     cpsat=o.cpsat)
     baseline = evaluate(problem, [problem.baseline])[0] if problem.baseline else None
     speedup = None
     if baseline and baseline["feasible"]:
@@ -57,7 +76,7 @@ def solve_result(
     result = dict(out)
     if _systems(problem) > 1:
         result["options"] = _training_options(problem, outcome)
-    return with_robust(problem, result, robust)
+    return with_robust(problem, result, o.robust)
 
 
 # ------------------------------------------------------------------- co-design: the best plan of each system

@@ -8,27 +8,35 @@ Uneven / mixed pipeline stages are not enumerable (10^25 splits), so ``verify`` 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from madmax_opt.core.errors import InfeasibleError
+from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.model.problem import Problem
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.cpsat import options as cpsat_options
 
+if TYPE_CHECKING:
+    from madmax_opt.search.family import SearchOptions
+
 
 def verify_problem(problem: Problem, time_limit_s: float = 60.0, cpsat: CpSatOptions | None = None) -> dict[str, Any]:
-    """Solver optimum vs brute-force optimum on the same rounded integer objective."""
-    opts = cpsat_options(cpsat, time_limit_s=time_limit_s)
-    if problem.task.kind == "inference" and getattr(problem.task, "arrival_rate", None) is not None:
-        from madmax_opt.search.online import verify_online  # the online search, not the steady-state one
+    """Solver optimum vs brute-force optimum on the same rounded integer objective, by the problem's family
+    (search/family.py; recommenders have no verify)."""
+    from madmax_opt.search.family import SearchOptions, family_of
 
-        return verify_online(problem, cpsat)
-    if problem.task.kind == "inference":
-        return _verify_serving(problem, opts)
+    verify = family_of(problem).verify
+    if verify is None:
+        raise ProblemError(f"verify does not apply to {family_of(problem).label} problems", file=problem.source)
+    return verify(problem, SearchOptions(time_limit_s=time_limit_s, cpsat=cpsat))
+
+
+def verify_training(problem: Problem, o: SearchOptions) -> dict[str, Any]:
+    """Training: the whole uniform space enumerated against the solver's own (pruned) space."""
     from madmax_opt.analysis.evaluator import Model
     from madmax_opt.search.solver import brute_force_order, candidates, solve
     from madmax_opt.search.space import enumerate_plans
 
+    opts = cpsat_options(o.cpsat, time_limit_s=o.time_limit_s)
     model = Model(problem)
     t0 = time.perf_counter()
     c = candidates(model, enumerate_plans(problem))  # the whole space, no pruning
@@ -65,7 +73,8 @@ def verify_problem(problem: Problem, time_limit_s: float = 60.0, cpsat: CpSatOpt
     }
 
 
-def _verify_serving(problem: Problem, opts: CpSatOptions) -> dict[str, Any]:
+def verify_steady_serving(problem: Problem, o: SearchOptions) -> dict[str, Any]:
+    """Steady-state serving: every candidate of the serving space against the solver."""
     from madmax_opt.search.serving import (
         ServingModel,
         brute_force_order,
@@ -74,6 +83,7 @@ def _verify_serving(problem: Problem, opts: CpSatOptions) -> dict[str, Any]:
         solve_serving,
     )
 
+    opts = cpsat_options(o.cpsat, time_limit_s=o.time_limit_s)
     model = ServingModel(problem)
     t0 = time.perf_counter()
     c = candidates(model)

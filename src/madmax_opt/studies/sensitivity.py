@@ -37,8 +37,9 @@ from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.model.problem import Problem
-from madmax_opt.model.spec import GPU, InferenceTask, Plan, System
+from madmax_opt.model.spec import GPU, Plan, System
 from madmax_opt.model.training import MEMORY_REASON
+from madmax_opt.search.family import family_of
 from madmax_opt.search.solver import solve_records
 from madmax_opt.search.space import enumerate_plans
 
@@ -251,7 +252,8 @@ def throughput(rec: Record) -> float:
 
 
 def is_serving(problem: Problem) -> bool:
-    return isinstance(problem.task, InferenceTask)
+    """Whether the problem's plans are serving plans (search/family.py)."""
+    return family_of(problem).serving
 
 
 def solve_optimum(problem: Problem, plans: PlanArrays | None, kwargs: dict[str, Any]) -> Record:
