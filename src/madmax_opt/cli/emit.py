@@ -19,7 +19,8 @@ OutOpt = Annotated[Path | None, typer.Option("--out", help="write the files and 
 
 def _load(problem: Path) -> Any:
     from madmax_opt.core.errors import ProblemError
-    from madmax_opt.io.problem import file_family, load_problem
+    from madmax_opt.io.file_family import file_family
+    from madmax_opt.io.problem import load_problem
     from madmax_opt.io.yaml_files import read_yaml
     from madmax_opt.search.family import FAMILIES
 

@@ -15,7 +15,8 @@ from pydantic import Discriminator, Field, PositiveInt, Tag
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
-from madmax_opt.io.problem import file_family, problem_from_dict
+from madmax_opt.io.file_family import file_family
+from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.io.problem_file import ModelRef, SystemRef, TaskRef
 from madmax_opt.io.validate import validate
 from madmax_opt.io.yaml_files import read_yaml

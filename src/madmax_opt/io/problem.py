@@ -18,7 +18,7 @@ from madmax_opt.io.problem_file import HardwareEntry, HFConfig, ProblemFile
 from madmax_opt.io.serving_catalog import serving_data
 from madmax_opt.io.validate import validate
 from madmax_opt.io.yaml_files import read_text, read_yaml, shorten
-from madmax_opt.model.family_name import FamilyName, serving_task, training_task
+from madmax_opt.model.family_name import serving_task, training_task
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.objectives import OBJECTIVES
 from madmax_opt.model.problem import Problem
@@ -49,20 +49,6 @@ def load_problem(path: str | Path) -> Problem:
     if not isinstance(data, dict):
         validate(ProblemFile, data, file=str(path))  # raises the one-line "wrong type; allowed: ..." error
     return problem_from_dict(data, source=str(path))
-
-
-def file_family(data: Any) -> FamilyName:
-    """The family of a problem file's mapping before it is resolved (the one classifier of raw problem files): a
-    DLRM model is a recommender, ``task.kind: inference`` serving (online with ``task.arrival_rate``), anything else
-    training (its loader names what is wrong)."""
-    from madmax_opt.io.dlrm_problem import is_dlrm_data
-
-    if is_dlrm_data(data):
-        return FamilyName.RECOMMENDER
-    task = data.get("task") if isinstance(data, dict) else None
-    if not (isinstance(task, dict) and task.get("kind") == "inference"):
-        return FamilyName.TRAINING
-    return FamilyName.ONLINE if task.get("arrival_rate") is not None else FamilyName.SERVING
 
 
 def hardware_options(

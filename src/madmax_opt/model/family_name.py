@@ -1,7 +1,7 @@
 """The workload families and the one classification of a task: training, serving (steady state), online serving
 (Poisson arrivals at ``task.arrival_rate``) and recommenders (DLRM).
 
-``Problem.family`` / ``DLRMProblem.family`` (model/problem.py) read it; ``io.problem.file_family`` classifies a
+``Problem.family`` / ``DLRMProblem.family`` (model/problem.py) read it; ``io.file_family.file_family`` classifies a
 problem file before it is resolved; ``search/family.py`` holds what each family does. Nothing else asks a task
 which family it is.
 """

@@ -2,7 +2,7 @@
 the family's name.
 
 What a family is and does (solve, verify, evaluate, which verbs apply) is search/family.py; which family a problem
-file is, io/problem.py's ``file_family``. Every command asks :func:`family_of` for the family of its problem file
+file is, io/file_family.py. Every command asks :func:`family_of` for the family of its problem file
 and calls that family's verb, or refuses in one line when the verb does not apply.
 """
 
@@ -238,8 +238,8 @@ FAMILIES: dict[FamilyName, Family] = {f.name: f for f in (
 
 
 def family_of(path: Path) -> Family:
-    """The family of a problem file (io/problem.py's ``file_family``), as the commands show it."""
-    from madmax_opt.io.problem import file_family
+    """The family of a problem file (io/file_family.py), as the commands show it."""
+    from madmax_opt.io.file_family import file_family
     from madmax_opt.io.yaml_files import read_yaml
 
     return FAMILIES[file_family(read_yaml(path, what="problem file"))]

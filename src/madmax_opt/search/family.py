@@ -5,38 +5,25 @@ and recommender (DLRM) problems: its plan type, the launch formats it emits (lau
 solved, verified and evaluated, and which studies apply. ``family_of(problem)`` reads ``problem.family``
 (model/family_name.py) and returns its entry of :data:`FAMILIES`; callers (studies, fleet, launch, report, cli)
 use the entry's attributes instead of asking the task what it is. The search entry points stay where they are
-(search/result.py, search/verify.py, search/serving.py, search/online.py, search/dlrm_search.py); the entries
-import them when called.
+(search/solves.py, search/brute_force.py, search/serving.py, search/online.py, search/dlrm_search.py); the
+entries import them when called. ``search/result.solve_result`` and ``search/verify.verify_problem`` are the
+commands' entry points: they look the family up here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from madmax_opt.model.dlrm_spec import DLRMPlan
 from madmax_opt.model.family_name import FamilyName
 from madmax_opt.model.problem import DLRMProblem, Problem
 from madmax_opt.model.spec import Plan
 from madmax_opt.search.serving_space import ServingPlan
-
-if TYPE_CHECKING:
-    from madmax_opt.search.cpsat import CpSatOptions
+from madmax_opt.search.solves import SearchOptions
 
 LaunchKind = Literal["training", "serving"]
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """What a family's solve and verify take: the CLI's --top-k, --time-limit, --workers, the command's CP-SAT
-    options (None: from time limit and workers) and --robust (training)."""
-
-    top_k: int = 1
-    time_limit_s: float = 60.0
-    workers: int = 1
-    cpsat: CpSatOptions | None = None
-    robust: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,21 +54,21 @@ class Family:
 
 
 def _solve_training(problem: Problem, o: SearchOptions) -> dict[str, Any]:
-    from madmax_opt.search import result
+    from madmax_opt.search import solves
 
-    return result.solve_training(problem, o)
+    return solves.solve_training(problem, o)
 
 
 def _solve_serving(problem: Problem, o: SearchOptions) -> dict[str, Any]:
-    from madmax_opt.search import result
+    from madmax_opt.search import solves
 
-    return result.solve_steady_serving(problem, o)
+    return solves.solve_steady_serving(problem, o)
 
 
 def _solve_online(problem: Problem, o: SearchOptions) -> dict[str, Any]:
-    from madmax_opt.search import result
+    from madmax_opt.search import solves
 
-    return result.solve_online_serving(problem, o)
+    return solves.solve_online_serving(problem, o)
 
 
 def _solve_recommender(problem: DLRMProblem, o: SearchOptions) -> dict[str, Any]:
@@ -115,15 +102,15 @@ def _evaluate_recommender(problem: DLRMProblem, plans: Sequence[DLRMPlan], plan_
 
 
 def _verify_training(problem: Problem, o: SearchOptions) -> dict[str, Any]:
-    from madmax_opt.search import verify
+    from madmax_opt.search import brute_force
 
-    return verify.verify_training(problem, o)
+    return brute_force.verify_training(problem, o)
 
 
 def _verify_serving(problem: Problem, o: SearchOptions) -> dict[str, Any]:
-    from madmax_opt.search import verify
+    from madmax_opt.search import brute_force
 
-    return verify.verify_steady_serving(problem, o)
+    return brute_force.verify_steady_serving(problem, o)
 
 
 def _verify_online(problem: Problem, o: SearchOptions) -> dict[str, Any]:
@@ -142,6 +129,9 @@ FAMILIES: dict[FamilyName, Family] = {f.name: f for f in (
     Family(FamilyName.RECOMMENDER, "recommender", DLRMPlan, None, _solve_recommender, _evaluate_recommender,
            top_k=False),
 )}
+
+
+__all__ = ["FAMILIES", "Family", "LaunchKind", "SearchOptions", "family_of"]
 
 
 def family_of(problem: Problem | DLRMProblem) -> Family:
