@@ -25,14 +25,14 @@ SMALL = ROOT / "tests" / "data" / "small.yaml"
 # The registry files: the only places that classify a family.
 REGISTRY = {"model/family_name.py", "io/file_family.py", "io/dlrm_problem.py", "search/family.py"}
 # What classifying a family looks like in source: an isinstance test on a task or problem type, a task kind compared
-# with the inference kind, probing for an arrival rate, the DLRM file test, the online result's tag compared.
+# with the inference kind, probing for an arrival rate, the DLRM file test, a solve result's task tag compared.
 PATTERNS = {
     "isinstance on a task/problem type": re.compile(
         r"isinstance\([^()]*,\s*\(?[\w., ]*\b(InferenceTask|Task|DLRMTask|DLRMProblem)\b"),
     "task kind compared": re.compile(r"kind\"?\)?\s*[!=]=\s*[\"']inference[\"']"),
     "arrival rate probed": re.compile(r"getattr\([^)]*[\"']arrival_rate[\"']"),
     "DLRM file test": re.compile(r"\bis_dlrm_(data|file)\s*\("),
-    "online result tag compared": re.compile(r"[!=]=\s*[\"']inference-online[\"']"),
+    "result's task tag compared": re.compile(r"(get\(|\[)[\"']task[\"']\)?\]?\s*[!=]=\s*[\"']inference"),
 }
 # Type narrowing in modules other helpers own this session (a guard that refuses the wrong task, not a dispatch)
 # and the pydantic discriminator that picks the task model a problem file's mapping is parsed with; counted so that
@@ -66,10 +66,11 @@ def test_the_patterns_catch_what_they_are_for() -> None:
         "task kind compared": '    if problem.task.kind == "inference":  # serving plans',
         "arrival rate probed": '    if getattr(problem.task, "arrival_rate", None) is not None:',
         "DLRM file test": "    if is_dlrm_file(problem):",
-        "online result tag compared": '    if result.get("task") == "inference-online":',
+        "result's task tag compared": '    if result.get("task") == "inference-online":',
     }
     for what, line in removed.items():
         assert PATTERNS[what].search(line), what
+    assert PATTERNS["result's task tag compared"].search('    if result.get("task") == "inference" or "top" not in result:')
     kept = ['    train = task.kind == "train"', "    if isinstance(plan, ServingPlan):", "    task.arrival_rate * 2"]
     assert not any(p.search(line) for p in PATTERNS.values() for line in kept)
 
@@ -187,3 +188,17 @@ def test_recommender_solve_through_the_registry() -> None:
 
     plan = DLRMPlan.model_validate(got["best"]["plan"])
     assert _no_wall(fam.evaluate(problem, [plan], "p.yaml")) == _no_wall(evaluate_dlrm(problem, [plan], "p.yaml"))
+
+
+def test_rerank_refuses_every_serving_family_in_one_line(tmp_path: Path) -> None:
+    """solve --rerank re-ranks training plans only (Family.rerank); online serving results were a KeyError (exit 4)
+    when the check read the result's task tag, which is "inference" for steady serving only."""
+    from cli_helpers import run_main
+
+    data = {**SERVING, "task": {**SERVING["task"], "arrival_rate": 2.0}, "space": {"tp": [8], "pp": [1]}}
+    path = tmp_path / "online.yaml"
+    path.write_text(yaml.safe_dump(data))
+    r = run_main("solve", path, "--rerank")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "--rerank: needs a training problem" in r.stderr
+    assert [n for n, f in FAMILIES.items() if f.rerank] == [FamilyName.TRAINING]

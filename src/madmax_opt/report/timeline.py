@@ -145,7 +145,7 @@ def warn_beyond_tolerance(sim: Simulation) -> None:
 def rerank_and_plot(problem: Problem, result: dict[str, Any], rerank_top: bool, plot: Path | None
                     ) -> dict[str, Any]:
     """``solve --rerank`` (re-rank the top-k by simulated step time) and ``solve --plot DIR``."""
-    if result.get("task") == "inference" or "top" not in result:
+    if not family_of(problem).rerank or "top" not in result:  # online serving plans were a KeyError (exit 4)
         flag = "--rerank" if rerank_top else "--plot"
         raise ProblemError("needs a training problem (task kind pretrain or finetune)", file=problem.source,
                            field=flag)

@@ -43,6 +43,7 @@ class Family:
     timeline: bool = False
     pareto: bool = False  # throughput (or arrival rate) vs latency: serving only
     ops: bool = False  # evaluate --ops: the op table of one transformer layer (model/ops.py)
+    rerank: bool = False  # solve --rerank / --plot: the top-k re-ranked by simulated step time (report/timeline.py)
 
     @property
     def serving(self) -> bool:
@@ -121,7 +122,7 @@ def _verify_online(problem: Problem, o: SearchOptions) -> dict[str, Any]:
 
 FAMILIES: dict[FamilyName, Family] = {f.name: f for f in (
     Family(FamilyName.TRAINING, "training", Plan, "training", _solve_training, _evaluate_training,
-           _verify_training, sensitivity=True, timeline=True, ops=True),
+           _verify_training, sensitivity=True, timeline=True, ops=True, rerank=True),
     Family(FamilyName.SERVING, "serving", ServingPlan, "serving", _solve_serving, _evaluate_serving,
            _verify_serving, sensitivity=True, timeline=True, pareto=True),
     Family(FamilyName.ONLINE, "serving", ServingPlan, "serving", _solve_online, _evaluate_online, _verify_online,
