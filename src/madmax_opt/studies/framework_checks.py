@@ -1,0 +1,240 @@
+"""The frameworks' own parsers and start-up checks run on emitted configurations (issue 21, "start-up conformance").
+
+Each checker takes one emitted configuration (the JSON of ``launch.common.Emitted``) and returns None when the
+framework's own code accepts it, else the framework's message (first line). The frameworks are imported lazily
+and only here: run with an interpreter where they are installed at the versions ``data/flags/`` pins, e.g.
+
+    python -m madmax_opt.studies.launch_conformance /tmp/configs.jsonl          # the madmax-opt venv: emit
+    PYTHONPATH=src:MEGATRON_LM:TORCHTITAN python -m madmax_opt.studies.framework_checks /tmp/configs.jsonl
+
+(the second in a venv with CPU torch, triton, einops, tyro, torchdata, tensorboard, datasets and the two sources at
+their pinned commits; Megatron core_v0.19.0 needs Python 3.12 for ``typing.override``, or on 3.11 a
+``sitecustomize`` setting it from typing_extensions). Measured on the examples' top-5 plans: megatron 14 of 14,
+torchtitan 5 of 5 emitted configurations pass.
+
+What runs (nothing of the frameworks is copied here; file and commit cited per checker):
+- megatron: Megatron-LM core_v0.19.0 (5be9626) ``megatron/training/arguments.py`` ``parse_args`` on the command's
+  argv, ``validate_args`` with pretrain_gpt.py's ``args_defaults``, then ``core_transformer_config_from_args``
+  (TransformerConfig.__post_init__'s checks).
+- torchtitan: v0.2.2 (73a0e69) ``ConfigManager.parse_args`` on the emitted job.toml, the ``[experimental]
+  custom_import`` flavor file, ``update_from_config`` of the model args, ``ParallelDims`` (its ``_validate``), the
+  pipeline stage split of ``distributed/pipeline_parallel.py`` (``pipeline_llm``'s stage count checks and
+  ``generate_llm_fqn_per_model_part``) and the data-parallel check of ``models/llama3/infra/parallelize.py``.
+Not yet: SGLang 0.5.23 (its resolution pipeline imports torchvision's compiled ops and wants torch 2.14.1) and
+vLLM 0.11.0 (torch 2.8.0) did not import beside the CPU torch 2.13 this was run with.
+
+Stubbed, because this machine has no GPU (said in each checker): the world size and rank (``WORLD_SIZE`` from the
+configuration's GPU count, rank 0), the device's compute capability (from the system's GPU generation), and the
+process group (torch's fake backend for torchtitan; Megatron's argument checks run before it is created).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+# compute capability by GPU generation in the system's name (NVIDIA, "CUDA GPUs" compute capability table)
+CAPABILITY = {"a100": (8, 0), "h100": (9, 0), "h200": (9, 0), "b200": (10, 0), "gb200": (10, 0)}
+
+Checker = Callable[[dict[str, Any]], str | None]
+
+
+def capability(system: str) -> tuple[int, int]:
+    return next(cc for gpu, cc in sorted(CAPABILITY.items(), key=lambda kv: -len(kv[0])) if gpu in system)
+
+
+@contextlib.contextmanager
+def environment(env: dict[str, str], argv: list[str]) -> Iterator[None]:
+    """``os.environ`` holding exactly the launch's variables for the names it sets (others that a framework reads,
+    e.g. CUDA_DEVICE_MAX_CONNECTIONS, removed), and ``sys.argv``; both restored after."""
+    names = {*env, "CUDA_DEVICE_MAX_CONNECTIONS", "WORLD_SIZE", "RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"}
+    saved_env, saved_argv = {k: os.environ.get(k) for k in names}, sys.argv
+    for k in names:
+        os.environ.pop(k, None)
+    os.environ.update(env)
+    sys.argv = argv
+    try:
+        yield
+    finally:
+        sys.argv = saved_argv
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def first_line(exc: BaseException, stderr: str = "") -> str:
+    text = str(exc) if not isinstance(exc, SystemExit) else (stderr.strip().splitlines() or [f"exit {exc}"])[-1]
+    return f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0]}"
+
+
+def guarded(check: Callable[[], None]) -> str | None:
+    """Run ``check``; None if it returns, else the framework's message (argparse's from its stderr)."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            check()
+    except (Exception, SystemExit) as exc:  # the framework's own refusal, whatever it raises
+        return first_line(exc, err.getvalue())
+    return None
+
+
+# -------------------------------------------------------------------------- Megatron-LM
+
+
+def megatron(e: dict[str, Any]) -> str | None:
+    """Megatron-LM core_v0.19.0: parse_args, validate_args, core_transformer_config_from_args (arguments.py).
+    Stubbed: WORLD_SIZE = the configuration's GPUs, RANK 0; torch.cuda.get_device_capability and the major/minor
+    of get_device_properties = the system's; Transformer Engine (a CUDA library) = the version Megatron's uv.lock
+    pins at 5be9626 (2.17.1, line 35), with its fused RoPE kernel present."""
+    from types import SimpleNamespace
+
+    import torch
+
+    arguments = import_module("megatron.training.arguments")
+    cmd = next(c for c in e["commands"] if c["program"][-1].endswith("pretrain_gpt.py"))
+    env = {**cmd["env"], "WORLD_SIZE": str(e["gpus"]), "RANK": "0", "LOCAL_RANK": "0"}
+    cc = capability(e["system"])
+    utils, rope = import_module("megatron.core.utils"), import_module(
+        "megatron.core.models.common.embeddings.rope_utils")
+    setattr(utils, "_te_version", import_module("packaging.version").Version("2.17.1"))  # noqa: B010
+    setattr(rope, "fused_apply_rotary_pos_emb",  # noqa: B010
+            getattr(rope, "fused_apply_rotary_pos_emb", None) or (lambda *a, **k: None))
+
+    def check() -> None:
+        with environment(env, [cmd["program"][-1], *cmd["args"]]), \
+                _patched(torch.cuda, "get_device_capability", lambda *a, **k: cc), \
+                _patched(torch.cuda, "get_device_properties", lambda *a, **k: SimpleNamespace(major=cc[0], minor=cc[1])):
+            args = arguments.parse_args()
+            arguments.validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})  # pretrain_gpt.py's defaults
+            arguments.core_transformer_config_from_args(args)
+
+    return guarded(check)
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    saved = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, saved)
+
+
+# -------------------------------------------------------------------------- torchtitan
+
+
+def torchtitan(e: dict[str, Any]) -> str | None:
+    """torchtitan v0.2.2: the steps of ``Trainer.__init__`` (torchtitan/train.py) up to the parallelized model:
+    ConfigManager.parse_args on job.toml, the custom_import flavor, ParallelDims and its meshes, update_from_config,
+    the model on the meta device, the batch-size checks, then ``pipelining_fn`` (pipeline_llm) or
+    ``parallelize_fn`` (TP, FSDP / DDP). Stubbed: the process group is torch's fake backend (no GPUs, one
+    process standing for rank 0 of ``gpus``), the device type is cpu (the model stays on meta)."""
+    import tempfile
+
+    import torch
+
+    dist = import_module("torch.distributed")
+    fake_pg = import_module("torch.testing._internal.distributed.fake_pg")
+    utils = import_module("torchtitan.tools.utils")
+    dims_module = import_module("torchtitan.distributed.parallel_dims")
+    manager = import_module("torchtitan.config")
+    spec_module = import_module("torchtitan.protocols.train_spec")
+    cmd = next(c for c in e["commands"] if c["program"] == ["torchtitan.train"])
+
+    def check() -> None:
+        with tempfile.TemporaryDirectory() as d, environment({**cmd["env"], "LOCAL_RANK": "0"}, ["train"]), \
+                _patched(dims_module, "device_type", "cpu"), _patched(utils, "device_type", "cpu"):
+            for name, text in e["files"].items():
+                Path(d, name).write_text(text, encoding="utf-8")
+            sys.path.insert(0, d)
+            try:
+                dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=0, world_size=e["gpus"])
+                _titan_trainer_checks(manager.ConfigManager().parse_args(
+                    ["--job.config_file", str(Path(d, "job.toml"))]), dims_module, spec_module, e["gpus"], torch)
+            finally:
+                sys.path.remove(d)
+                sys.modules.pop("madmax_flavor", None)
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+
+    return guarded(check)
+
+
+def _titan_trainer_checks(job: Any, dims_module: Any, spec_module: Any, world: int, torch: Any) -> None:
+    """Trainer.__init__'s start-up path (train.py lines 83-254 at 73a0e69), in its order, with the real calls."""
+    if job.experimental.custom_import:
+        import_module(job.experimental.custom_import)
+    p = job.parallelism
+    dims = dims_module.ParallelDims(dp_shard=p.data_parallel_shard_degree, dp_replicate=p.data_parallel_replicate_degree,
+                                    cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
+                                    pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
+                                    etp=p.expert_tensor_parallel_degree, world_size=world)
+    dims.build_mesh()
+    batch_degree = dims.get_mesh("batch").size() if dims.dp_enabled else 1
+    spec = spec_module.get_train_spec(job.model.name)
+    model_args = spec.model_args[job.model.flavor]
+    model_args.update_from_config(job)
+    with torch.device("meta"):
+        model = spec.model_cls(model_args)
+    loss_fn = spec.build_loss_fn(job, parallel_dims=dims)
+    gbs = job.training.global_batch_size
+    gbs = job.training.local_batch_size * batch_degree if gbs < 0 else gbs
+    if gbs <= 0 or gbs % (job.training.local_batch_size * batch_degree):  # train.py lines 199-207
+        raise AssertionError(f"global batch size must be multiple of local batch size times data-parallel degree "
+                             f"({gbs} % ({job.training.local_batch_size} * {batch_degree}) != 0)")
+    if dims.pp_enabled:
+        if not spec.pipelining_fn:
+            raise RuntimeError(f"Pipeline Parallel is enabled but {job.model.name} does not support pipelining")
+        spec.pipelining_fn(model, dims, job, torch.device("meta"), model_args, spec.parallelize_fn, loss_fn)
+    else:
+        spec.parallelize_fn(model, dims, job)
+
+
+CHECKERS: dict[str, Checker] = {"megatron": megatron, "torchtitan": torchtitan}
+
+
+def importable(fmt: str) -> bool:
+    """Whether the framework a checker runs can be imported here."""
+    module = {"megatron": "megatron.training.arguments", "torchtitan": "torchtitan.config",
+              "sglang": "sglang.srt.server_args", "vllm": "vllm.engine.arg_utils"}[fmt]
+    try:
+        import_module(module)
+    except Exception:  # not installed, or installed without what it needs to import
+        return False
+    return True
+
+
+def check_rows(rows: list[dict[str, Any]], formats: list[str]) -> list[dict[str, Any]]:
+    """Each emitted configuration of ``formats`` with ``failure`` (None: the framework accepts it)."""
+    return [{**r, "failure": CHECKERS[r["format"]](r["emitted"])} for r in rows
+            if r["format"] in formats and "emitted" in r]
+
+
+def main(argv: list[str]) -> int:
+    rows = [json.loads(line) for line in Path(argv[0]).read_text(encoding="utf-8").splitlines() if line]
+    formats = [f for f in (argv[1:] or list(CHECKERS)) if importable(f)]
+    checked = check_rows(rows, formats)
+    for r in checked:
+        if r["failure"]:
+            print(f"FAIL {r['format']} {r['problem']} #{r['rank']}: {r['failure']}")
+    for fmt in formats:
+        mine = [r for r in checked if r["format"] == fmt]
+        refused = sum(1 for r in rows if r["format"] == fmt and "refused" in r)
+        ok = sum(1 for r in mine if r["failure"] is None)
+        print(f"{fmt}: {ok} of {len(mine)} emitted configurations pass the framework's own checks "
+              f"({refused} refused by the emitter)")
+    return 0 if all(r["failure"] is None for r in checked) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

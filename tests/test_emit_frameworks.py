@@ -1,0 +1,48 @@
+"""The frameworks' own parsers and start-up checks on emitted configurations (studies/framework_checks.py).
+
+Runs only where the framework imports (Megatron-LM core_v0.19.0 / torchtitan v0.2.2 with torch; see README "From
+plan to launch"); skipped otherwise. Each case also checks that the real check fails on the defect issue 21 found,
+so a pass is not a check that cannot fail.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from madmax_opt.launch.common import Emitted
+from madmax_opt.model.spec import Plan
+from madmax_opt.studies.framework_checks import importable, megatron, torchtitan
+from test_emit_training import emit, problem_of
+
+
+def emitted(fmt: str, model: str, plan: Plan, **task: Any) -> dict[str, Any]:
+    e: Emitted = emit(problem_of(model, **task), plan, fmt)
+    return e.model_dump(mode="json")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["llama2-70b", "mixtral-8x7b"])
+def test_megatron_parse_and_validate_args_accept_the_emitted_command(model: str) -> None:
+    if not importable("megatron"):
+        pytest.skip("Megatron-LM (with torch) is not importable here")
+    plan = Plan(dp=4, tp=4, pp=2, mbs=1, zero=1, ep=4 if model.startswith("mixtral") else 1)
+    e = emitted("megatron", model, plan, global_batch=64)
+    assert megatron(e) is None
+    e["commands"][0]["env"].pop("CUDA_DEVICE_MAX_CONNECTIONS")  # the issue's defect: TP without the variable
+    failure = megatron(e)
+    assert failure is not None and "CUDA_DEVICE_MAX_CONNECTIONS" in failure
+
+
+@pytest.mark.slow
+def test_torchtitan_trainer_start_up_accepts_the_emitted_pipeline() -> None:
+    if not importable("torchtitan"):
+        pytest.skip("torchtitan (with torch) is not importable here")
+    e = emitted("torchtitan", "llama2-70b", Plan(dp=2, tp=2, pp=4, mbs=1, vpp=2, zero=3, sp=True), global_batch=64)
+    assert torchtitan(e) is None
+    # the issue's defect: without the stage weights torchtitan counts embedding and output as a layer each
+    text = e["files"]["job.toml"]
+    e["files"]["job.toml"] = "\n".join(line for line in text.splitlines() if "stage_less_layers" not in line)
+    failure = torchtitan(e)
+    assert failure is not None and "divisible by pipeline parallel size" in failure
