@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from madmax_opt.core.numeric import Arr
-from madmax_opt.core.units import SECONDS_PER_HOUR
+from madmax_opt.core.units import NS, SECONDS_PER_HOUR, US
 
 ObjectiveName = Literal["throughput", "cost", "time_to_train", "energy"]
 
@@ -34,13 +34,31 @@ class Rates:
 
 
 @dataclass(frozen=True)
+class IntegerUnit:
+    """How a search rounds an objective to integers: ``scale`` integers per unit of ``value`` (per token or sample;
+    x tokens per step where ``per_step``), how to name the quantity and its unit in messages, and the problem field
+    that drives it when it leaves the solver's integer range."""
+
+    scale: float
+    quantity: str  # e.g. "the step time of the best plan"
+    unit: str  # of the quantity, e.g. "s"
+    per_unit: float  # integers per ``unit`` (to print the quantity)
+    integer_unit: str  # what one integer is (solver summaries), e.g. "us per step"
+    field: str  # the problem field that drives it, e.g. "task.global_batch"
+    per_step: bool = True  # training: the value per token x tokens per optimizer step
+
+
+@dataclass(frozen=True)
 class Objective:
-    """One objective: what it minimises (``value``), in which unit, and what it needs from the task."""
+    """One objective: what it minimises (``value``), in which unit, what it needs from the task, and its integer
+    unit per family (training: per optimizer step; serving: per output token; None: not offered there)."""
 
     name: ObjectiveName
     minimises: str  # in words, for docs and reports
     unit: str
     value: Callable[[Rates], Arr]
+    training: IntegerUnit
+    serving: IntegerUnit | None
     needs_total_units: bool = False
 
 
@@ -77,13 +95,28 @@ def _energy(r: Rates) -> Arr:
     return r.watts * r.seconds_per_unit  # J/unit = W x s/unit (wall power: GPU TDP share + host, systems.yaml)
 
 
+NUSD = 1e9  # integer money unit of training: nano-dollars per step (a 10 ms step on 8 GPUs costs ~$5e-5)
+UUSD = 1e6  # integer money unit of serving: micro-dollars (per million tokens)
+BATCH, RUN = "task.global_batch", "task.train_tokens"  # what drives a training step's and a run's integers
+
 OBJECTIVES: dict[str, Objective] = {
     o.name: o
     for o in (
-        Objective("throughput", "seconds per token or sample (max throughput; serving: per GPU)", "s", _throughput),
-        Objective("cost", "US$ per token or sample", "$", _cost),
-        Objective("time_to_train", "wall time of the whole training run", "s", _time_to_train, True),
-        Objective("energy", "joules of wall energy per token or sample", "J", _energy),
+        Objective("throughput", "seconds per token or sample (max throughput; serving: per GPU)", "s", _throughput,
+                  IntegerUnit(US, "the step time of the best plan", "s", US, "us per step", BATCH),
+                  IntegerUnit(NS, "the GPU time per output token of the best plan", "s", NS, "GPU-ns per token",
+                              "objective", per_step=False)),
+        Objective("cost", "US$ per token or sample", "$", _cost,
+                  IntegerUnit(NUSD, "the cost per step of the best plan", "$", NUSD, "n$ per step", BATCH),
+                  IntegerUnit(1e6 * UUSD, "the cost per million output tokens of the best plan", "$", UUSD,
+                              "uUSD per million tokens", "objective", per_step=False)),
+        Objective("time_to_train", "wall time of the whole training run", "s", _time_to_train,
+                  IntegerUnit(1e3, "the training time of the best plan", "s", 1e3, "ms of training", RUN,
+                              per_step=False), None, True),
+        Objective("energy", "joules of wall energy per token or sample", "J", _energy,
+                  IntegerUnit(1e3, "the energy per step of the best plan", "J", 1e3, "mJ per step", BATCH),
+                  IntegerUnit(1e6, "the energy per output token of the best plan", "J", 1e6, "uJ per output token",
+                              "objective", per_step=False)),
     )
 }
 assert tuple(OBJECTIVES) == get_args(ObjectiveName), "ObjectiveName and OBJECTIVES must list the same names"
@@ -102,6 +135,6 @@ def objective_values(name: str, rates: Rates) -> Arr:
 
 
 __all__ = [
-    "OBJECTIVES", "Objective", "ObjectiveName", "Rates", "energy_mwh", "objective", "objective_values",
+    "OBJECTIVES", "IntegerUnit", "Objective", "ObjectiveName", "Rates", "energy_mwh", "objective", "objective_values",
     "run_cost_usd", "usd_per_million_units",
 ]

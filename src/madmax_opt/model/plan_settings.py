@@ -18,6 +18,11 @@ from madmax_opt.model.spec import Plan
 Kind = Literal["int", "bool", "choice", "name", "list"]
 # Settings a label always shows, even at their default (the three degrees every plan has).
 ALWAYS_SHOWN: frozenset[str] = frozenset({"dp", "tp", "pp"})
+# The parallel degrees: each sizes a process group (input files bound them like a GPU count).
+PARALLEL_DEGREES: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep")
+# The degrees base training and serving plans share (a serving plan has no context parallelism); a serving plan adds
+# its own settings (search/serving_space.ServingPlan) and refuses every other training setting.
+SHARED_DEGREES: tuple[str, ...] = tuple(d for d in PARALLEL_DEGREES if d != "cp")
 # Short prefixes in plan labels ("z1", "rc=selective"); every other setting is labelled by its own name.
 LABEL_PREFIX: dict[str, str] = {"zero": "z", "recompute": "rc=", "prefill_replicas": "prefill", "max_num_seqs": "seqs"}
 
@@ -77,6 +82,20 @@ def settings(model: type[BaseModel] = Plan) -> tuple[Setting, ...]:
 def degree_settings(model: type[BaseModel] = Plan) -> tuple[str, ...]:
     """Settings that are integer array columns of a training plan (degrees, modes, flags; not names or lists)."""
     return tuple(s.name for s in settings(model) if s.kind in ("int", "bool", "choice") and s.default is not None)
+
+
+@cache
+def training_only_degrees(model: type[BaseModel] = Plan) -> tuple[str, ...]:
+    """The array settings of the training plan outside the shared degrees base (cp, vpp, mbs, zero, recompute, sp):
+    what a serving plan or a serving space refuses."""
+    return tuple(n for n in degree_settings(model) if n not in SHARED_DEGREES)
+
+
+@cache
+def training_only_settings(model: type[BaseModel] = Plan) -> tuple[str, ...]:
+    """Every training-plan setting a serving plan refuses: :func:`training_only_degrees` and the per-stage lists of
+    uneven pipelines (stage_layers, stage_recompute, stage_systems)."""
+    return (*training_only_degrees(model), *(s.name for s in settings(model) if s.kind == "list"))
 
 
 def plan_text(plan: Mapping[str, Any] | BaseModel | None, model: type[BaseModel] = Plan) -> str:

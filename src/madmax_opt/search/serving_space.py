@@ -36,6 +36,7 @@ from madmax_opt.model.inference import (
     serving_workload,
 )
 from madmax_opt.model.objectives import Rates, usd_per_million_units
+from madmax_opt.model.plan_settings import SHARED_DEGREES, training_only_degrees, training_only_settings
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.serving_calibration import (
     CalibrationColumns,
@@ -50,19 +51,7 @@ from madmax_opt.search.objectives import integer_objective, serving_units
 
 MAX_TP = 64
 # concurrent sequences per replica searched: 1, 2, 3, 4, 6, 8, 12, ... 4096, plus the largest batch that fits
-TRAINING_KNOBS: tuple[str, ...] = (
-    "cp",
-    "vpp",
-    "mbs",
-    "zero",
-    "recompute",
-    "sp",
-    "stage_layers",
-    "stage_recompute",
-)
-SERVING_KNOBS: tuple[str, ...] = (
-    "dp", "tp", "pp", "ep", "batch", "max_num_seqs", "precision", "prefill_replicas", "system",
-)
+TRAINING_KNOBS: tuple[str, ...] = training_only_settings()  # from the plan-settings registry
 BATCH_GRID: tuple[int, ...] = tuple(sorted({b for i in range(13) for b in (1 << i, 3 << i) if b <= 4096}))
 
 
@@ -71,8 +60,15 @@ def training_knobs(plan: Plan) -> list[str]:
     return [k for k in TRAINING_KNOBS if getattr(plan, k) != Plan.model_fields[k].default]
 
 
+def serving_knobs() -> tuple[str, ...]:
+    """A serving plan's settings: the shared degrees base, the batch and the serving plan's own settings (in name
+    order), the system."""
+    own = set(ServingPlan.model_fields) - set(Plan.model_fields)
+    return (*SHARED_DEGREES, *sorted({"batch", *own}), "system")
+
+
 def training_only(knobs: list[str]) -> str:
-    return f"{', '.join(knobs)}: training-only; allowed for inference: {', '.join(SERVING_KNOBS)}"
+    return f"{', '.join(knobs)}: training-only; allowed for inference: {', '.join(serving_knobs())}"
 
 
 class ServingPlan(Plan):
@@ -125,7 +121,7 @@ class ServingModel:
                 file=p.source,
                 field="space.ep",
             )
-        for knob in ("cp", "vpp", "mbs", "zero", "recompute", "sp"):
+        for knob in training_only_degrees():
             if getattr(p.space, knob) is not None:
                 allowed = "dp, tp, pp"
                 raise ProblemError(
@@ -345,7 +341,7 @@ class ServingCandidates:
         )
 
     def int_objective(self, kind: str) -> IntObjective:
-        return integer_objective(kind, self.rates(), serving_units(kind), field="objective")
+        return integer_objective(kind, self.rates(), serving_units(kind))
 
     def objective(self, kind: str) -> IntArr:
         return self.int_objective(kind).values

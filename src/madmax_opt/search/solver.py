@@ -80,9 +80,7 @@ class Candidates:
 
     def int_objective(self, kind: str) -> IntObjective:
         """Objective ``kind`` per step in integer units (us, nano-$, mJ; time_to_train: ms of the run)."""
-        field = "task.train_tokens" if kind == "time_to_train" else "task.global_batch"
-        return integer_objective(kind, self.rates(), training_units(kind, float(self.met.terms.tokens_per_step)),
-                                 field)
+        return integer_objective(kind, self.rates(), training_units(kind, float(self.met.terms.tokens_per_step)))
 
     def objective(self, kind: str) -> IntArr:
         return self.int_objective(kind).values

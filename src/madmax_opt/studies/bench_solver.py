@@ -23,6 +23,7 @@ from madmax_opt.analysis.evaluator import Model, metrics
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.io.problem import load_problem, problem_from_dict
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.plan_settings import degree_settings
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import RECOMPUTE_MODES
 from madmax_opt.search.assemble import admissible_mask, pick_best
@@ -142,7 +143,7 @@ WIDE_VPP = tuple(range(1, 25))  # the other tool's interleaving degrees
 WIDE_MBS = (1, 2, 3, 4, 6, 8)
 OLD_DEFAULT = {"vpp": [1, 2, 4], "mbs": [1, 2, 4, 8]}  # madmax-opt's default space before issue 16
 PEER_SHAPE = {"tp": 8, "pp": 4, "vpp": 24, "mbs": 3}  # the plan the other tool reports at 4096 GPUs (dp 128)
-KNOBS = ("dp", "tp", "pp", "cp", "vpp", "mbs", "zero", "recompute", "sp")
+KNOBS = tuple(k for k in degree_settings() if k != "ep")  # the registry's plan columns; GPT-3 is dense (ep 1)
 
 
 def exhaustive_plans(problem: Problem) -> PlanArrays:
@@ -157,7 +158,7 @@ def exhaustive_plans(problem: Problem) -> PlanArrays:
         for rest in itertools.product(WIDE_VPP, WIDE_MBS, range(4), range(len(RECOMPUTE_MODES)), (0, 1)):
             rows.append((gpus // (tp * pp * cp), tp, pp, cp, *rest))
     a = np.array(rows, dtype=np.int64)
-    cols = dict(zip(("dp", "tp", "pp", "cp", "vpp", "mbs", "zero", "recompute", "sp"), a.T, strict=True))
+    cols = dict(zip(KNOBS, a.T, strict=True))
     return PlanArrays(**cols, hw=np.zeros(len(a), dtype=np.int64))
 
 
