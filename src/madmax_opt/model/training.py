@@ -3,7 +3,7 @@
 This is the single source of truth for every training cost term. The exact evaluator reports these floats; the
 CP-SAT encoder rounds the same arrays to integers. Formulas follow Megatron-Core behaviour (see ``Stack``):
 
-    step = m * t_stage(bottleneck) + (p-1)/v * t_stage(mean) + DP_exposed + optimizer
+    step = m * t_stage(bottleneck) + (p-1)/v * t_stage(mean) + DP_exposed + optimizer   (model/step_time.py)
     t_stage = compute + recompute + TP_exposed + CP_exposed + PP_p2p + ZeRO3_exposed + launch overhead
 
 per micro-batch, with m = global_batch / (dp * mbs) micro-batches and p = pp stages. Three layers of functions:
@@ -38,9 +38,10 @@ from madmax_opt.model.memory import (
     op_sac_layer_bytes,
 )
 from madmax_opt.model.ops import exposed_hidden, layer_ops
-from madmax_opt.model.pipeline import bubble_time_s, in_flight_layer_factor, stage_in_flight
+from madmax_opt.model.pipeline import in_flight_layer_factor, stage_in_flight
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import Stack, Task
+from madmax_opt.model.step_time import StepForm, step_form
 from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
 
 # Adam step reads grad + master + m + v (4 + S B), writes master + m + v (S B) and the bf16 copy (2 B), and the
@@ -418,11 +419,10 @@ def training_terms(
     bottleneck = _pick(first_is_bottleneck, first.time, last.time)
     t_mean = np.where(single, t_first, ((pp - 2.0) * middle.per_micro_batch_s + t_first + t_last) / pp)
 
-    time = {k: lc.n_micro * bottleneck[k] for k in STAGE_TERMS}
-    time["bubble"] = bubble_time_s(pp, vpp, t_mean)
-    time["dp_comm"] = np.maximum(first.dp_exposed_s, last.dp_exposed_s)
-    time["optimizer"] = np.maximum(first.optimizer_s, last.optimizer_s)
-    hidden = {k: lc.n_micro * v for k, v in _pick(first_is_bottleneck, first.hidden, last.hidden).items()}
+    form = StepForm(lc.n_micro, pp, vpp)  # the one step-time form (model/step_time.py)
+    time = form.terms({k: bottleneck[k] for k in STAGE_TERMS}, t_mean,
+                      np.maximum(first.dp_exposed_s, last.dp_exposed_s), np.maximum(first.optimizer_s, last.optimizer_s))
+    hidden = {k: form.stage_max * v for k, v in _pick(first_is_bottleneck, first.hidden, last.hidden).items()}
     hidden["dp_comm"] = np.maximum(first.hidden["dp_comm"], last.hidden["dp_comm"])
 
     stages = [first, last]
@@ -508,11 +508,10 @@ def staged_terms(
     t = sc.per_micro_batch_s
     b = int(np.argmax(t))
     m = lc.n_micro[:1]
-    time = {k: m * sc.time[k][b] for k in STAGE_TERMS}
-    time["bubble"] = bubble_time_s(np.array([float(p)]), np.array([v]), np.array([t.mean()]))
-    time["dp_comm"] = np.array([sc.dp_exposed_s.max()])
-    time["optimizer"] = np.array([sc.optimizer_s.max()])
-    hidden = {k: m * v[b] for k, v in sc.hidden.items()}
+    form = step_form(m, float(p), v)  # the one step-time form (model/step_time.py)
+    time = form.terms({k: sc.time[k][b] for k in STAGE_TERMS}, np.array([t.mean()]),
+                      np.array([sc.dp_exposed_s.max()]), np.array([sc.optimizer_s.max()]))
+    hidden = {k: form.stage_max * v[b] for k, v in sc.hidden.items()}
     hidden["dp_comm"] = np.array([sc.hidden["dp_comm"].max()])
     capacities = table.hbm_bytes[hw] * (1.0 - stack.memory_reserve_fraction)
     worst = int(np.argmax(sc.memory.total - capacities))  # the stage closest to (or over) its capacity

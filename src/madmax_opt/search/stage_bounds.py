@@ -44,6 +44,7 @@ from madmax_opt.core.units import US
 from madmax_opt.model.collectives import Tiers
 from madmax_opt.model.pipeline import stage_in_flight
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.step_time import step_form
 from madmax_opt.model.training import LayerCosts, layer_costs, stage_costs
 
 MEMORY_SLACK = 1e-9  # relative: derived memory vs the exact sum of its terms
@@ -220,8 +221,10 @@ def strong_bounds(
             g = np.stack([stage_times_us(r, sh, kinds, v, m, p) for r in per_hw], axis=1)  # [base, hw, stage, n]
             tmax = least_max(g[:, 0], layers) if len(systems) == 1 else least_max_mixed(
                 g, layers, [(pos, allowed[j]) for pos, allowed in groups])
-            pv = p * v
-            out[j] = pv * np.rint(m) * tmax + (p - 1) * (total_us[j] - p) + pv * (dp[sh] + opt[sh])
+            # p v T in the integer form (model/step_time.py), each term at its bound; sum_s t_s: the linear total,
+            # less 1 us per stage (rows are taken 1 us low)
+            out[j] = step_form(m, p, v).integer_value(
+                {"stage_max": tmax, "stage_sum": total_us[j] - p, "dp_max": dp[sh], "optimizer_max": opt[sh]})
     return out
 
 

@@ -45,6 +45,7 @@ from madmax_opt.model.objectives import Rates
 from madmax_opt.model.pipeline import stage_in_flight
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan, min_stage_layers
+from madmax_opt.model.step_time import INTEGER_TERMS, step_form
 from madmax_opt.model.training import invalid_codes, layer_costs, stage_costs
 from madmax_opt.search.cpsat import CpSatOptions, has_solution
 from madmax_opt.search.cpsat import run as cpsat_run
@@ -144,7 +145,8 @@ def _composition_bound_us(model: Model, base: PlanArrays, hws: list[int], counts
     total = layers * c.min() + min(float(x[1][0]) for x in parts) + min(float(x[2][0]) for x in parts) \
         + p * min(float(x[3][0]) for x in parts)
     tau = max(layers / float(np.sum(k / c)), total / p)
-    return (m * tau + (p - 1) / (v * p) * total) * US
+    form = step_form(m, p, v)  # T >= m tau + (p - 1)/v x total / p (model/step_time.py)
+    return float((form.stage_max * tau + form.stage_mean * (total / p))[0]) * US
 
 
 def _lower_bounds_us(model: Model, bases: PlanArrays) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -156,7 +158,7 @@ def _lower_bounds_us(model: Model, bases: PlanArrays) -> tuple[NDArray[np.float6
     per_layer, emb, head, p2p, n_micro = (np.min([x[i] for x in parts], axis=0) for i in range(5))
     pp = bases.pp.astype(np.float64)
     total = model.workload.layers * per_layer + emb + head + pp * p2p
-    return (n_micro + (pp - 1) / bases.vpp) / pp * total * US, total * US
+    return step_form(n_micro, pp, bases.vpp.astype(np.float64)).mean_bound(total) * US, total * US
 
 
 def _candidates(
@@ -198,41 +200,27 @@ def _candidates(
     }
 
 
-def _solve_base(
+def _integer_coefficients(n_micro: float, p: int, vpp: int) -> dict[str, int]:
+    """p v x the step-time form (model/step_time.py) over ``INTEGER_TERMS``: p v m, p - 1, p v, p v."""
+    return {k: int(c[0]) for k, c in step_form(n_micro, p, vpp).integer_coefficients().items()}
+
+
+def stage_model(
     cand: dict[str, NDArray[np.float64]],
+    live: NDArray[np.int64],
     p: int,
     layers: int,
-    incumbent_us: float,
-    cpsat: CpSatOptions,
     supply: list[tuple[list[int], int]] | None = None,
     counts: dict[int, int] | None = None,
     vpp: int = 1,
-) -> tuple[str, float | None, list[int], int]:
-    """CP-SAT over one base (``counts``: stages per hardware choice, when fixed); returns (status, step_us, chosen
-    row indices, booleans). Only plans strictly faster than ``incumbent_us`` are of interest."""
+) -> tuple[cp_model.CpModel, list[cp_model.IntVar], cp_model.LinearExpr]:
+    """The CP-SAT model over candidate rows ``live`` of one base: one row per stage, the rows' layers summing to
+    ``layers``, stages per GPU type within ``supply`` (``counts``: stages per hardware choice, when fixed); returns
+    (model, one Boolean per live row, the objective p v T in the integer form of model/step_time.py)."""
     from ortools.sat.python import cp_model
 
-    m_int = round(float(cand["n_micro"][0]))
-    pv = p * vpp  # p v T = p v m tmax + (p - 1) sum_s t_s + p v (dp + opt): integral
-    stage_all = cand["stage"].astype(np.int64)
-    if any(not np.any(stage_all == s) for s in range(p)):
-        return "infeasible", None, [], 0
-    t_all = cand["t_us"].astype(np.int64)
-    live = np.arange(len(stage_all))
-    if np.isfinite(incumbent_us):
-        # exact pruning: a row whose own time already forces p v T >= p v incumbent, with every other stage at its
-        # fastest row, cannot be in a strictly better plan: p v m t_i + (p - 1)(t_i + sum_{s' != s} min t_s') >= bound
-        fastest = np.array([t_all[stage_all == s].min() for s in range(p)])
-        # the whole base: every stage at its fastest row (and its smallest dp / optimizer time) bounds p v T
-        least = [np.array([cand[k][stage_all == s].min() for s in range(p)]) for k in ("dp_us", "opt_us")]
-        base_lb = pv * m_int * fastest.max() + (p - 1) * fastest.sum() + pv * (least[0].max() + least[1].max())
-        if base_lb > int(np.ceil(incumbent_us * pv)) - 1:
-            return "infeasible", None, [], 0  # no strictly better plan in this base: CP-SAT not needed
-        row_lb = pv * m_int * t_all + (p - 1) * (t_all + fastest.sum() - fastest[stage_all])
-        live = np.flatnonzero(row_lb <= int(np.ceil(incumbent_us * pv)) - 1)
-        if any(not np.any(stage_all[live] == s) for s in range(p)):
-            return "infeasible", None, [], 0
-    stage, t = stage_all[live], t_all[live]
+    coeff = _integer_coefficients(float(cand["n_micro"][0]), p, vpp)
+    stage, t = cand["stage"][live].astype(np.int64), cand["t_us"][live].astype(np.int64)
     layers_of, dp_us, opt_us, hw_of = (cand[k][live].astype(np.int64) for k in ("layers", "dp_us", "opt_us", "hw"))
     mdl = cp_model.CpModel()
     x = [mdl.new_bool_var(f"stage{int(stage[j])}_layers{int(layers_of[j])}_"
@@ -257,8 +245,53 @@ def _solve_base(
         mdl.add(sum(x[j] for j in np.flatnonzero(np.isin(hw_of, hws))) <= stages_allowed)
     for hw, k in (counts or {}).items():  # a fixed composition: k stages on hardware choice hw
         mdl.add(sum(x[j] for j in np.flatnonzero(hw_of == hw)) == k)
-    objective = pv * m_int * tmax + (p - 1) * weighted(every, t) + pv * (dpmax + optmax)
-    assert pv * m_int * hi < 2**50, "objective overflow"
+    terms = {"stage_max": tmax, "stage_sum": weighted(every, t), "dp_max": dpmax, "optimizer_max": optmax}
+    objective = cp_model.LinearExpr.weighted_sum([terms[k] for k in INTEGER_TERMS], [coeff[k] for k in INTEGER_TERMS])
+    assert coeff["stage_max"] * hi < 2**50, "objective overflow"
+    return mdl, x, objective
+
+
+def _solve_base(
+    cand: dict[str, NDArray[np.float64]],
+    p: int,
+    layers: int,
+    incumbent_us: float,
+    cpsat: CpSatOptions,
+    supply: list[tuple[list[int], int]] | None = None,
+    counts: dict[int, int] | None = None,
+    vpp: int = 1,
+) -> tuple[str, float | None, list[int], int]:
+    """CP-SAT over one base (``counts``: stages per hardware choice, when fixed); returns (status, step_us, chosen
+    row indices, booleans). Only plans strictly faster than ``incumbent_us`` are of interest."""
+    from ortools.sat.python import cp_model
+
+    coeff = _integer_coefficients(float(cand["n_micro"][0]), p, vpp)
+    pv = p * vpp  # p v T (model/step_time.py): integral
+
+    def objective_of(values: dict[str, NDArray[np.int64] | int]) -> NDArray[np.int64]:
+        return np.asarray(sum(coeff[k] * values[k] for k in INTEGER_TERMS))
+
+    stage_all = cand["stage"].astype(np.int64)
+    if any(not np.any(stage_all == s) for s in range(p)):
+        return "infeasible", None, [], 0
+    t_all = cand["t_us"].astype(np.int64)
+    live = np.arange(len(stage_all))
+    if np.isfinite(incumbent_us):
+        # exact pruning: a row whose own time already forces p v T >= p v incumbent, with every other stage at its
+        # fastest row, cannot be in a strictly better plan
+        fastest = np.array([t_all[stage_all == s].min() for s in range(p)])
+        # the whole base: every stage at its fastest row (and its smallest dp / optimizer time) bounds p v T
+        least = [np.array([cand[k][stage_all == s].min() for s in range(p)]) for k in ("dp_us", "opt_us")]
+        base_lb = objective_of({"stage_max": fastest.max(), "stage_sum": fastest.sum(),
+                                "dp_max": int(least[0].max()), "optimizer_max": int(least[1].max())})
+        if base_lb > int(np.ceil(incumbent_us * pv)) - 1:
+            return "infeasible", None, [], 0  # no strictly better plan in this base: CP-SAT not needed
+        row_lb = objective_of({"stage_max": t_all, "stage_sum": t_all + fastest.sum() - fastest[stage_all],
+                               "dp_max": 0, "optimizer_max": 0})
+        live = np.flatnonzero(row_lb <= int(np.ceil(incumbent_us * pv)) - 1)
+        if any(not np.any(stage_all[live] == s) for s in range(p)):
+            return "infeasible", None, [], 0
+    mdl, x, objective = stage_model(cand, live, p, layers, supply, counts, vpp)
     mdl.minimize(objective)
     if np.isfinite(incumbent_us):
         mdl.add(objective <= int(np.ceil(incumbent_us * pv)) - 1)  # only strictly better plans are of interest
