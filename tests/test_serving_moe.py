@@ -80,6 +80,19 @@ def test_dispatch_and_combine_all_to_all_by_hand() -> None:
     assert rec["tpot_breakdown_s"]["ep_comm"] == 0.0 and rec["tpot_breakdown_s"]["tp_comm"] > 0.0
 
 
+def test_experts_inside_one_tp_replica_are_combined_by_the_mlp_all_reduce() -> None:
+    """tp 8 with ep 8 and no attention DP: every TP rank holds all the replica's tokens, runs its 32 experts and the
+    outputs are all-reduced (SGLang DeepseekV2MoE.forward_normal): no all-to-all, and the TP traffic is the same
+    two all-reduces per layer as with TP-sharded experts (ep 1); the expert weights per GPU are the same too."""
+    data = serve("deepseek-v3", "h200-sxm", 8)
+    ep8 = record(data, dp=1, tp=8, ep=8, batch=16)
+    ep1 = record(data, dp=1, tp=8, ep=1, batch=16)
+    assert ep8["tpot_breakdown_s"]["ep_comm"] == 0.0
+    assert ep8["tpot_breakdown_s"]["tp_comm"] == pytest.approx(ep1["tpot_breakdown_s"]["tp_comm"], rel=1e-12)
+    # an expert pool shared by 8 attention replicas (attention DP) does need the all-to-all pair
+    assert record(data, dp=8, tp=1, ep=8, batch=16)["tpot_breakdown_s"]["ep_comm"] > 0.0
+
+
 def test_active_experts_and_batch_one_streams_only_the_routed_experts() -> None:
     wl = lower(catalog.models()["mixtral-8x7b"], Task(seq_len=128, global_batch=1), Stack())
     # E (1 - (1 - k/E)^T): one token touches k = 2 experts, two tokens 8 (1 - (3/4)^2) = 3.5, many all 8

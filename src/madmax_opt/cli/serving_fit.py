@@ -19,9 +19,10 @@ def fit_serving_command(
     """Refit the serving calibration per (GPU, framework) on the measured serving runs (with leave-one-source-out
     errors) and write data/serving_calibration.yaml."""
     from madmax_opt.studies.serving_fit import default_catalog_path, evaluate_all, write_catalog
+    from madmax_opt.studies.serving_intervals import interval_table
 
     ev = evaluate_all()
-    path = write_catalog(out or default_catalog_path(), ev)
+    path = write_catalog(out or default_catalog_path(), ev, interval_table(ev))
     console().print(
         f"wrote {path}: {len(ev.cases)} runs, in-sample median |error| {ev.median(ev.in_sample):.1%}, "
         f"leave-one-source-out median {ev.median(ev.loso):.1%}"

@@ -123,9 +123,12 @@ def layer_pass_s(
     elementwise = memory_bound_time_s(
         tokens * (sw.wl.elementwise_replicated_bytes + sw.wl.elementwise_tp_bytes / tp), dev.hbm_bw
     )
-    # Megatron TP: one all-reduce after attention and one after the MLP (Shoeybi et al. 2019, Fig. 3); with expert
-    # parallelism the MLP's all-reduce is replaced by the all-to-all pair of serving_moe
-    reduces = np.where(dev.ep > 1, 1.0, 2.0)
+    # Megatron TP: one all-reduce after attention and one after the MLP (Shoeybi et al. 2019, Fig. 3). Experts spread
+    # over the replica's own TP ranks (ep <= tp) see every token already (the attention output is replicated): each
+    # rank runs its experts and the MoE output is all-reduced like the MLP's (SGLang DeepseekV2MoE.forward_normal /
+    # FusedMoE reduce_results, vLLM FusedMoE without a DP all-to-all); only an expert pool shared by several attention
+    # replicas (ep > tp, attention DP) replaces that all-reduce by the all-to-all pair of serving_moe
+    reduces = np.where(dev.ep > tp, 1.0, 2.0)
     tp_comm = np.where(
         tp > 1, reduces * all_reduce_s(tokens * m.hidden * ACT_BYTES, tp, np.ones_like(tp), dev.tiers), 0.0
     )

@@ -12,8 +12,12 @@ per replica:
     expert weight bytes    E_act * P_e * w / max(ep, tp)                   (streamed once per pass)
     expert FLOPs           T * k * f * 2 P_e / tp                          (f = load imbalance of the busiest GPU)
     rows per expert        M = T_pool * k * f / E_act   (grouped-GEMM efficiency falls with M: shape factor on M)
-    dispatch / combine     all-to-all of (T / tp) * k * h * 2 B per GPU over the ep group, once each (ep > 1)
-    TP restore             all-gather of T h 2 B over tp after the combine (ep > 1; replaces the MLP all-reduce)
+    dispatch / combine     all-to-all of (T / tp) * k * h * 2 B per GPU over the ep group, once each (ep > tp)
+    TP restore             all-gather of T h 2 B over tp after the combine (ep > tp; replaces the MLP all-reduce)
+    ep = tp                no all-to-all: every TP rank holds the replica's tokens, runs its E / ep experts on
+                           them and the outputs are all-reduced as a dense MLP's (SGLang
+                           DeepseekV2MoE.forward_normal and FusedMoE ``reduce_results``; the all-to-all path,
+                           forward_deepep, serves attention DP)
 
 Grouped GEMMs run at ``grouped_gemm_ratio`` of dense-GEMM efficiency (B200: 0.30 / 0.49 of peak,
 docs/reference/hardware.md); at decode the few tokens per expert make them weight-bandwidth-bound, which the
@@ -98,11 +102,12 @@ def expert_pass_s(
 
 def ep_comm_s(wl: TransformerWorkload, tokens: Arr, tp: Arr, ep: Arr, stride: Arr, tiers: Tiers) -> Arr:
     """Dispatch + combine all-to-all over the ep GPUs, plus the all-gather that restores the replica's tokens on
-    its TP ranks (ep > 1); zero for dense models and for TP-sharded experts (ep = 1: the MLP all-reduce)."""
+    its TP ranks (ep > tp: an expert pool shared by attention replicas); zero for dense models and for experts
+    inside one replica (ep <= tp: the tokens are on every rank already; the MLP all-reduce combines them)."""
     if not wl.moe:
         return np.zeros_like(tokens)
     h = float(wl.model.hidden)
     a2a_bytes = tokens / tp * wl.top_k * h * ACT_BYTES
     a2a = 2.0 * all_to_all_s(a2a_bytes, ep, stride, tiers)
     restore = np.where(tp > 1, all_gather_s(tokens * h * ACT_BYTES, tp, np.ones_like(tp), tiers), 0.0)
-    return np.where(ep > 1, a2a + restore, 0.0)
+    return np.where(ep > tp, a2a + restore, 0.0)

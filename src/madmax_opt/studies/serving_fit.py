@@ -31,6 +31,7 @@ from madmax_opt.io.serving_catalog import CATALOG_FILE, serving_catalog
 from madmax_opt.model.serving_calibration import (
     ANY,
     FitRecord,
+    IntervalFactors,
     ServingCalibrationEntry,
     ServingParams,
     resolve_params,
@@ -300,13 +301,14 @@ def catalog_entries(ev: Evaluation) -> list[ServingCalibrationEntry]:
     return out
 
 
-def write_catalog(path: Path, ev: Evaluation | None = None) -> Path:
-    """Rewrite the serving calibration file with the fitted entries (prior and framework defaults kept)."""
-    from madmax_opt.studies.serving_intervals import interval_table
-
+def write_catalog(path: Path, ev: Evaluation | None = None,
+                  intervals: dict[str, dict[str, IntervalFactors]] | None = None) -> Path:
+    """Rewrite the serving calibration file with the fitted entries (prior and framework defaults kept) and the
+    interval factors ``intervals`` (``serving_intervals.interval_table`` of the same evaluation; None keeps the
+    catalog's)."""
     ev = ev or evaluate_all()
     cat = serving_catalog()
-    update = {"entries": catalog_entries(ev), "intervals": interval_table(ev)}
+    update = {"entries": catalog_entries(ev), "intervals": cat.intervals if intervals is None else intervals}
     data = cat.model_copy(update=update).model_dump(mode="json")
     header = (
         "# Serving calibration (class madmax_opt.model.serving_calibration.ServingCatalog): parameters per (GPU,\n"
