@@ -32,6 +32,7 @@ from madmax_opt.launch.startup import (
     GPT_MODEL_CONFIG_FIELDS,
     Positions,
     check_positions,
+    launcher_world,
     positions_of,
 )
 from madmax_opt.model.spec import Plan, Task
@@ -118,11 +119,6 @@ def stages_from(pp: int, layers: int, first_last: tuple[int, int] | None, layout
 def torchrun(ctx: Context, fmt: str) -> tuple[list[str], int]:
     nodes, per_node = node_layout(fmt, ctx.plan.gpus, ctx.gpus_per_node)
     return torchrun_launcher(nodes, per_node), nodes
-
-
-def torchrun_world(launcher: Sequence[str]) -> int:
-    f = parse_flags(launcher[1:])
-    return integer(f, "--nnodes") * integer(f, "--nproc-per-node")
 
 
 def emitted(ctx: Context, fmt: str, commands: list[Command], nodes: int, files: dict[str, str] | None = None,
@@ -257,7 +253,7 @@ def megatron_parse(e: Emitted) -> Plan:
     stages = stages_from(pp, layers, first_last, layout if isinstance(layout, str) else None)
     per_chunk = f.get("--num-layers-per-virtual-pipeline-stage")
     return Plan(
-        dp=torchrun_world(cmd.launcher) // (tp * pp * cp), tp=tp, pp=pp, cp=cp,
+        dp=launcher_world(cmd.launcher) // (tp * pp * cp), tp=tp, pp=pp, cp=cp,
         vpp=layers // (pp * int(per_chunk)) if isinstance(per_chunk, str) else 1,
         mbs=integer(f, "--micro-batch-size"), zero=zero, recompute=recompute,
         sp="--sequence-parallel" in f, ep=integer(f, "--expert-model-parallel-size"),
@@ -379,7 +375,7 @@ def nemo_parse(e: Emitted) -> Plan:
         if "model.num_layers_in_first_pipeline_stage" in o else None
     stages = stages_from(pp, num("model.num_layers"), first_last, o.get("model.pipeline_model_parallel_layout"))
     return Plan(
-        dp=torchrun_world(cmd.launcher) // (tp * pp * cp), tp=tp, pp=pp, cp=cp,
+        dp=launcher_world(cmd.launcher) // (tp * pp * cp), tp=tp, pp=pp, cp=cp,
         vpp=num("model.virtual_pipeline_model_parallel_size"), mbs=num("train.micro_batch_size"), zero=zero,
         recompute=recompute,
         sp=o.get("model.sequence_parallel") == "true", ep=num("model.expert_model_parallel_size"),

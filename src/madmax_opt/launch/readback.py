@@ -7,12 +7,11 @@ model that was priced (the problem's model, its catalog position encoding, the t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 import tomllib
 
-from madmax_opt.launch.common import Emitted, parse_flags
+from madmax_opt.launch.common import Emitted
 from madmax_opt.launch.megatron import nemo_overrides
 from madmax_opt.launch.startup import launched
 from madmax_opt.launch.titan import llama_ffn
@@ -138,10 +137,8 @@ def _titan(e: Emitted) -> LaunchedModel:
     )
 
 
-def _deepspeed(e: Emitted) -> LaunchedModel:
-    (cmd,) = e.commands
-    v = parse_flags(cmd.args)
-    cfg = json.loads(e.files["ds_config.json"])
+def _deepspeed(v: Mapping[str, object]) -> LaunchedModel:
+    """``v``: the flags and the DeepSpeed JSON's keys (``json:KEY``) as startup.launched reads them."""
     on = lambda k: v.get(k) is True  # noqa: E731
     num = lambda k, d=0: int(str(v[k])) if k in v else d  # noqa: E731
     heads = num("--num-attention-heads")
@@ -158,12 +155,12 @@ def _deepspeed(e: Emitted) -> LaunchedModel:
         positions="rope" if rope else "learned",
         rope_theta=num("--rotary-position-embeddings-theta", 10000) if rope else None,
         rotary_percent=_f(v.get("--rotary-percent", 1.0)),
-        precision="bf16" if cfg.get("bf16", {}).get("enabled") else "fp16",
+        precision="bf16" if v.get("json:bf16.enabled") is True else "fp16",
         flash_attention=any(on(k) for k in ("--use-flash-attn-v2", "--use-flash-attn", "--use-flash-attn-v1")),
         dropout=_f(v.get("--hidden-dropout", 0.1)) > 0,
         grouped_gemm=None,  # DeepSpeed-MoE runs its experts one GEMM each (no grouped GEMM option)
         alltoall_dispatch=True if moe else None,  # DeepSpeed-MoE dispatches tokens with all-to-all
-        seq_len=num("--seq-length"), global_batch=cfg["train_batch_size"],
+        seq_len=num("--seq-length"), global_batch=int(str(v["json:train_batch_size"])),
     )
 
 
@@ -172,8 +169,8 @@ def launched_model(e: Emitted) -> LaunchedModel:
     if e.format == "torchtitan":
         return _titan(e)
     if e.format == "deepspeed":
-        return _deepspeed(e)
-    (cmd,) = e.commands
+        return _deepspeed(launched(e).values)
     if e.format == "nemo":
+        (cmd,) = e.commands
         return _nemo(nemo_overrides(cmd.args))
-    return _megatron(parse_flags(cmd.args))
+    return _megatron(launched(e).values)

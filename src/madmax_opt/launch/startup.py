@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -94,7 +94,9 @@ class Launched:
         return self.values.get(key) in (True, "true")
 
 
-def _world(launcher: list[str]) -> int:
+def launcher_world(launcher: Sequence[str]) -> int:
+    """The ranks a launcher starts: nodes x processes per node (torchrun's --nnodes x --nproc-per-node, the
+    deepspeed launcher's --num_nodes x --num_gpus)."""
     f = parse_flags([t for t in launcher[1:] if t != "-m"])
     nodes = f.get("--nnodes", f.get("--num_nodes", "1"))
     per = f.get("--nproc-per-node", f.get("--num_gpus", "1"))
@@ -118,7 +120,7 @@ def launched(e: Emitted) -> Launched:
     flavor = {}
     for text in (v for k, v in e.files.items() if k.endswith(".py")):
         flavor = {k: float(v) for k, v in re.findall(r"(\w+)=(-?[\d.]+(?:e[+-]?\d+)?)", text)}
-    return Launched(world=_world(cmd.launcher), env=cmd.env, values=values, flavor=flavor)
+    return Launched(world=launcher_world(cmd.launcher), env=cmd.env, values=values, flavor=flavor)
 
 
 Check = Callable[[Launched], bool]

@@ -22,12 +22,11 @@ from madmax_opt.launch.megatron import (
     even_layers,
     no_uneven_interleaving,
     torchrun,
-    torchrun_world,
     training_checks,
     uniform_recompute,
 )
 from madmax_opt.launch.rules import rule_refusal
-from madmax_opt.launch.startup import check_positions, positions_of
+from madmax_opt.launch.startup import check_positions, launcher_world, positions_of
 from madmax_opt.model.spec import Plan, TransformerModel
 
 FMT = "torchtitan"
@@ -180,7 +179,7 @@ def titan_parse(e: Emitted) -> Plan:
     par, train = cfg["parallelism"], cfg["training"]
     tp, pp, cp = par["tensor_parallel_degree"], par["pipeline_parallel_degree"], par["context_parallel_degree"]
     dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
-    assert dp == torchrun_world(cmd.launcher) // (tp * pp * cp)
+    assert dp == launcher_world(cmd.launcher) // (tp * pp * cp)
     parts = par.get("module_fqns_per_model_part")
     stages = [sum(x.startswith("layers.") for x in part) for part in parts] if parts else None
     layers = sum(stages) if stages else None

@@ -27,7 +27,7 @@ def emitted_configurations(paths: list[Path], top_k: int = 5, time_limit_s: floa
         for rank, record in enumerate(solve_result(problem, top_k, time_limit_s, 1)["top"][:top_k]):
             plan = plan_of_record(problem, record["plan"])
             for fmt in formats_for(problem):
-                row: dict[str, Any] = {"problem": path.stem, "rank": rank, "format": fmt}
+                row: dict[str, Any] = {"problem": path.stem, "rank": rank, "format": fmt, "plan": record["plan"]}
                 try:
                     row["emitted"] = emit_plan(problem, plan, fmt).model_dump(mode="json")
                 except ProblemError as exc:
