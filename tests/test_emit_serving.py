@@ -420,3 +420,22 @@ def test_router_commands_parse_with_the_sglang_router_itself() -> None:
             assert args.decode_urls == urls["decode"]
         else:
             assert args.worker_urls == urls["run"]
+
+
+def test_the_checkpoint_rule_reads_the_precision_the_emitter_recorded() -> None:
+    """The checkpoint's dtype comes with the emitted configuration (the priced model's native_precision, None for
+    weights given with --checkpoint); the rule applies it as vLLM / SGLang would read the checkpoint's config."""
+    deepseek = serving("deepseek-v3", gpu="b200")  # catalog: ships fp8
+    plan = ServingPlan(dp=8, tp=1, ep=8, batch=64, precision="fp4")
+    e = emit_plan(deepseek, plan, "sglang")
+    assert e.checkpoint_precision == "fp8" and serving_violations(e) == []
+    assert emit_plan(deepseek, plan, "vllm", checkpoint="/ckpt/deepseek-v3-nvfp4").checkpoint_precision is None
+    fp4 = [_cmd(["vllm", "serve", "m"], ["--quantization", "modelopt_fp4"])]
+    assert "vllm.checkpoint-quantization" in serving_violations(  # an fp8 checkpoint is not modelopt_fp4
+        _emitted("vllm", fp4).model_copy(update={"checkpoint_precision": "fp8"}))
+    assert "vllm.checkpoint-quantization" not in serving_violations(_emitted("vllm", fp4))  # unknown: user's
+    sg = [_cmd(SG, ["--tp-size", "8", "--quantization", "modelopt_fp4"])]  # bf16 weights: no online nvfp4 in SGLang
+    assert "sglang.checkpoint-quantization" in serving_violations(
+        _emitted("sglang", sg).model_copy(update={"checkpoint_precision": "bf16"}))
+    assert "sglang.checkpoint-quantization" not in serving_violations(
+        _emitted("sglang", sg).model_copy(update={"checkpoint_precision": "fp8"}))

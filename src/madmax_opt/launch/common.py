@@ -62,6 +62,9 @@ class Emitted(Strict):
     commands: list[Command]
     files: dict[str, str] = Field(default_factory=dict, description="file name -> content, written beside the script")
     notes: list[str] = Field(default_factory=list)
+    checkpoint_precision: str | None = Field(
+        None, description="serving: the dtype the loaded checkpoint's weights ship in (its config's quantization), "
+        "from the priced model's native_precision when the checkpoint is the model's own; None: not known here")
 
     def script(self) -> str:
         """A bash script: the notes as comments, then every command."""
@@ -124,6 +127,13 @@ class Context:
     @property
     def gpus_per_node(self) -> int:
         return self.option.system.gpus_per_node
+
+    @property
+    def checkpoint_precision(self) -> str | None:
+        """The dtype the launched checkpoint ships in: the model's native_precision when the checkpoint is the
+        model's own (its hf_id, the default); None for other weights (the user's to match)."""
+        m = self.model
+        return m.native_precision if m.hf_id is not None and self.checkpoint in (None, m.hf_id) else None
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,8 @@ class Serving:
             notes = [*(notes or []), PREQUANTIZED]
         return Emitted(format=fmt, framework=fs.framework, version=fs.version, kind="serving",
                        system=self.ctx.option.system.name, gpus=gpus, nodes=nodes, gpus_per_node=min(gpus, gpn),
-                       commands=commands, files=files or {}, notes=notes or [])
+                       commands=commands, files=files or {}, notes=notes or [],
+                       checkpoint_precision=self.ctx.checkpoint_precision)
 
 
 def precision_from(weights: Mapping[str, tuple[str, str | None]], dtype: str, quantization: str | None) -> str:

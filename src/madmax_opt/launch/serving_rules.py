@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 
 import yaml
 
@@ -68,22 +66,12 @@ def loads(fmt: str, method: str | None, wanted: str | None) -> bool:
     return wanted in (None, method) or (fmt == "sglang" and (wanted, method) in SGLANG_COMPATIBLE)
 
 
-@cache
-def checkpoint_dtypes() -> dict[str, str | None]:
-    """Catalog checkpoint (hf_id) -> the dtype its weights ship in (package data: data/models.yaml; None: not
-    recorded)."""
-    text = resources.files("madmax_opt").joinpath("data/models.yaml").read_text(encoding="utf-8")
-    return {m["hf_id"]: m.get("native_precision") for m in yaml.safe_load(text).values()
-            if isinstance(m, dict) and m.get("hf_id")}
-
-
-def checkpoint_loads(fmt: str, checkpoint: str, quantization: str | bool | None) -> bool:
-    """The rule on a catalog checkpoint (by its hf_id); a checkpoint outside the catalog is the user's to match."""
-    native = checkpoint_dtypes()
-    if checkpoint not in native:
+def checkpoint_loads(fmt: str, native: str | None, quantization: str | bool | None) -> bool:
+    """The rule on a checkpoint whose dtype is known (``Emitted.checkpoint_precision``, the priced model's
+    native_precision); other weights are the user's to match."""
+    if native is None:
         return True
-    return loads(fmt, CHECKPOINT_METHOD.get(native[checkpoint] or ""), quantization if isinstance(quantization, str)
-                 else None)
+    return loads(fmt, CHECKPOINT_METHOD.get(native), quantization if isinstance(quantization, str) else None)
 
 
 def _disjoint(gpus: list[tuple[int, list[int]]]) -> bool:
@@ -140,7 +128,7 @@ def _vllm_checks() -> dict[str, Check]:
         "vllm.dp-devices": devices,
         "vllm.nixl-side-channel": nixl,
         "vllm.checkpoint-quantization": lambda e, cmds: all(
-            checkpoint_loads("vllm", c.argv_model, c.flags.get("--quantization")) for c in serves(cmds)),
+            checkpoint_loads("vllm", e.checkpoint_precision, c.flags.get("--quantization")) for c in serves(cmds)),
     }
 
 
@@ -187,7 +175,7 @@ def _sglang_checks() -> dict[str, Check]:
         "sglang.node-ranks": node_ranks,
         "sglang.bootstrap-port": bootstrap,
         "sglang.checkpoint-quantization": lambda e, cmds: all(
-            checkpoint_loads("sglang", str(c.flags.get("--model-path")), c.flags.get("--quantization"))
+            checkpoint_loads("sglang", e.checkpoint_precision, c.flags.get("--quantization"))
             for c in servers(cmds)),
     }
 

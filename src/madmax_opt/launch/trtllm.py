@@ -38,7 +38,6 @@ from madmax_opt.launch.serve import (
     servers,
     serving_format,
 )
-from madmax_opt.launch.serving_rules import checkpoint_dtypes
 from madmax_opt.search.serving_space import ServingPlan
 
 TRTLLM_WEIGHTS = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "fp8": ("bfloat16", "FP8"),
@@ -71,8 +70,8 @@ def trtllm_emit(ctx: Context) -> Emitted:
         return _engine_emit(ctx)
     s = Serving(ctx, "trtllm", TRTLLM_WEIGHTS, PYTORCH_KV)
     p = s.plan
-    known = s.checkpoint in checkpoint_dtypes()
-    native = (checkpoint_dtypes()[s.checkpoint] or "bf16") if known else "bf16"
+    known = ctx.checkpoint_precision is not None
+    native = ctx.checkpoint_precision or "bf16"
     if s.precision not in CHECKPOINT_PRECISIONS[native]:
         ships = f"its weights ship in {native}" if known else "weights outside the catalog are taken as " \
             "unquantized (their quantization is not known here)"
@@ -175,7 +174,7 @@ def trtllm_parse(e: Emitted) -> ServingPlan:
         quant = (config.get("quant_config") or {}).get("quant_algo")
         precision = precision_from(TRTLLM_WEIGHTS, config["dtype"], quant)
     else:  # the checkpoint's own weights: a catalog checkpoint's quantization, else unquantized at dtype
-        native = checkpoint_dtypes().get(serves[0].program[-1]) or "bf16"
+        native = e.checkpoint_precision or "bf16"
         precision = CHECKPOINT_PRECISIONS[native][0] if native in QUANTIZED else \
             precision_from(TRTLLM_WEIGHTS, config["dtype"], None)
     pytorch = f["--backend"] == "pytorch"
