@@ -183,3 +183,13 @@ def test_verify_takes_the_solver_options_and_covers_serving(tmp_path: Path) -> N
     res = json.loads(out.stdout)
     assert res["agree"] and res["solver_objective"] == res["brute_force_objective"]
     _one_line_error(run_main("verify", _write(tmp_path, LLAMA), "--workers", "65"), 2, "--workers")
+
+
+def test_status_codes_are_cp_models() -> None:
+    """search/cpsat.py writes CpSolverStatus out (no OR-Tools import where no model is built): the proto's values."""
+    from madmax_opt.search import cpsat
+
+    assert (cpsat.UNKNOWN, cpsat.MODEL_INVALID, cpsat.FEASIBLE, cpsat.INFEASIBLE, cpsat.OPTIMAL) == (
+        cp_model_pb2.UNKNOWN, cp_model_pb2.MODEL_INVALID, cp_model_pb2.FEASIBLE, cp_model_pb2.INFEASIBLE,
+        cp_model_pb2.OPTIMAL)
+    assert cpsat.has_solution(cp_model.OPTIMAL) and not cpsat.has_solution(cp_model.INFEASIBLE)

@@ -22,27 +22,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from google.protobuf import text_format
 from numpy.typing import NDArray
-from ortools.sat import cp_model_pb2, sat_parameters_pb2
 
 from madmax_opt.core.errors import InputWarning, InternalError, ProblemError, TimeLimitError
 from madmax_opt.core.numeric import IntArr
 
-if TYPE_CHECKING:  # the solver module itself (0.4 s: it pulls in pandas) is imported where a model is built
+if TYPE_CHECKING:  # OR-Tools (cp_model 0.4 s with pandas, the protos 0.05 s) is imported where a model is built
+    from ortools.sat import sat_parameters_pb2
     from ortools.sat.python import cp_model
 
     Status = cp_model.CpSolverStatus  # compares and hashes as the proto enum's integer (cp_model_pb2)
 
 MAX_WORKERS = 64  # CP-SAT accepts up to 10,000; beyond the cores of any machine a search runs on
 INT_LIMIT = 2**50  # every coefficient and objective CP-SAT sees stays below this (CP-SAT's own limit is 2^62)
-STATUS: dict[int, str] = {cp_model_pb2.OPTIMAL: "optimal", cp_model_pb2.FEASIBLE: "feasible",
-                          cp_model_pb2.INFEASIBLE: "infeasible", cp_model_pb2.UNKNOWN: "unknown",
-                          cp_model_pb2.MODEL_INVALID: "model-invalid"}
+# CpSolverStatus (ortools/sat/cp_model.proto: UNKNOWN 0, MODEL_INVALID 1, FEASIBLE 2, INFEASIBLE 3, OPTIMAL 4),
+# written out so that a search that builds no model imports no OR-Tools (tests/test_cpsat.py checks them)
+UNKNOWN, MODEL_INVALID, FEASIBLE, INFEASIBLE, OPTIMAL = range(5)
+STATUS: dict[int, str] = {OPTIMAL: "optimal", FEASIBLE: "feasible", INFEASIBLE: "infeasible", UNKNOWN: "unknown",
+                          MODEL_INVALID: "model-invalid"}
 
 
 def parse_params(text: str) -> sat_parameters_pb2.SatParameters:
     """CP-SAT parameters in protobuf text format; a parse error is one line naming the option."""
+    from google.protobuf import text_format
+    from ortools.sat import sat_parameters_pb2
+
     params = sat_parameters_pb2.SatParameters()
     try:
         text_format.Parse(text, params)
@@ -119,7 +123,7 @@ def run(model: cp_model.CpModel, opts: CpSatOptions, what: str, **overrides: Any
     opts.solved.append(what)
     solver = new_solver(opts, **overrides)
     status = solver.solve(model)
-    if status == cp_model_pb2.MODEL_INVALID:
+    if status == MODEL_INVALID:
         problem = model.validate()
         if problem:
             raise InternalError(f"CP-SAT rejected the {what} model: {problem}")
@@ -139,7 +143,7 @@ def warn_if_unused(opts: CpSatOptions, search: str) -> None:
 
 
 def has_solution(status: Status) -> bool:
-    return status in (cp_model_pb2.OPTIMAL, cp_model_pb2.FEASIBLE)
+    return status in (OPTIMAL, FEASIBLE)
 
 
 def time_limit_error(opts: CpSatOptions, what: str) -> TimeLimitError:
