@@ -16,8 +16,10 @@ from pydantic import Field
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.plan_settings import settings
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan, Strict, TransformerModel
+from madmax_opt.search.serving_space import ServingPlan
 
 Kind = Literal["training", "serving"]
 
@@ -164,7 +166,8 @@ def refuse(fmt: str, setting: str, why: str, field: str | None = None) -> Proble
     return ProblemError(f"{fmt} cannot express {setting}: {why}", field=where)
 
 
-PLAN_FIELDS = frozenset(Plan.model_fields) | {"max_num_seqs", "prefill_replicas", "batch", "precision"}
+# every plan setting, training and serving (model/plan_settings.py, the one registry of knobs)
+PLAN_FIELDS = frozenset(s.name for model in (Plan, ServingPlan) for s in settings(model))
 
 
 def is_problem_field(field: str | None) -> bool:
