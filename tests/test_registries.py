@@ -16,7 +16,12 @@ from madmax_opt.core.units import US
 from madmax_opt.io.problem import load_problem, problem_from_dict
 from madmax_opt.model import objectives as registry
 from madmax_opt.model.objectives import IntegerUnit, Objective, Rates
-from madmax_opt.model.plan_settings import degree_settings, plan_text, settings, training_only_settings
+from madmax_opt.model.plan_settings import (
+    degree_settings,
+    plan_text,
+    settings,
+    training_only_settings,
+)
 from madmax_opt.model.spec import Plan
 from madmax_opt.report.fleet_report import PLAN_COLUMNS
 from madmax_opt.search.serving import solve_result, solve_serving

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from madmax_opt.core.degrees import PARALLEL_DEGREES
 from madmax_opt.core.errors import ProblemError
 
 
@@ -37,7 +38,7 @@ BOUNDS: dict[str, Bound] = {
     # cluster sizes and parallel degrees (problem, plan and sweep files)
     "gpus": _GPUS, "max_gpus": _GPUS, "supply": _GPUS, "start": _GPUS, "stop": _GPUS, "step": _GPUS,
     "size": _GPUS, "gpus_per_node": _GPUS, "node": _GPUS,
-    "dp": _GPUS, "tp": _GPUS, "pp": _GPUS, "cp": _GPUS, "ep": _GPUS,
+    **dict.fromkeys(PARALLEL_DEGREES, _GPUS),  # the plan-settings registry's degrees
     "vpp": _LAYERS,
     # transformer shapes
     "layers": _LAYERS, "frozen_layers": _LAYERS, "stage_layers": _LAYERS,

@@ -13,16 +13,15 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
+from madmax_opt.core.degrees import PARALLEL_DEGREES, SHARED_DEGREES
 from madmax_opt.model.spec import Plan
+
+__all__ = ["PARALLEL_DEGREES", "SHARED_DEGREES", "Setting", "degree_settings", "plan_text", "settings",
+           "training_only_degrees", "training_only_settings"]
 
 Kind = Literal["int", "bool", "choice", "name", "list"]
 # Settings a label always shows, even at their default (the three degrees every plan has).
 ALWAYS_SHOWN: frozenset[str] = frozenset({"dp", "tp", "pp"})
-# The parallel degrees: each sizes a process group (input files bound them like a GPU count).
-PARALLEL_DEGREES: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep")
-# The degrees base training and serving plans share (a serving plan has no context parallelism); a serving plan adds
-# its own settings (search/serving_space.ServingPlan) and refuses every other training setting.
-SHARED_DEGREES: tuple[str, ...] = tuple(d for d in PARALLEL_DEGREES if d != "cp")
 # Short prefixes in plan labels ("z1", "rc=selective"); every other setting is labelled by its own name.
 LABEL_PREFIX: dict[str, str] = {"zero": "z", "recompute": "rc=", "prefill_replicas": "prefill", "max_num_seqs": "seqs"}
 
