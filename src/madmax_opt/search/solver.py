@@ -52,7 +52,8 @@ from madmax_opt.search.objectives import UUSD, integer_objective, training_units
 from madmax_opt.search.prune import ROUNDING_TOLERANCE_S, best_candidates, space_candidates
 from madmax_opt.search.selection import METHOD, select_best
 from madmax_opt.search.space import empty_space_reason
-from madmax_opt.search.stages import UnevenResult, solve_uneven
+from madmax_opt.search.stage_limits import step_limits
+from madmax_opt.search.stages import UnevenResult, explain_uneven, solve_uneven
 
 
 @dataclass
@@ -265,7 +266,11 @@ def solve_records(
         cross_check(outcome, recs)
     if problem.space.uneven_stages:
         incumbent = float(outcome.candidates.objective(problem.objective)[outcome.top[0]]) if outcome else np.inf
-        uneven = solve_uneven(model, incumbent, opts.time_limit_s, objective=problem.objective, cpsat=opts)
+        task, cons = problem.training_task, problem.constraints
+        step_lims = step_limits(task, cons, float(task.global_batch * model.workload.seq_len),
+                                _max_step_us(model) if cons.throughput_floor(task.train_tokens) is not None else None)
+        uneven = solve_uneven(model, incumbent, opts.time_limit_s, objective=problem.objective, cpsat=opts,
+                              constraints=step_lims)
         if uneven.plan is not None and uneven.step_us is not None:
             rec = staged_record(model, uneven.plan)
             n_micro = problem.training_task.global_batch / (uneven.plan.dp * uneven.plan.mbs)
@@ -288,8 +293,9 @@ def solve_records(
         if outcome is None:
             if uneven.plan is None and uneven.status == "feasible":  # out of time before any split: no proof
                 raise time_limit_error(opts, "uneven-stage search")
-            if uneven.plan is None:
-                raise InfeasibleError(explain_infeasible(model, candidates(model)))
+            if uneven.plan is None:  # named on the uneven plans when one exists without the constraints
+                raise InfeasibleError((step_lims.active and explain_uneven(model, step_lims, opts.time_limit_s, opts))
+                                      or explain_infeasible(model, candidates(model)))
             outcome = SolveOutcome(
                 uneven.status,
                 [],

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from madmax_opt.analysis.evaluator import Model
+from madmax_opt.analysis.evaluator import Model, staged_record
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.units import US
 from madmax_opt.model.objectives import Rates
@@ -52,6 +52,7 @@ from madmax_opt.search.cpsat import run as cpsat_run
 from madmax_opt.search.objectives import rate_per_second, training_units
 from madmax_opt.search.space import enumerate_plans
 from madmax_opt.search.stage_bounds import strong_bounds
+from madmax_opt.search.stage_limits import StepLimits, binding
 
 if TYPE_CHECKING:  # imported where a CP-SAT model is built (0.4 s: it pulls in pandas)
     from ortools.sat.python import cp_model
@@ -260,9 +261,11 @@ def _solve_base(
     supply: list[tuple[list[int], int]] | None = None,
     counts: dict[int, int] | None = None,
     vpp: int = 1,
+    cap: int | None = None,
 ) -> tuple[str, float | None, list[int], int]:
     """CP-SAT over one base (``counts``: stages per hardware choice, when fixed); returns (status, step_us, chosen
-    row indices, booleans). Only plans strictly faster than ``incumbent_us`` are of interest."""
+    row indices, booleans). Only plans strictly faster than ``incumbent_us`` are of interest, and with p v T at most
+    ``cap`` (the problem's step-time constraints, stage_limits.py)."""
     from ortools.sat.python import cp_model
 
     coeff = _integer_coefficients(float(cand["n_micro"][0]), p, vpp)
@@ -276,7 +279,10 @@ def _solve_base(
         return "infeasible", None, [], 0
     t_all = cand["t_us"].astype(np.int64)
     live = np.arange(len(stage_all))
-    if np.isfinite(incumbent_us):
+    limit = int(np.ceil(incumbent_us * pv)) - 1 if np.isfinite(incumbent_us) else None  # strictly better
+    if cap is not None:
+        limit = cap if limit is None else min(limit, cap)
+    if limit is not None:
         # exact pruning: a row whose own time already forces p v T >= p v incumbent, with every other stage at its
         # fastest row, cannot be in a strictly better plan
         fastest = np.array([t_all[stage_all == s].min() for s in range(p)])
@@ -284,17 +290,17 @@ def _solve_base(
         least = [np.array([cand[k][stage_all == s].min() for s in range(p)]) for k in ("dp_us", "opt_us")]
         base_lb = objective_of({"stage_max": fastest.max(), "stage_sum": fastest.sum(),
                                 "dp_max": int(least[0].max()), "optimizer_max": int(least[1].max())})
-        if base_lb > int(np.ceil(incumbent_us * pv)) - 1:
+        if base_lb > limit:
             return "infeasible", None, [], 0  # no strictly better plan in this base: CP-SAT not needed
         row_lb = objective_of({"stage_max": t_all, "stage_sum": t_all + fastest.sum() - fastest[stage_all],
                                "dp_max": 0, "optimizer_max": 0})
-        live = np.flatnonzero(row_lb <= int(np.ceil(incumbent_us * pv)) - 1)
+        live = np.flatnonzero(row_lb <= limit)
         if any(not np.any(stage_all[live] == s) for s in range(p)):
             return "infeasible", None, [], 0
     mdl, x, objective = stage_model(cand, live, p, layers, supply, counts, vpp)
     mdl.minimize(objective)
-    if np.isfinite(incumbent_us):
-        mdl.add(objective <= int(np.ceil(incumbent_us * pv)) - 1)  # only strictly better plans are of interest
+    if limit is not None:
+        mdl.add(objective <= limit)  # only strictly better plans within the constraints are of interest
     st, solver = cpsat_run(mdl, cpsat, "uneven-stage")
     if st == cp_model.INFEASIBLE:
         return "infeasible", None, [], len(x)
@@ -322,10 +328,12 @@ def _stage_supply(model: Model, base: PlanArrays, hw_choices: list[int]) -> list
 
 
 def _compositions(
-    model: Model, base: PlanArrays, hws: list[int], supply: list[tuple[list[int], int]], objective: str
+    model: Model, base: PlanArrays, hws: list[int], supply: list[tuple[list[int], int]], objective: str,
+    priced: bool = False,
 ) -> list[Composition]:
     """(stages per hardware choice, objective units per us of step time), cheapest rate first. A single entry with
-    no fixed counts when the rate does not depend on where the stages run (one option, or time objectives)."""
+    no fixed counts when the rate does not depend on where the stages run (one option, or time objectives) and,
+    when ``priced`` (a budget), neither does the $/h."""
     pr = model.problem
     p, per_stage = int(base.pp[0]), int(base.dp[0] * base.tp[0] * base.cp[0])
     tokens = pr.training_task.global_batch * model.workload.seq_len
@@ -342,10 +350,21 @@ def _compositions(
     rates = Rates(np.full(len(k), 1.0 / tokens), gpus, per_stage * k @ price, per_stage * k @ power,
                   pr.training_task.train_tokens)
     per_us = rate_per_second(objective, rates, unit) / US
-    if len(hws) == 1 or np.all(per_us == per_us[0]):
+    if len(hws) == 1 or (np.all(per_us == per_us[0]) and not (priced and np.any(price != price[0]))):
         return [(None, float(per_us[0]))]
     order = np.lexsort((np.arange(len(k)), per_us))
     return [({h: int(combos[i][j]) for j, h in enumerate(hws)}, float(per_us[i])) for i in order]
+
+
+def _usd_per_hour(model: Model, base: PlanArrays, hws: list[int], counts: dict[int, int] | None) -> float:
+    """$/h of ``base``'s pipeline: its option's price x GPUs, or with stages per hardware choice fixed (mixed),
+    dp tp cp GPUs per stage at each stage's price (evaluator._mixed_hardware); unfixed mixed stages share a price."""
+    pr = model.problem
+    if not pr.space.mixed_stages:
+        return float(model.table.price_per_gpu_hour[int(base.hw[0])] * base.gpus[0])
+    per_stage = int(base.dp[0] * base.tp[0] * base.cp[0])
+    stages = counts or {hws[0]: int(base.pp[0])}
+    return float(sum(pr.hardware[h].system.price_per_gpu_hour * per_stage * k for h, k in stages.items()))
 
 
 def solve_uneven(
@@ -355,9 +374,12 @@ def solve_uneven(
     *,
     objective: str = "throughput",
     cpsat: CpSatOptions | None = None,
+    constraints: StepLimits | None = None,
 ) -> UnevenResult:
     """Best uneven pipeline plan strictly better than ``incumbent`` (the best uniform plan's integer objective,
-    training units of ``objective``: us of step time for throughput), if any."""
+    training units of ``objective``: us of step time for throughput) that meets ``constraints`` (min_throughput,
+    deadline_hours, budget_usd: stage_limits.py), if any."""
+    step_lims = constraints or StepLimits()
     t0 = time.perf_counter()
     opts = (cpsat or CpSatOptions()).with_time_limit(time_limit_s)
     pr = model.problem
@@ -382,7 +404,8 @@ def solve_uneven(
         base = bases.take([j])
         hws = stage_hardware(model, base)
         supply = _stage_supply(model, base, hws)
-        shared.append((hws, supply, _compositions(model, base, hws, supply, objective)))
+        shared.append((hws, supply, _compositions(model, base, hws, supply, objective,
+                                                  priced=step_lims.budget_usd is not None)))
     jobs = [shared[i] for i in job_of.ravel().tolist()]
 
     def bounds(j: int) -> list[tuple[float, dict[int, int] | None, float]]:
@@ -451,10 +474,12 @@ def solve_uneven(
             # against the uniform incumbent (rounded once), an uneven plan must win beyond both roundings
             margin_us = 0.0 if best_plan is not None else 0.5 / rate + (float(cand["n_micro"][0]) + int(base.pp[0])
                                                                           + 2) * 0.5
+            pv = int(base.pp[0] * base.vpp[0])
+            cap = step_lims.max_objective(pv, _usd_per_hour(model, base, hws, counts)) if step_lims.active else None
             status, step_us, chosen, nb = _solve_base(
                 cand, int(base.pp[0]), model.workload.layers, best_obj / rate - margin_us,
                 opts.with_time_limit(remaining),
-                supply, counts, vpp=int(base.vpp[0]),
+                supply, counts, vpp=int(base.vpp[0]), cap=cap,
             )
             solved += 1
             booleans = max(booleans, nb)
@@ -487,3 +512,24 @@ def solve_uneven(
         best_obj if best_plan is not None else None,
         min(best_obj, open_bound),  # every base was solved, pruned by its bound, or is still open
     )
+
+
+def explain_uneven(
+    model: Model, limits: StepLimits, time_limit_s: float, cpsat: CpSatOptions | None = None
+) -> str | None:
+    """When no uneven plan meets ``limits``: the constraint that binds, named with the fastest uneven plan (against
+    the throughput floor) and the cheapest run (against the budget), each found by the uneven search without the
+    limits; None when no uneven plan exists at all (another rule binds)."""
+    best: dict[str, UnevenResult] = {}
+    for objective, wanted in (("throughput", limits.max_step_us), ("cost", limits.budget_usd)):
+        if wanted is not None:
+            best[objective] = solve_uneven(model, np.inf, time_limit_s, objective=objective, cpsat=cpsat)
+    if any(r.plan is None or r.step_us is None for r in best.values()):
+        return None
+    fastest = best.get("throughput")
+    cheapest_usd = None
+    if "cost" in best:
+        r = best["cost"]
+        assert r.plan is not None and r.step_us is not None
+        cheapest_usd = limits.run_usd(r.step_us / US, float(staged_record(model, r.plan)["cost_per_hour_usd"]))
+    return binding(limits, None if fastest is None or fastest.step_us is None else fastest.step_us / US, cheapest_usd)
