@@ -3,6 +3,7 @@ the optimum equal to brute force on small random MoE problems, and the MoE rows 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,23 @@ def test_experts_inside_one_tp_replica_are_combined_by_the_mlp_all_reduce() -> N
     assert ep8["tpot_breakdown_s"]["tp_comm"] == pytest.approx(ep1["tpot_breakdown_s"]["tp_comm"], rel=1e-12)
     # an expert pool shared by 8 attention replicas (attention DP) does need the all-to-all pair
     assert record(data, dp=8, tp=1, ep=8, batch=16)["tpot_breakdown_s"]["ep_comm"] > 0.0
+
+
+def test_busiest_gpu_of_an_expert_parallel_group_by_enumeration() -> None:
+    """Mixtral (E = 8, k = 2) over ep = 2 GPUs of 4 experts: each expert active with q = 1 - (3/4)^T, a GPU's count
+    ~ Binomial(4, q); E[max of the two GPUs] by enumerating every pair of counts; ep = 1 keeps E_act; many tokens
+    activate every expert (4 per GPU)."""
+    from madmax_opt.model.serving_moe import busiest_active_experts
+
+    wl = lower(catalog.models()["mixtral-8x7b"], Task(seq_len=128, global_batch=1), Stack())
+    for tokens in (1.0, 3.0):
+        q = 1.0 - 0.75**tokens
+        pmf = [math.comb(4, a) * q**a * (1 - q) ** (4 - a) for a in range(5)]
+        want = sum(pmf[a] * pmf[b] * max(a, b) for a in range(5) for b in range(5))
+        got = busiest_active_experts(wl, np.array([tokens]), np.array([2.0]))[0] / 2.0
+        assert got == pytest.approx(want, rel=1e-12)
+        assert busiest_active_experts(wl, np.array([tokens]), np.array([1.0]))[0] == pytest.approx(8 * q, rel=1e-12)
+    assert busiest_active_experts(wl, np.array([1e4]), np.array([2.0]))[0] == pytest.approx(8.0, rel=1e-9)
 
 
 def test_active_experts_and_batch_one_streams_only_the_routed_experts() -> None:

@@ -10,6 +10,8 @@ per replica:
     pooled tokens          T_pool = T * max(ep, tp) / tp                  (tokens of the replicas sharing experts)
     active experts         E_act = E * (1 - (1 - k/E)^T_pool)             (each token picks k of E uniformly)
     expert weight bytes    E_act * P_e * w / max(ep, tp)                   (streamed once per pass)
+                           with EP (ep > 1) the busiest GPU's active experts instead of E_act / ep: the
+                           group steps together (``busiest_active_experts``)
     expert FLOPs           T * k * f * 2 P_e / tp                          (f = load imbalance of the busiest GPU)
     rows per expert        M = T_pool * k * f / E_act   (grouped-GEMM efficiency falls with M: shape factor on M)
     dispatch / combine     all-to-all of (T / tp) * k * h * 2 B per GPU over the ep group, once each (ep > tp)
@@ -25,6 +27,8 @@ roofline's memory term (active experts only) models. The KV cache is the attenti
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -61,6 +65,28 @@ def _rows_per_expert(wl: TransformerWorkload, pool: Arr, act: Arr) -> Arr:
     return pool * wl.top_k * wl.expert_load_factor / np.maximum(act, 1e-9)
 
 
+def busiest_active_experts(wl: TransformerWorkload, tokens_pool: Arr, ep: Arr) -> Arr:
+    """Expected active experts on the busiest of ``ep`` GPUs holding n = E / ep whole experts each: every expert is
+    active with probability q = 1 - (1 - k/E)^T (``active_experts``), a GPU's count ~ Binomial(n, q) (independent
+    across GPUs, an approximation), and E[max of ep] = sum_{j<n} (1 - F(j)^ep) with F the binomial CDF. ep = 1
+    (TP-sharded experts): every GPU streams its shard of every active expert, E_act (no imbalance). The EP group
+    steps together, so the busiest GPU sets the time of its expert weights' streaming at small batches."""
+    e = float(wl.num_experts)
+    q = 1.0 - np.power(1.0 - float(wl.top_k) / e, tokens_pool)
+    out = e * q  # ep = 1
+    for size in np.unique(ep[ep > 1]):
+        n = int(e // size)
+        sel = ep == size
+        j = np.arange(n + 1, dtype=np.float64)
+        log_comb = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in range(n + 1)])
+        qs = np.clip(q[sel], 1e-300, 1.0 - 1e-16)[:, None]
+        pmf = np.exp(log_comb[None, :] + j[None, :] * np.log(qs) + (n - j)[None, :] * np.log1p(-qs))
+        cdf = np.cumsum(pmf, axis=1)[:, :n]  # F(0) ... F(n - 1)
+        out = np.where(sel, 0.0, out)
+        out[sel] = np.sum(1.0 - np.power(np.minimum(cdf, 1.0), float(size)), axis=1) * float(size)
+    return out
+
+
 def expert_weight_bytes_per_gpu(wl: TransformerWorkload, tp: Arr, ep: Arr, weight_bytes: Arr) -> Arr:
     """Routed-expert weights of one layer on one GPU: E * P_e * w / max(ep, tp)."""
     return wl.expert_params_per_layer * weight_bytes / expert_shards(tp, ep)
@@ -95,7 +121,10 @@ def expert_pass_s(
         dim = np.minimum(np.minimum(sharded, other), rows)
         flops = tokens * wl.top_k * wl.expert_load_factor * g.flops_per_token / tp
         compute = compute + gemm_time_s(flops, dim, peak_flops, gemm_eff * grouped_ratio, half_dim)
-    expert_bytes = act * sum(g.params for g in wl.expert_gemms) * weight_bytes / shards
+    # weights streamed by the busiest GPU: its share of the active experts (E_act / shards with TP-sharded experts;
+    # the expected maximum over the EP group of whole experts, ``busiest_active_experts`` / ep, with EP)
+    busiest = np.where(ep > 1, busiest_active_experts(wl, pool, ep), act)
+    expert_bytes = busiest * sum(g.params for g in wl.expert_gemms) * weight_bytes / shards
     io_bytes = tokens * wl.top_k * wl.expert_load_factor * 2.0 * wl.model.hidden * ACT_BYTES / tp
     return np.maximum(compute, memory_bound_time_s(expert_bytes + io_bytes, hbm_bw))
 
