@@ -13,7 +13,7 @@ import pytest
 
 from madmax_opt.launch.common import Emitted
 from madmax_opt.model.spec import Plan
-from madmax_opt.studies.framework_checks import importable, megatron, torchtitan
+from madmax_opt.studies.framework_checks import importable, megatron, torchtitan, vllm
 from test_emit_training import emit, problem_of
 
 
@@ -46,3 +46,19 @@ def test_torchtitan_trainer_start_up_accepts_the_emitted_pipeline() -> None:
     e["files"]["job.toml"] = "\n".join(line for line in text.splitlines() if "stage_less_layers" not in line)
     failure = torchtitan(e)
     assert failure is not None and "divisible by pipeline parallel size" in failure
+
+
+@pytest.mark.slow
+def test_vllm_serve_parser_accepts_the_emitted_replicas() -> None:
+    if not importable("vllm"):
+        pytest.skip("vLLM is not importable here")
+    from madmax_opt.launch.emit import emit_plan
+    from madmax_opt.search.serving_space import ServingPlan
+    from test_emit_serving import serving
+
+    e = emit_plan(serving("llama3-70b"), ServingPlan(dp=4, tp=2, batch=64), "vllm").model_dump(mode="json")
+    assert vllm(e) is None
+    args = e["commands"][0]["args"]
+    args[args.index("--kv-cache-dtype") + 1] = "fp8_e9"  # not a KV dtype vLLM knows: its parser refuses
+    failure = vllm(e)
+    assert failure is not None and "--kv-cache-dtype" in failure

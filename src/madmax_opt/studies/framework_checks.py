@@ -9,8 +9,9 @@ and only here: run with an interpreter where they are installed at the versions 
 
 (the second in a venv with CPU torch, triton, einops, tyro, torchdata, tensorboard, datasets and the two sources at
 their pinned commits; Megatron core_v0.19.0 needs Python 3.12 for ``typing.override``, or on 3.11 a
-``sitecustomize`` setting it from typing_extensions). Measured on the examples' top-5 plans: megatron 14 of 14,
-torchtitan 5 of 5 emitted configurations pass.
+``sitecustomize`` setting it from typing_extensions; vLLM 0.11.0 ``--no-deps`` with its pure-Python requirements).
+Measured on the examples' top-5 plans: megatron 14 of 14, torchtitan 5 of 5, vllm 25 of 25 emitted
+configurations pass.
 
 What runs (nothing of the frameworks is copied here; file and commit cited per checker):
 - megatron: Megatron-LM core_v0.19.0 (5be9626) ``megatron/training/arguments.py`` ``parse_args`` on the command's
@@ -20,8 +21,10 @@ What runs (nothing of the frameworks is copied here; file and commit cited per c
   custom_import`` flavor file, ``update_from_config`` of the model args, ``ParallelDims`` (its ``_validate``), the
   pipeline stage split of ``distributed/pipeline_parallel.py`` (``pipeline_llm``'s stage count checks and
   ``generate_llm_fqn_per_model_part``) and the data-parallel check of ``models/llama3/infra/parallelize.py``.
-Not yet: SGLang 0.5.23 (its resolution pipeline imports torchvision's compiled ops and wants torch 2.14.1) and
-vLLM 0.11.0 (torch 2.8.0) did not import beside the CPU torch 2.13 this was run with.
+- vllm: 0.11.0 wheel (installed without its torch 2.8.0 pin): the ``vllm serve`` CLI parser, its validate and
+  ``AsyncEngineArgs.from_cli_args`` (see :func:`vllm`).
+Not yet: SGLang 0.5.23 (its ServerArgs resolution imports torchvision's compiled ops and wants torch 2.14.1) did
+not import beside the CPU torch 2.13 this was run with.
 
 Stubbed, because this machine has no GPU (said in each checker): the world size and rank (``WORLD_SIZE`` from the
 configuration's GPU count, rank 0), the device's compute capability (from the system's GPU generation), and the
@@ -200,7 +203,39 @@ def _titan_trainer_checks(job: Any, dims_module: Any, spec_module: Any, world: i
         spec.parallelize_fn(model, dims, job)
 
 
-CHECKERS: dict[str, Checker] = {"megatron": megatron, "torchtitan": torchtitan}
+# -------------------------------------------------------------------------- vLLM
+
+
+def vllm(e: dict[str, Any]) -> str | None:
+    """vLLM 0.11.0 (wheel): each ``vllm serve`` command through the CLI's own parser (entrypoints/cli/main.py:
+    FlexibleArgumentParser + the serve subcommand's make_arg_parser), ``ServeSubcommand.validate``
+    (validate_parsed_serve_args) and ``AsyncEngineArgs.from_cli_args``. Not run: ``create_engine_config``, which reads the checkpoint's config.json
+    from the hub (no network here). Stubbed: the platform's device type is cuda (vLLM finds no GPU here and its
+    DeviceConfig refuses an unknown device)."""
+    platform = import_module("vllm.platforms").current_platform
+    platform.device_type = platform.device_type or "cuda"
+    utils = import_module("vllm.utils")
+    serve = import_module("vllm.entrypoints.cli.serve")
+    engine_args = import_module("vllm.engine.arg_utils")
+    cmds = [c for c in e["commands"] if c["program"][:2] == ["vllm", "serve"]]
+
+    def check() -> None:
+        for cmd in cmds:
+            parser = utils.FlexibleArgumentParser(description="vLLM CLI")
+            subparsers = parser.add_subparsers(required=False, dest="subparser")
+            sub = serve.ServeSubcommand()
+            sub.subparser_init(subparsers).set_defaults(dispatch_function=sub.cmd)
+            with environment(cmd["env"], ["vllm"]):
+                args = parser.parse_args(["serve", *cmd["program"][2:], *cmd["args"]])
+                sub.validate(args)
+                if getattr(args, "model_tag", None) is not None:
+                    args.model = args.model_tag
+                engine_args.AsyncEngineArgs.from_cli_args(args)
+
+    return guarded(check)
+
+
+CHECKERS: dict[str, Checker] = {"megatron": megatron, "torchtitan": torchtitan, "vllm": vllm}
 
 
 def importable(fmt: str) -> bool:
