@@ -289,9 +289,12 @@ def _loads_as(kind: str) -> Any:
     """Whether a file's bytes load as a valid ``kind`` file in this process (an insertion that kept it valid)."""
 
     def loads(text: bytes) -> bool:
-        from madmax_opt.io.dlrm_problem import is_dlrm_file, load_dlrm_problem
+        from madmax_opt.io.dlrm_problem import load_dlrm_problem
+        from madmax_opt.io.file_family import file_family
         from madmax_opt.io.plans import load_plans
         from madmax_opt.io.problem import load_problem
+        from madmax_opt.io.yaml_files import read_yaml
+        from madmax_opt.model.family_name import FamilyName
         from madmax_opt.studies.sweep_spec import load_sweep
 
         path = SCRATCH / f"{kind}.yaml"  # a fixed name: tempfile's random names would upset hypothesis
@@ -302,7 +305,7 @@ def _loads_as(kind: str) -> Any:
                     load_plans(path)
                 elif kind == "sweep":
                     load_sweep(path)
-                elif is_dlrm_file(path):
+                elif file_family(read_yaml(path, what="problem file")) is FamilyName.RECOMMENDER:
                     load_dlrm_problem(path)
                 else:
                     load_problem(path)

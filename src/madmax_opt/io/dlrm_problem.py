@@ -77,11 +77,6 @@ def is_dlrm_data(data: Any) -> bool:
     return isinstance(m, dict) and m.get("family") == "dlrm"
 
 
-def is_dlrm_file(path: str | Path) -> bool:
-    """Whether the problem file at ``path`` is a DLRM problem (read before the transformer loader runs)."""
-    return is_dlrm_data(read_yaml(path, what="problem file"))
-
-
 def load_dlrm_problem(path: str | Path) -> DLRMProblem:
     data = read_yaml(path, what="problem file")
     if not isinstance(data, dict):
