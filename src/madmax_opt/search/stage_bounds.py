@@ -44,6 +44,7 @@ from madmax_opt.core.units import US
 from madmax_opt.model.collectives import Tiers
 from madmax_opt.model.pipeline import stage_in_flight
 from madmax_opt.model.plan import PlanArrays
+from madmax_opt.model.plan_settings import degree_settings
 from madmax_opt.model.step_time import step_form
 from madmax_opt.model.training import LayerCosts, layer_costs, stage_costs
 
@@ -199,7 +200,7 @@ def strong_bounds(
     systems: list[int | None] = list(hw_choices) if hw_choices else [None]
     groups = [([systems.index(h) for h in hws], allowed) for hws, allowed in supply or []]
     layers = model.workload.layers
-    key = np.stack([bases.hw, bases.dp, bases.tp, bases.pp, bases.cp, bases.mbs, bases.zero, bases.sp, bases.ep], 1)
+    key = np.concatenate([bases.hw[:, None], shape_key(bases)], axis=1)
     _, first, shape_of = np.unique(key, axis=0, return_index=True, return_inverse=True)
     shape_of = shape_of.ravel()
     for p in np.unique(bases.pp[first]).tolist():
@@ -226,6 +227,13 @@ def strong_bounds(
             out[j] = step_form(m, p, v).integer_value(
                 {"stage_max": tmax, "stage_sum": total_us[j] - p, "dp_max": dp[sh], "optimizer_max": opt[sh]})
     return out
+
+
+def shape_key(plans: PlanArrays) -> IntArr:
+    """Per plan, its shape: the plan's array settings (model/plan_settings.py) less vpp (bases of one shape share
+    their stage costs) and recompute (chosen per stage), one column each."""
+    names = [n for n in degree_settings() if n not in ("vpp", "recompute")]
+    return np.stack([getattr(plans, n).astype(np.int64) for n in names], axis=1)
 
 
 def _on(plans: PlanArrays, hw: int | None) -> PlanArrays:

@@ -51,7 +51,7 @@ from madmax_opt.search.cpsat import CpSatOptions, has_solution
 from madmax_opt.search.cpsat import run as cpsat_run
 from madmax_opt.search.objectives import rate_per_second, training_units
 from madmax_opt.search.space import enumerate_plans
-from madmax_opt.search.stage_bounds import strong_bounds
+from madmax_opt.search.stage_bounds import shape_key, strong_bounds
 from madmax_opt.search.stage_limits import StepLimits, binding
 
 if TYPE_CHECKING:  # imported where a CP-SAT model is built (0.4 s: it pulls in pandas)
@@ -105,8 +105,7 @@ def _bases(model: Model) -> PlanArrays:
         code = np.where(over_supply[plans.hw], -1, code)
     plans = plans.take(np.flatnonzero(code == 0))
     if model.problem.space.mixed_stages and len(plans):  # stage hardware is free: one base per shape
-        key = np.stack([plans.dp, plans.tp, plans.pp, plans.cp, plans.mbs, plans.zero, plans.sp, plans.ep], axis=1)
-        _, first = np.unique(key, axis=0, return_index=True)
+        _, first = np.unique(shape_key(plans), axis=0, return_index=True)
         plans = plans.take(np.sort(first))
     return plans
 
