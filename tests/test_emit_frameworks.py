@@ -13,7 +13,7 @@ import pytest
 
 from madmax_opt.launch.common import Emitted
 from madmax_opt.model.spec import Plan
-from madmax_opt.studies.framework_checks import importable, megatron, torchtitan, vllm
+from madmax_opt.studies.framework_checks import deepspeed, importable, megatron, torchtitan, vllm
 from test_emit_training import emit, problem_of
 
 
@@ -62,3 +62,14 @@ def test_vllm_serve_parser_accepts_the_emitted_replicas() -> None:
     args[args.index("--kv-cache-dtype") + 1] = "fp8_e9"  # not a KV dtype vLLM knows: its parser refuses
     failure = vllm(e)
     assert failure is not None and "--kv-cache-dtype" in failure
+
+
+@pytest.mark.slow
+def test_megatron_deepspeed_validate_args_accepts_the_emitted_command() -> None:
+    if not importable("deepspeed"):
+        pytest.skip("Megatron-DeepSpeed (with DeepSpeed and torch) is not importable here")
+    e = emitted("deepspeed", "llama2-70b", Plan(dp=4, tp=2, sp=True, zero=1), global_batch=64)
+    assert deepspeed(e) is None
+    e["commands"][0]["env"] = {}  # what the emitter wrote before its own validate_args was run on it
+    failure = deepspeed(e)
+    assert failure is not None and "CUDA_DEVICE_MAX_CONNECTIONS" in failure

@@ -281,6 +281,11 @@ def test_the_checkers_catch_what_the_old_emitters_wrote() -> None:
     assert violations(nemo) == []
     assert "nemo.builder-nesting" in violations(nemo.model_copy(update={"commands": [
         nemo.commands[0].model_copy(update={"args": flat})]}))
+    # Megatron-DeepSpeed: sequence parallelism without CUDA_DEVICE_MAX_CONNECTIONS=1 (its validate_args raises)
+    ds = emit(problem, Plan(dp=4, tp=2, sp=True, zero=1), "deepspeed")
+    assert ds.commands[0].env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} and violations(ds) == []
+    assert violations(ds.model_copy(update={"commands": [ds.commands[0].model_copy(update={"env": {}})]})) == [
+        "deepspeed.sp-max-connections"]
 
 
 # ------------------------------------------------------------------------------ launchers people run

@@ -100,7 +100,8 @@ def ds_emit(ctx: Context) -> Emitted:
         raise refuse(FMT, f"ep={p.ep}", "expert parallelism needs a mixture-of-experts model")
     nodes, per_node = node_layout(FMT, p.gpus, ctx.gpus_per_node)
     fs = flagset(FMT)
-    cmd = Command(launcher=deepspeed_launcher(nodes, per_node), program=[fs.program], args=args)
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if p.sp else {}  # deepspeed.sp-max-connections
+    cmd = Command(launcher=deepspeed_launcher(nodes, per_node), program=[fs.program], args=args, env=env)
     notes = ["Megatron-DeepSpeed's pretrain_gpt.py; add data, tokenizer and schedule flags",
              f"position encoding: {pos.source}"]
     return emitted(ctx, FMT, [cmd], nodes, files={CONFIG: json.dumps(config, indent=2) + "\n"}, notes=notes)

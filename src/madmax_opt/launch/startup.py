@@ -284,6 +284,8 @@ def _deepspeed_checks() -> dict[str, Check]:
         == 0,
         "deepspeed.query-groups": lambda x: x.num("--num-attention-heads") % x.num(
             "--num-key-value-heads", x.num("--num-attention-heads")) == 0,
+        "deepspeed.sp-max-connections": lambda x: not x.on("--sequence-parallel")
+        or x.env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1",
     }
 
 

@@ -10,8 +10,9 @@ and only here: run with an interpreter where they are installed at the versions 
 (the second in a venv with CPU torch, triton, einops, tyro, torchdata, tensorboard, datasets and the two sources at
 their pinned commits; Megatron core_v0.19.0 needs Python 3.12 for ``typing.override``, or on 3.11 a
 ``sitecustomize`` setting it from typing_extensions; vLLM 0.11.0 ``--no-deps`` with its pure-Python requirements).
-Measured on the examples' top-5 plans: megatron 14 of 14, torchtitan 5 of 5, vllm 25 of 25 emitted
-configurations pass.
+Measured on the examples' top-5 plans: megatron 14 of 14, torchtitan 5 of 5, vllm 25 of 25, deepspeed 4 of 4
+emitted configurations pass (deepspeed was 1 of 4 before the emitter exported CUDA_DEVICE_MAX_CONNECTIONS=1
+with sequence parallelism).
 
 What runs (nothing of the frameworks is copied here; file and commit cited per checker):
 - megatron: Megatron-LM core_v0.19.0 (5be9626) ``megatron/training/arguments.py`` ``parse_args`` on the command's
@@ -23,6 +24,8 @@ What runs (nothing of the frameworks is copied here; file and commit cited per c
   ``generate_llm_fqn_per_model_part``) and the data-parallel check of ``models/llama3/infra/parallelize.py``.
 - vllm: 0.11.0 wheel (installed without its torch 2.8.0 pin): the ``vllm serve`` CLI parser, its validate and
   ``AsyncEngineArgs.from_cli_args`` (see :func:`vllm`).
+- deepspeed: Megatron-DeepSpeed 4efb479 + DeepSpeed 0.19.6: parse_args + validate_args (see :func:`deepspeed`;
+  its ``megatron`` package shadows Megatron-LM's: run it with its own PYTHONPATH).
 Not yet: SGLang 0.5.23 (its ServerArgs resolution imports torchvision's compiled ops and wants torch 2.14.1) did
 not import beside the CPU torch 2.13 this was run with.
 
@@ -235,13 +238,36 @@ def vllm(e: dict[str, Any]) -> str | None:
     return guarded(check)
 
 
-CHECKERS: dict[str, Checker] = {"megatron": megatron, "torchtitan": torchtitan, "vllm": vllm}
+# -------------------------------------------------------------------------- Megatron-DeepSpeed
+
+
+def deepspeed(e: dict[str, Any]) -> str | None:
+    """Megatron-DeepSpeed 4efb479 with DeepSpeed 0.19.6: ``megatron/arguments.py`` ``parse_args`` (with DeepSpeed's
+    add_config_arguments) and ``validate_args`` with pretrain_gpt.py's ``args_defaults``. Stubbed: WORLD_SIZE =
+    the configuration's GPUs, RANK 0; the accelerator's device name is cuda (DeepSpeed finds none here)."""
+    arguments = import_module("megatron.arguments")
+    accelerator = import_module("deepspeed.accelerator").get_accelerator()
+    cmd = next(c for c in e["commands"] if c["program"][-1].endswith("pretrain_gpt.py"))
+    env = {**cmd["env"], "WORLD_SIZE": str(e["gpus"]), "RANK": "0", "LOCAL_RANK": "0"}
+
+    def check() -> None:
+        with environment(env, [cmd["program"][-1], *cmd["args"]]), \
+                _patched(accelerator, "device_name", lambda *a, **k: "cuda"):
+            args = arguments.parse_args()
+            arguments.validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})  # pretrain_gpt.py's defaults
+
+    return guarded(check)
+
+
+CHECKERS: dict[str, Checker] = {"megatron": megatron, "torchtitan": torchtitan, "vllm": vllm,
+                                "deepspeed": deepspeed}
 
 
 def importable(fmt: str) -> bool:
     """Whether the framework a checker runs can be imported here."""
     module = {"megatron": "megatron.training.arguments", "torchtitan": "torchtitan.config",
-              "sglang": "sglang.srt.server_args", "vllm": "vllm.engine.arg_utils"}[fmt]
+              "sglang": "sglang.srt.server_args", "vllm": "vllm.engine.arg_utils",
+              "deepspeed": "megatron.arguments"}[fmt]
     try:
         import_module(module)
     except Exception:  # not installed, or installed without what it needs to import
