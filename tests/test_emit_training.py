@@ -82,6 +82,7 @@ def priced(problem: Problem, fmt: str) -> LaunchedModel:
         rotary_percent=pos.rotary_percent, rope_scaling_factor=pos.scaling.factor if pos.scaling else None,
         precision=task.precision, flash_attention=stack.flash_attention,
         fp8_params=stack.fp8_params and task.precision in ("fp8", "mxfp8"),  # priced only for FP8 tasks
+        optimizer_dtype=stack.optimizer_dtype,
         dropout=stack.dropout,
         # the price assumes grouped expert GEMMs; DeepSpeed-MoE has no such option (one GEMM per expert, not priced)
         grouped_gemm=True if moe and fmt != "deepspeed" else None,
@@ -228,6 +229,9 @@ REFUSED_BY_RULE: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "deepspeed.batch": ("deepspeed", {"dp": 8, "mbs": 3}, {}),
     "megatron.fp8-param-gather": ("megatron", {"dp": 8, "zero": 0}, {"precision": "fp8",
                                                                       "stack": {"fp8_params": True}}),
+    "megatron.precision-aware-optimizer": ("megatron", {"dp": 8, "zero": 0}, {"stack": {"optimizer_dtype":
+                                                                                        "bf16-moments"}}),
+    "nemo.precision-aware-optimizer": ("nemo", {"dp": 8, "zero": 1}, {"stack": {"optimizer_dtype": "bf16"}}),
 }
 BASE = {"layers": 16, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn": 2048, "ffn_kind": "swiglu",
         "norm": "rmsnorm", "vocab": 32000}
@@ -448,3 +452,45 @@ def test_bridge_overrides_parse_with_hydra_as_bridge_applies_them() -> None:
     flat = OverridesParser.create().parse_overrides(["model.tensor_model_parallel_size=2"])
     with pytest.raises(Exception, match="tensor_model_parallel_size"):
         ConfigLoaderImpl._apply_overrides_to_config(overrides=flat, cfg=tree(keys))
+
+
+@pytest.mark.parametrize("fmt", TRAINING_FORMATS)
+def test_optimizer_state_precision_is_launched_or_refused(fmt: str) -> None:
+    """stack.optimizer_dtype: bf16 moments launch as Megatron-Core's precision-aware optimizer, which runs only with
+    the distributed optimizer (optimizer_config.py line 434 @5be9626); its master weights are fp32 or fp16
+    (--main-params-dtype, arguments.py line 3506), so all-bf16 states are refused; torchtitan and Megatron-DeepSpeed
+    keep fp32 Adam states, so only fp32 launches there."""
+    for dtype in ("fp32", "bf16-moments", "bf16"):
+        problem = problem_of(BASE, stack={"optimizer_dtype": dtype})
+        for zero in (0, 1, 3):
+            plan = Plan(dp=8, zero=zero)
+            megatron_core = fmt in ("megatron", "nemo")
+            refused_for_dtype = (dtype == "bf16" or (dtype == "bf16-moments" and zero == 0)) if megatron_core \
+                else dtype != "fp32"
+            refused_for_plan = (fmt == "torchtitan" and zero == 1)  # FSDP2: no ZeRO-1
+            if refused_for_dtype or refused_for_plan:
+                with pytest.raises(ProblemError) as err:
+                    emit(problem, plan, fmt)
+                assert "\n" not in str(err.value)
+                if refused_for_dtype and not refused_for_plan:
+                    assert "optimizer_dtype" in str(err.value)
+                continue
+            e = check_round_trip(problem, plan, fmt)
+            assert launched_model(e).optimizer_dtype == dtype
+
+
+def test_the_checkers_catch_bf16_moments_without_the_distributed_optimizer() -> None:
+    """megatron / nemo .precision-aware-optimizer: dropping the distributed optimizer from an emitted bf16-moments
+    configuration is caught by the checker (optimizer_config.py asserts use_distributed_optimizer)."""
+    problem = problem_of(BASE, stack={"optimizer_dtype": "bf16-moments"})
+    mg = emit(problem, Plan(dp=8, zero=1), "megatron")
+    args = [a for a in mg.commands[0].args if a not in ("--use-distributed-optimizer", "--overlap-param-gather")]
+    assert "--use-precision-aware-optimizer" in args
+    no_dist = mg.model_copy(update={"commands": [mg.commands[0].model_copy(update={"args": args})]})
+    assert violations(no_dist) == ["megatron.precision-aware-optimizer"]
+    nemo = emit(problem, Plan(dp=8, zero=1), "nemo")
+    args = [a.replace("ddp.use_distributed_optimizer=true", "ddp.use_distributed_optimizer=false")
+            for a in nemo.commands[0].args]
+    assert "optimizer.use_precision_aware_optimizer=true" in args
+    no_dist = nemo.model_copy(update={"commands": [nemo.commands[0].model_copy(update={"args": args})]})
+    assert "nemo.precision-aware-optimizer" in violations(no_dist)

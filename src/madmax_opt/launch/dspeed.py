@@ -45,13 +45,17 @@ def ds_emit(ctx: Context) -> Emitted:
                                                                           "(uniform, parameters), not by counts"),
         (task.precision in ("fp8", "mxfp8"), f"precision {task.precision}", "no FP8 training path; allowed: bf16, "
                                                                            "fp16"),
+        (ctx.problem.stack.optimizer_dtype != "fp32", f"stack.optimizer_dtype {ctx.problem.stack.optimizer_dtype}",
+         "the bf16 path keeps fp32 master weights and Adam states (BF16_Optimizer: deepspeed/runtime/"
+         "bf16_optimizer.py line 170 @v0.19.5); allowed: fp32"),
         (m.moe is not None and (m.moe.shared_experts > 0 or m.moe.expert_ffn != m.ffn), "this MoE layout",
          "DeepSpeed-MoE experts are ffn_hidden_size wide, without shared experts"),
     ]
     for bad, setting, why in unsupported:
         if bad:
             fields = {"an uneven pipeline (stage_layers)": "stage_layers", "this MoE layout": "model.moe",
-                      f"precision {task.precision}": "task.precision"}
+                      f"precision {task.precision}": "task.precision",
+                      f"stack.optimizer_dtype {ctx.problem.stack.optimizer_dtype}": "stack.optimizer_dtype"}
             raise refuse(FMT, setting, why, field=fields.get(setting))
     if m.heads % p.tp or m.n_kv_heads % p.tp:
         raise rule_refusal(FMT, f"tp={p.tp} with {m.heads} heads / {m.n_kv_heads} KV heads", "deepspeed.heads-tp",

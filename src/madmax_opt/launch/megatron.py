@@ -35,7 +35,7 @@ from madmax_opt.launch.startup import (
     launcher_world,
     positions_of,
 )
-from madmax_opt.model.spec import Plan, Task
+from madmax_opt.model.spec import Plan, Stack, Task
 
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP data_parallel_sharding_strategy per ZeRO stage
 FP8_RECIPE = {"fp8": ("hybrid", "tensorwise"), "mxfp8": ("e4m3", "mxfp8")}  # task precision -> (format, recipe)
@@ -157,9 +157,20 @@ def megatron_refusals(ctx: Context, fmt: str, task: Task) -> None:
     if p.gpus % (p.tp * p.ep * p.pp):
         raise rule_refusal(fmt, f"tp={p.tp} ep={p.ep} pp={p.pp} on {p.gpus} GPUs", f"{rules}.expert-grid",
                               field="ep")
+    # Adam states: bf16 moments via the precision-aware optimizer (distributed optimizer only); no all-bf16 master
+    opt = ctx.problem.stack.optimizer_dtype
+    if opt == "bf16" or (opt == "bf16-moments" and p.zero == 0):
+        raise rule_refusal(fmt, f"stack.optimizer_dtype {opt} with zero={p.zero}", f"{rules}.precision-aware-optimizer",
+                           field="stack.optimizer_dtype")
     if p.vpp > 1 and p.pp == 1:
         raise rule_refusal(fmt, f"vpp={p.vpp} with pp=1", "megatron.interleaved-pp", field="vpp")
     check_positions(fmt, m, ("llama3",))  # --use-rope-scaling / rope_scaling: the Llama-3.1 scaling
+
+
+def bf16_moments_args(switch: str, exp_avg: str, exp_avg_sq: str, stack: Stack) -> list[tuple[str, object]]:
+    """stack.optimizer_dtype bf16-moments: Megatron-Core's precision-aware optimizer with bf16 m and v (fp32 master)."""
+    on = stack.optimizer_dtype == "bf16-moments"
+    return [(switch, on), (exp_avg, "bf16" if on else None), (exp_avg_sq, "bf16" if on else None)]
 
 
 def rope_flags(pos: Positions) -> list[tuple[str, object]]:
@@ -212,6 +223,7 @@ def megatron_emit(ctx: Context) -> Emitted:
         ("--fp16", task.precision == "fp16"), ("--bf16", task.precision != "fp16"),
         ("--fp8-format", fp8[0] if fp8 else None), ("--fp8-recipe", fp8[1] if fp8 else None),
         ("--fp8-param-gather", fp8_params),
+        *bf16_moments_args("--use-precision-aware-optimizer", "--exp-avg-dtype", "--exp-avg-sq-dtype", stack),
         ("--attention-backend", "flash" if stack.flash_attention else "unfused"),
         ("--hidden-dropout", 0.1 if stack.dropout else 0.0), ("--attention-dropout", 0.1 if stack.dropout else 0.0),
         ("--num-layers", m.layers), ("--hidden-size", m.hidden), ("--num-attention-heads", m.heads),
@@ -341,6 +353,8 @@ def nemo_emit(ctx: Context) -> Emitted:
         ("ddp.overlap_grad_reduce", stack.dp_overlap),
         ("ddp.overlap_param_gather", stack.dp_overlap and p.zero >= 1),
         ("mixed_precision", NEMO_PRECISION[task.precision]),
+        *bf16_moments_args("optimizer.use_precision_aware_optimizer", "optimizer.exp_avg_dtype",
+                           "optimizer.exp_avg_sq_dtype", stack),
     ]
     args = ["--recipe", recipe, "--mode", "pretrain"]
     args += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides if v is not None]

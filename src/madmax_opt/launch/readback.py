@@ -40,6 +40,7 @@ class LaunchedModel(Strict):
     rope_scaling_factor: float | None = None  # Llama-3.1 scaling factor; None: unscaled
     precision: str
     fp8_params: bool = False  # FP8 primary weights (stack.fp8_params)
+    optimizer_dtype: str = "fp32"  # Adam states (stack.optimizer_dtype); torchtitan and DeepSpeed: always fp32
     flash_attention: bool
     dropout: bool
     grouped_gemm: bool | None = None  # MoE only: experts of a rank in one grouped GEMM
@@ -75,6 +76,8 @@ def _megatron(v: Mapping[str, object]) -> LaunchedModel:
         rotary_percent=_f(v.get("--rotary-percent", 1.0)),
         rope_scaling_factor=_f(v.get("--rope-scaling-factor", 8.0)) if on("--use-rope-scaling") else None,
         precision=fp8 or ("fp16" if on("--fp16") else "bf16"), fp8_params=on("--fp8-param-gather"),
+        optimizer_dtype="bf16-moments" if on("--use-precision-aware-optimizer")
+        and v.get("--exp-avg-dtype") == v.get("--exp-avg-sq-dtype") == "bf16" else "fp32",
         flash_attention=v.get("--attention-backend") in ("flash", "fused", "auto", None),
         dropout=_f(v.get("--hidden-dropout", 0.1)) > 0,
         grouped_gemm=on("--moe-grouped-gemm") if moe else None,
@@ -109,6 +112,8 @@ def _nemo(m: Mapping[str, str]) -> LaunchedModel:
         rotary_percent=_f(m.get("model.rotary_percent", 1.0)),
         rope_scaling_factor=_f(m["model.rope_scaling_factor"]) if on("rope_scaling") else None,
         precision=NEMO_PRECISIONS[m["mixed_precision"]], fp8_params=m["mixed_precision"] in NEMO_FP8_PARAMS,
+        optimizer_dtype="bf16-moments" if m.get("optimizer.use_precision_aware_optimizer") == "true"
+        and m.get("optimizer.exp_avg_dtype") == m.get("optimizer.exp_avg_sq_dtype") == "bf16" else "fp32",
         flash_attention=m.get("model.attention_backend") in ("flash", "fused", "auto", None),
         dropout=_f(m["model.hidden_dropout"]) > 0,
         grouped_gemm=on("moe_grouped_gemm") if moe else None,

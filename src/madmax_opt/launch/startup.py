@@ -156,6 +156,8 @@ def _megatron_checks() -> dict[str, Check]:
             (x.on("--use-distributed-optimizer") or x.on(fsdp)) and x.on("--overlap-grad-reduce")),
         "megatron.fp8-param-gather": lambda x: not x.on("--fp8-param-gather") or x.on("--use-distributed-optimizer")
         or x.on(fsdp),
+        "megatron.precision-aware-optimizer": lambda x: not x.on("--use-precision-aware-optimizer")
+        or x.on("--use-distributed-optimizer") or x.on(fsdp),
         "megatron.cp-seq-length": lambda x: x.num(cp) == 1 or x.num("--seq-length") % (2 * x.num(cp)) == 0,
         "megatron.tp-comm-overlap-sp": lambda x: not x.on("--tp-comm-overlap") or (
             x.on("--sequence-parallel") and x.num(tp) > 1),
@@ -220,6 +222,8 @@ def _nemo_checks(recipe: Callable[[Launched], str]) -> dict[str, Check]:
         "nemo.fsdp-ckpt-format": lambda x: x.values.get("ddp.use_megatron_fsdp") != "true"
         or x.values.get("checkpoint.ckpt_format") == "fsdp_dtensor",
         "nemo.recipe-comm-overlap": comm_overlap,
+        "nemo.precision-aware-optimizer": lambda x: x.values.get("optimizer.use_precision_aware_optimizer") != "true"
+        or x.values.get("ddp.use_distributed_optimizer") == "true",
         "nemo.heads-tp": lambda x: num(x, "num_attention_heads") % num(x, "tensor_model_parallel_size") == 0,
         "nemo.query-groups-tp": lambda x: _groups_ok(num(x, "num_query_groups"), num(x, "tensor_model_parallel_size")),
         "nemo.experts-ep": lambda x: num(x, "num_moe_experts", 0) % num(x, "expert_model_parallel_size") == 0,

@@ -129,6 +129,10 @@ def titan_emit(ctx: Context) -> Emitted:
         raise refuse(FMT, "stack.fp8_params true", "Float8Linear keeps high-precision weights (mixed_precision_param "
                      "bfloat16 / float32); enable_fsdp_float8_all_gather only casts them for the all-gather "
                      "(config/job_config.py line 732 @73a0e69); allowed: stack.fp8_params false", field="stack.fp8_params")
+    if stack.optimizer_dtype != "fp32":
+        raise refuse(FMT, f"stack.optimizer_dtype {stack.optimizer_dtype}", "the optimizer config has no state dtype: "
+                     "AdamW keeps its states in the fp32 parameters' precision (config/job_config.py lines 133-170 "
+                     "@73a0e69); allowed: fp32", field="stack.optimizer_dtype")
     if task.global_batch % (p.dp * p.mbs):
         raise rule_refusal(FMT, f"mbs={p.mbs} with dp={p.dp}", "torchtitan.global-batch", field="mbs")
     if p.zero == 0 and p.gpus > p.dp:
