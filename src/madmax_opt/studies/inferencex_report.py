@@ -146,8 +146,11 @@ WORST = 10
 
 
 def dominant_term(pp: PreparedPoint, params: ServingParams) -> str:
-    """The largest term of the point's decode-engine TPOT under ``params`` and its share (e.g. 'expert_gemm 41%')."""
+    """The largest term of the point's decode-engine TPOT under ``params`` and its share (e.g. 'expert_gemm 41%');
+    a disaggregated point's decode engine runs no prefills (its pure decode round, as ``_disaggregated`` prices)."""
     step = pp.decode.terms([params]).step
+    if pp.prefill is not None:
+        step = {k: v for k, v in step.items() if k not in ("prefill", "kv_transfer")}
     total = sum(float(v[0]) for v in step.values()) or 1.0
     name = max(step, key=lambda k: float(step[k][0]))
     return f"{name} {float(step[name][0]) / total:.0%}"
