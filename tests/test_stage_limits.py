@@ -1,5 +1,5 @@
-"""The uneven / mixed-stage search honours constraints.min_throughput, deadline_hours and budget_usd as the uniform
-search does (search/stage_limits.py), and names the constraint when none is met (exit 3). 10 layers on 4 stages:
+"""The uneven / mixed-stage search honours constraints.min_throughput, deadline_hours, budget_usd, max_gpus and
+max_cost_per_hour as the uniform search does (search/stage_limits.py), and names the constraint when none is met (exit 3). 10 layers on 4 stages:
 no uniform plan exists, so every returned plan comes from the stage search. The limits are set 0.1 % beyond the
 unconstrained optimum (the solver's per-stage rounding is below 25 us of a ~0.1 s step)."""
 
@@ -63,3 +63,18 @@ def test_budget_binds_the_mixed_stage_search() -> None:
                                                         "1e+09 at the plan's $/h): the cheapest uneven plan's run "
                                                         f"costs ${_run_usd(cheapest):.4g}")):
         _solve(MIXED, budget_usd=_run_usd(cheapest) * 0.999)
+
+
+def test_gpus_and_hourly_cost_limit_the_stage_search() -> None:
+    a100_per_hour = 16 * problem_from_dict(A100).hardware[0].system.price_per_gpu_hour  # 16 GPUs at the list price
+    assert _solve(A100, max_gpus=16)["plan"]["stage_layers"] is not None
+    with pytest.raises(InfeasibleError, match="max_gpus=8: the smallest uneven pipeline has 16 GPUs"):
+        _solve(A100, max_gpus=8)
+    with pytest.raises(InfeasibleError, match=re.escape(f"max_cost_per_hour={a100_per_hour - 1.0}: the cheapest "
+                                                        f"uneven pipeline costs at least ${a100_per_hour:.2f}/h")):
+        _solve(A100, max_cost_per_hour=a100_per_hour - 1.0)
+    fastest = _solve(MIXED)
+    assert fastest["cost_per_hour_usd"] > a100_per_hour  # H100 stages cost more per hour
+    capped = _solve(MIXED, max_cost_per_hour=fastest["cost_per_hour_usd"] - 1.0)
+    assert capped["cost_per_hour_usd"] <= fastest["cost_per_hour_usd"] - 1.0
+    assert capped["tokens_per_s"] < fastest["tokens_per_s"]

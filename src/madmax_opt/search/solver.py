@@ -52,8 +52,9 @@ from madmax_opt.search.objectives import UUSD, integer_objective, training_units
 from madmax_opt.search.prune import ROUNDING_TOLERANCE_S, best_candidates, space_candidates
 from madmax_opt.search.selection import METHOD, select_best
 from madmax_opt.search.space import empty_space_reason
+from madmax_opt.search.stage_explain import explain_uneven
 from madmax_opt.search.stage_limits import step_limits
-from madmax_opt.search.stages import UnevenResult, explain_uneven, solve_uneven
+from madmax_opt.search.stages import UnevenResult, solve_uneven
 
 
 @dataclass

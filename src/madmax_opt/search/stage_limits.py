@@ -1,10 +1,12 @@
-"""The problem's step-time constraints on an uneven / mixed pipeline: min_throughput, deadline_hours, budget_usd.
+"""The problem's constraints on an uneven / mixed pipeline: min_throughput, deadline_hours, budget_usd, max_gpus and
+max_cost_per_hour.
 
 The uniform search (search/solver.py ``limits``) keeps a plan when its rounded step time is at most the step the
 throughput floor allows (``max_step_us``) and its run, priced by ``run_cost_usd`` at that step time, fits the budget.
 The uneven search applies the same two tests to its step time p v T / (p v) (stages.stage_model): both are upper
 limits on the integer objective p v T of a base, given the deployment's $/h (one option: its price x GPUs; mixed
-stages: per_stage x the prices of the stages' systems, fixed by a composition, stages._compositions).
+stages: per_stage x the prices of the stages' systems, fixed by a composition, stages._compositions). max_gpus and
+max_cost_per_hour exclude a deployment as search/assemble.cluster_limits does (GPUs; $/h in integer cents).
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from madmax_opt.analysis.evaluator import Model
 from madmax_opt.core.units import SECONDS_PER_HOUR, US
 from madmax_opt.model.objectives import run_cost_usd
+from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import Constraints, Task
 
 
@@ -27,10 +31,23 @@ class StepLimits:
     train_tokens: float | None = None
     tokens_per_step: float = 1.0
     floor_words: str = ""  # the throughput floor as the problem states it (min_throughput or deadline_hours)
+    max_gpus: int | None = None
+    max_cost_per_hour: float | None = None
 
     @property
     def active(self) -> bool:
-        return self.max_step_us is not None or self.budget_usd is not None
+        return any(x is not None for x in (self.max_step_us, self.budget_usd, self.max_gpus, self.max_cost_per_hour))
+
+    @property
+    def priced(self) -> bool:
+        """Whether a deployment's $/h matters (a budget or a $/h limit)."""
+        return self.budget_usd is not None or self.max_cost_per_hour is not None
+
+    def deployment_ok(self, gpus: int, usd_per_hour: float) -> bool:
+        """max_gpus and max_cost_per_hour as assemble.cluster_limits applies them (integer cents per hour)."""
+        if self.max_gpus is not None and gpus > self.max_gpus:
+            return False
+        return self.max_cost_per_hour is None or round(usd_per_hour * 100) <= round(self.max_cost_per_hour * 100)
 
     def run_usd(self, step_s: float, usd_per_hour: float) -> float:
         """US$ of the run: train_tokens / (tokens/step / step_s) / 3600 s/h hours x $/h (solver.run_usd)."""
@@ -67,13 +84,20 @@ def step_limits(task: Task, constraints: Constraints, tokens_per_step: float,
         words = (f"deadline_hours={constraints.deadline_hours:g} (task.train_tokens {task.train_tokens:.4g} in "
                  f"{constraints.deadline_hours:g} h needs {floor:.4g} tokens/s)" if deadline is not None
                  and deadline >= floor else f"min_throughput={floor:.4g} tokens/s")
-    return StepLimits(max_step_us, constraints.budget_usd, task.train_tokens, tokens_per_step, words)
+    return StepLimits(max_step_us, constraints.budget_usd, task.train_tokens, tokens_per_step, words,
+                      constraints.max_gpus, constraints.max_cost_per_hour)
 
 
-def binding(limits: StepLimits, fastest_s: float | None, cheapest_usd: float | None) -> str:
+def binding(limits: StepLimits, fastest_s: float | None, cheapest_usd: float | None, fewest_gpus: int,
+            least_usd_per_hour: float) -> str:
     """The constraint no uneven plan meets, named with the best value an uneven plan reaches (``fastest_s``: the
-    fastest plan's step; ``cheapest_usd``: the cheapest run)."""
+    fastest plan's step; ``cheapest_usd``: the cheapest run; the smallest pipeline and the least $/h of any)."""
     reasons = []
+    if limits.max_gpus is not None and fewest_gpus > limits.max_gpus:
+        reasons.append(f"max_gpus={limits.max_gpus}: the smallest uneven pipeline has {fewest_gpus} GPUs")
+    if limits.max_cost_per_hour is not None and not limits.deployment_ok(0, least_usd_per_hour):
+        reasons.append(f"max_cost_per_hour={limits.max_cost_per_hour}: the cheapest uneven pipeline costs at least "
+                       f"${least_usd_per_hour:.2f}/h")
     if limits.max_step_us is not None and fastest_s is not None and fastest_s * US > limits.max_step_us:
         reasons.append(f"{limits.floor_words}: the fastest uneven plan reaches {limits.tokens_per_step / fastest_s:.4g} "
                        "tokens/s")
@@ -82,3 +106,14 @@ def binding(limits: StepLimits, fastest_s: float | None, cheapest_usd: float | N
                        f"$/h): the cheapest uneven plan's run costs ${cheapest_usd:.4g}")
     detail = "; ".join(reasons) or "the constraints together exclude every uneven plan"
     return f"no feasible plan meets the constraints (binding constraint: {detail})"
+
+
+def usd_per_hour(model: Model, base: PlanArrays, hws: list[int], counts: dict[int, int] | None) -> float:
+    """$/h of ``base``'s pipeline: its option's price x GPUs, or with stages per hardware choice fixed (mixed),
+    dp tp cp GPUs per stage at each stage's price (evaluator._mixed_hardware); unfixed mixed stages share a price."""
+    pr = model.problem
+    if not pr.space.mixed_stages:
+        return float(model.table.price_per_gpu_hour[int(base.hw[0])] * base.gpus[0])
+    per_stage = int(base.dp[0] * base.tp[0] * base.cp[0])
+    stages = counts or {hws[0]: int(base.pp[0])}
+    return float(sum(pr.hardware[h].system.price_per_gpu_hour * per_stage * k for h, k in stages.items()))

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from madmax_opt.analysis.evaluator import Model, staged_record
+from madmax_opt.analysis.evaluator import Model
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.units import US
 from madmax_opt.model.objectives import Rates
@@ -52,7 +52,7 @@ from madmax_opt.search.cpsat import run as cpsat_run
 from madmax_opt.search.objectives import rate_per_second, training_units
 from madmax_opt.search.space import enumerate_plans
 from madmax_opt.search.stage_bounds import shape_key, strong_bounds
-from madmax_opt.search.stage_limits import StepLimits, binding
+from madmax_opt.search.stage_limits import StepLimits, usd_per_hour
 
 if TYPE_CHECKING:  # imported where a CP-SAT model is built (0.4 s: it pulls in pandas)
     from ortools.sat.python import cp_model
@@ -355,17 +355,6 @@ def _compositions(
     return [({h: int(combos[i][j]) for j, h in enumerate(hws)}, float(per_us[i])) for i in order]
 
 
-def _usd_per_hour(model: Model, base: PlanArrays, hws: list[int], counts: dict[int, int] | None) -> float:
-    """$/h of ``base``'s pipeline: its option's price x GPUs, or with stages per hardware choice fixed (mixed),
-    dp tp cp GPUs per stage at each stage's price (evaluator._mixed_hardware); unfixed mixed stages share a price."""
-    pr = model.problem
-    if not pr.space.mixed_stages:
-        return float(model.table.price_per_gpu_hour[int(base.hw[0])] * base.gpus[0])
-    per_stage = int(base.dp[0] * base.tp[0] * base.cp[0])
-    stages = counts or {hws[0]: int(base.pp[0])}
-    return float(sum(pr.hardware[h].system.price_per_gpu_hour * per_stage * k for h, k in stages.items()))
-
-
 def solve_uneven(
     model: Model,
     incumbent: float,
@@ -404,7 +393,7 @@ def solve_uneven(
         hws = stage_hardware(model, base)
         supply = _stage_supply(model, base, hws)
         shared.append((hws, supply, _compositions(model, base, hws, supply, objective,
-                                                  priced=step_lims.budget_usd is not None)))
+                                                  priced=step_lims.priced)))
     jobs = [shared[i] for i in job_of.ravel().tolist()]
 
     def bounds(j: int) -> list[tuple[float, dict[int, int] | None, float]]:
@@ -473,8 +462,10 @@ def solve_uneven(
             # against the uniform incumbent (rounded once), an uneven plan must win beyond both roundings
             margin_us = 0.0 if best_plan is not None else 0.5 / rate + (float(cand["n_micro"][0]) + int(base.pp[0])
                                                                           + 2) * 0.5
-            pv = int(base.pp[0] * base.vpp[0])
-            cap = step_lims.max_objective(pv, _usd_per_hour(model, base, hws, counts)) if step_lims.active else None
+            pv, hourly = int(base.pp[0] * base.vpp[0]), usd_per_hour(model, base, hws, counts)
+            if not step_lims.deployment_ok(int(base.gpus[0]), hourly):
+                continue  # over max_gpus or max_cost_per_hour: no plan of this composition is admissible
+            cap = step_lims.max_objective(pv, hourly) if step_lims.active else None
             status, step_us, chosen, nb = _solve_base(
                 cand, int(base.pp[0]), model.workload.layers, best_obj / rate - margin_us,
                 opts.with_time_limit(remaining),
@@ -511,24 +502,3 @@ def solve_uneven(
         best_obj if best_plan is not None else None,
         min(best_obj, open_bound),  # every base was solved, pruned by its bound, or is still open
     )
-
-
-def explain_uneven(
-    model: Model, limits: StepLimits, time_limit_s: float, cpsat: CpSatOptions | None = None
-) -> str | None:
-    """When no uneven plan meets ``limits``: the constraint that binds, named with the fastest uneven plan (against
-    the throughput floor) and the cheapest run (against the budget), each found by the uneven search without the
-    limits; None when no uneven plan exists at all (another rule binds)."""
-    best: dict[str, UnevenResult] = {}
-    for objective, wanted in (("throughput", limits.max_step_us), ("cost", limits.budget_usd)):
-        if wanted is not None:
-            best[objective] = solve_uneven(model, np.inf, time_limit_s, objective=objective, cpsat=cpsat)
-    if any(r.plan is None or r.step_us is None for r in best.values()):
-        return None
-    fastest = best.get("throughput")
-    cheapest_usd = None
-    if "cost" in best:
-        r = best["cost"]
-        assert r.plan is not None and r.step_us is not None
-        cheapest_usd = limits.run_usd(r.step_us / US, float(staged_record(model, r.plan)["cost_per_hour_usd"]))
-    return binding(limits, None if fastest is None or fastest.step_us is None else fastest.step_us / US, cheapest_usd)
