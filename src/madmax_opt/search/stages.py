@@ -26,6 +26,10 @@ us of step time, from the registry). A base on one hardware option has one rate,
 rate x T < incumbent. In mixed mode the rate depends on how many stages each system gets; when it does (cost,
 energy), every composition (k_1..k_H stages per system, within supply) is one CP-SAT model with those counts fixed,
 explored best-first by rate_k x bound and pruned like the bases.
+
+Constraints (``stage_limits.py``): min_throughput / deadline_hours and budget_usd cap p v T per base (CP-SAT
+constraint); max_gpus and max_cost_per_hour exclude a base or composition. The step time is the one linear form of
+``model/step_time.py``, read here in its integer form p v T.
 """
 
 from __future__ import annotations
