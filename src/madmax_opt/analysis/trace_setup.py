@@ -16,14 +16,14 @@ from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.memory import WEIGHT_BYTES
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.problem import Problem
-from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
+from madmax_opt.model.spec import RC, RECOMPUTE_MODES, Plan
 from madmax_opt.model.training import MEMORY_REASON, layer_costs, stage_costs, trainable_layers
 
 # The simulated step time agrees with the closed form within this relative tolerance on the shared validation
 # cases and on random valid plans (results/validation/trace_vs_closed_form.md has the measured distribution).
 TRACE_TOLERANCE = 0.03
 COMPUTE, AG, DP, PP = "compute", "ag", "dp", "pp"
-FULL = RECOMPUTE_MODES.index("full")
+FULL = RC.FULL
 MAX_TRACE_EVENTS = 400_000  # above this, ``events`` falls back to one event per layer pass
 COMPUTE_CATS: tuple[str, ...] = ("compute", "recompute", "overhead", "optimizer")
 HIDDEN_UNDER = {"cp_comm": "attention", "ep_comm": "mlp"}  # ring attention / expert GEMMs; TP hides under both

@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from madmax_opt.core.numeric import Arr
+from madmax_opt.model.spec import RC
 
 WEIGHT_BYTES = 2.0  # bf16 model weights
 # Adam state per trainable parameter, by ``stack.optimizer_dtype``:
@@ -85,8 +86,8 @@ def layer_activation_bytes(
     full_store = tokens * (replicated_per_token / sp_div + tp_sharded_per_token / tp + score_per_token / tp)
     selective = full_store - tokens * score_per_token / tp
     inputs = tokens * input_per_token / sp_div
-    stored = np.select([recompute == 0, recompute == 1], [full_store, selective], inputs)
-    working = np.where(recompute == 2, full_store, 0.0)
+    stored = np.select([recompute == RC.NONE, recompute == RC.SELECTIVE], [full_store, selective], inputs)
+    working = np.where(recompute == RC.FULL, full_store, 0.0)
     return stored, working
 
 

@@ -45,7 +45,7 @@ from madmax_opt.model.compute import (
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.moe import ExpertCosts, expert_costs
 from madmax_opt.model.plan import PlanArrays
-from madmax_opt.model.spec import Stack, Task
+from madmax_opt.model.spec import RC, Stack, Task
 from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
 
 PASSES: tuple[str, ...] = ("fwd", "bwd-input", "bwd-weight", "recompute")
@@ -167,7 +167,7 @@ def layer_ops(
     h = float(m.hidden)
     tokens = mbs * s / cp  # tokens of one micro-batch on one GPU
     sp_div = np.where(sp > 0, tp, 1.0)
-    full_rc = np.where(rc == 2, 1.0, 0.0)
+    full_rc = np.where(rc == RC.FULL, 1.0, 0.0)
     zero = np.zeros_like(dp)
     elem_bytes = 1.0 if low else float(ACT_BYTES)  # GEMM operand size
     rows: list[Op] = []
@@ -243,7 +243,7 @@ def layer_ops(
     # recompute: selective re-runs the unfused attention core and its softmax (flash recomputes inside its bwd);
     # full re-runs the whole forward
     selective = {"attention": attn_fwd * (not stack.flash_attention), "softmax": score_elem}
-    is_sel, is_full = rc == 1, rc == 2
+    is_sel, is_full = rc == RC.SELECTIVE, rc == RC.FULL
     for r in [r for r in rows if r.pass_ == "fwd"]:
         if r.name in selective:
             t_sel = selective[r.name]

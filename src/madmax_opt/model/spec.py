@@ -7,6 +7,7 @@ Everything here is SI units (bytes, seconds, FLOP/s, bytes/s). Catalog names are
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import IntEnum
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
@@ -17,6 +18,15 @@ from madmax_opt.model.objectives import ObjectiveName
 Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32", "int8", "int4", "fp4"]
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+
+
+class RC(IntEnum):
+    """A plan array's recompute code: the index of its mode in RECOMPUTE_MODES."""
+
+    NONE = RECOMPUTE_MODES.index("none")
+    SELECTIVE = RECOMPUTE_MODES.index("selective")
+    FULL = RECOMPUTE_MODES.index("full")
+
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
 
 

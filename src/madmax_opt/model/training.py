@@ -40,7 +40,7 @@ from madmax_opt.model.memory import (
 from madmax_opt.model.ops import exposed_hidden, layer_ops
 from madmax_opt.model.pipeline import in_flight_layer_factor, stage_in_flight
 from madmax_opt.model.plan import PlanArrays
-from madmax_opt.model.spec import Stack, Task
+from madmax_opt.model.spec import RC, Stack, Task
 from madmax_opt.model.step_time import StepForm, step_form
 from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
 
@@ -180,7 +180,7 @@ def layer_costs(
     if stack.framework == "torchtitan" and wl.act_sac_tp_bytes:  # its selective AC is op-level SAC
         sac = op_sac_layer_bytes(tokens, tp, sp, wl.act_sac_replicated_bytes, wl.act_sac_tp_bytes,
                                  wl.act_sac_unsharded_bytes)
-        stored = np.where(rc == 1, sac, stored)
+        stored = np.where(rc == RC.SELECTIVE, sac, stored)
     return LayerCosts(
         plans=plans,
         tiers=tiers,
@@ -269,7 +269,7 @@ def stage_costs(
     layer_hidden = lc.hidden["tp_comm"] + lc.hidden["cp_comm"] + lc.hidden["ep_comm"]
     time["pp_comm"] = lc.pp_comm_s
     # ZeRO-3 / FSDP: gather weights for fwd, bwd (and recompute), reduce-scatter grads, every micro-batch
-    gathers = 2.0 + np.where(lc.plans.recompute == 2, 1.0, 0.0)
+    gathers = 2.0 + np.where(lc.plans.recompute == RC.FULL, 1.0, 0.0)
     zero3_on = (zero >= 3) & (group > 1)
     zero3 = np.where(
         zero3_on,
