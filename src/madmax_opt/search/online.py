@@ -23,7 +23,7 @@ from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.core.units import US
 from madmax_opt.model.inference import INVALID_REASONS, PRECISIONS, ServingArrays
 from madmax_opt.model.problem import Problem
-from madmax_opt.model.queueing import OnlineLatency, ServiceTable, latency, max_rate, service_table
+from madmax_opt.model.queueing import OnlineLatency, ServiceTable, latency, max_rate, meets, service_table
 from madmax_opt.model.spec import InferenceTask
 from madmax_opt.search.assemble import admissible_mask, cluster_limits
 from madmax_opt.search.cpsat import CpSatOptions
@@ -151,23 +151,33 @@ def solve_online(problem: Problem, top_k: int = 1, model: ServingModel | None = 
     lb = bound.gpu_us_per_request
     order = [int(i) for i in np.lexsort((np.arange(len(plans)), lb)) if pre[i]]
     rate = np.zeros(len(plans))
+    searched = np.zeros(len(plans), dtype=bool)  # max rate computed (the others miss a target at the arrival rate)
     found: list[tuple[int, int]] = []  # (objective, index) of admissible candidates evaluated
     evaluated = 0
     for start in range(0, len(order), CHUNK):
         if len(found) >= top_k and lb[order[start]] > sorted(found)[top_k - 1][0]:
             break
         idx = np.array(order[start : start + CHUNK], dtype=np.int64)
-        part = service_table(model.terms, plans.take(idx), model.workload)
-        rate[idx] = max_rate(part, task.latency_targets())
+        part = table.take(idx)
+        # every latency grows with the rate: a plan that misses a target at the arrival rate has max rate below
+        # it (inadmissible), so only the plans meeting every target there are searched (one model call)
+        carries = meets(part, np.full(len(idx), task.arrival_rate) / part.replicas, task.latency_targets())
+        if carries.any():
+            rate[idx[carries]] = max_rate(part.take(np.flatnonzero(carries)), task.latency_targets())
+        searched[idx[carries]] = True
         evaluated += len(idx)
         obj = gpu_us_per_request(plans.gpus[idx], rate[idx])
         found += [(int(o), int(i)) for o, i, r in zip(obj, idx, rate[idx], strict=True) if r >= task.arrival_rate]
     if not found:
+        missed = np.array(order[:evaluated], dtype=np.int64)
+        missed = missed[~searched[missed]]
+        if len(missed):  # the explanation quotes the best max rate
+            rate[missed] = max_rate(table.take(missed), task.latency_targets())
         raise InfeasibleError(_explain(model, OnlineCandidates(plans, table, valid, rate, bound.at_rate)))
     top = [i for _, i in sorted(found)[:top_k]]
     sel = np.array(top, dtype=np.int64)
     sub = plans.take(sel)
-    sub_table = service_table(model.terms, sub, model.workload)
+    sub_table = table.take(sel)
     at_rate = latency(sub_table, np.full(len(sel), task.arrival_rate) / sub_table.replicas)
     oc = OnlineCandidates(sub, sub_table, valid[sel], rate[sel], at_rate)
     records = [record(model, oc, j) for j in range(len(sel))]
