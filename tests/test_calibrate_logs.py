@@ -99,5 +99,5 @@ def test_runs_file_reads_a_log_relative_to_itself(tmp_path: Path) -> None:
 
 
 def test_a_serving_result_given_as_runs_file_says_what_it_is() -> None:
-    with pytest.raises(ProblemError, match=r"a benchmark-serving result .* calibrate fits training runs"):
+    with pytest.raises(ProblemError, match=r"a benchmark-serving result .* alone: .* serving_runs entry"):
         C.read_runs(BENCH)

@@ -28,7 +28,7 @@ def _pct(x: float) -> str:
 
 @app.command("calibrate")
 def calibrate_command(
-    runs: Annotated[Path, typer.Argument(help="measured runs (modern or minimal schema, YAML)", show_default=False)],
+    runs: Annotated[Path, typer.Argument(help="measured runs (modern or minimal schema, and/or serving_runs; YAML)", show_default=False)],
     out: Annotated[Path, typer.Option("--out", "-o", help="overlay file to write")] = Path("cluster.yaml"),
     params: Annotated[
         str | None, typer.Option("--params", help="comma-separated parameters to fit [default: all the runs determine]")
@@ -39,15 +39,19 @@ def calibrate_command(
     from rich.table import Table
 
     from madmax_opt.core.errors import ProblemError
-    from madmax_opt.studies.calibrate import calibrate, overlay_yaml
+    from madmax_opt.studies.calibrate import calibrate, calibrate_serving_file, overlay_yaml
 
     if _same_file(out, runs):
         raise ProblemError(f"{out} is the runs file; allowed: another file (the overlay would overwrite the "
                            "measurements)", field="--out")
     names = [p.strip() for p in params.split(",") if p.strip()] if params else None
     results = calibrate(runs, names)
+    serving = calibrate_serving_file(runs)
+    if names and not results:
+        raise ProblemError("names training parameters, the runs file has no training run; allowed: --params with "
+                           "runs (serving runs fit every serving parameter by their rule)", field="--params")
     try:
-        out.write_text(overlay_yaml(results, runs))
+        out.write_text(overlay_yaml(results, runs, serving))
     except OSError as exc:  # /proc/version: EIO without a file name; a directory; no permission
         raise ProblemError(f"cannot write the overlay: {exc.strerror or exc}; allowed: a writable file path",
                            file=str(out), field="--out") from None
@@ -58,9 +62,23 @@ def calibrate_command(
              "runs": [{"name": run.name, "measured_s": run.measured_s, "before_err": float(b), "after_err": float(a),
                        "loo_err": None if lo != lo else float(lo)}
                       for run, b, a, lo in zip(r.runs, r.before_err, r.fit.error, r.loo_err, strict=True)]}
-            for r in results]}, indent=2))
+            for r in results], "serving": [
+            {**r.entry().model_dump(mode="json", exclude_none=True),
+             "metrics": [{"metric": k, "before_err": r.before_err[k], "after_err": v, "loo_err": r.loo_err.get(k)}
+                         for k, v in r.after_err.items()]}
+            for r in serving]}, indent=2))
         return
     con = console()
+    for sr in serving:
+        gpu, framework = sr.key
+        t = Table(title=f"serving {gpu} / {framework}: {len(sr.runs)} run(s), prior: the pair's {sr.prior_level} "
+                  "calibration", header_style="bold")
+        for c in ("run:metric", "before", "after", "leave-one-out"):
+            t.add_column(c)
+        for k, v in sr.after_err.items():
+            t.add_row(k, _pct(sr.before_err[k]), _pct(v), _pct(sr.loo_err.get(k, float("nan"))))
+        con.print(t)
+        con.print("fitted: " + ", ".join(f"{k} {v:.4g}" for k, v in sr.params.model_dump().items()))
     for r in results:
         gpu, framework = r.key
         t = Table(title=f"{gpu} / {framework}: {len(r.runs)} run(s)", header_style="bold")

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.model.hardware import CalibrationRecord, HardwareOption, StepInterval
+from madmax_opt.model.serving_calibration import FitRecord, ServingParams
 from madmax_opt.model.spec import (
     FRAMEWORK_FAMILY,
     GPU,
@@ -31,6 +32,7 @@ from madmax_opt.model.spec import (
     FamilyCalibration,
     Framework,
     FrameworkCalibration,
+    ServingFrameworkName,
     Strict,
 )
 
@@ -45,11 +47,41 @@ class OverlayEntry(FrameworkCalibration):
     framework: Framework
 
 
+class ServingOverlayFit(FitRecord):
+    """The record of a serving fit to a user's runs (``studies.serving_calibrate``): FitRecord's fields (residuals:
+    ln(predicted / measured) of every metric in sample) plus what the fit started from and its leave-one-run-out
+    errors."""
+
+    prior: str = Field(description="the calibration the fit started from (and is pulled towards)")
+    metrics: list[str] = Field(default_factory=list, description="run:metric of each residual, in order")
+    loo_median_err: float | None = Field(None, description="median |error| of each run's metrics predicted by the "
+                                         "fit of the other runs (None: a single run)")
+    loo_errors: list[float] = Field(default_factory=list, description="predicted / measured - 1 per metric, left out")
+
+
+class ServingOverlayEntry(Strict):
+    """One fitted (GPU, serving framework) calibration of an overlay file: it replaces the catalog's entry of the
+    pair in data/serving_calibration.yaml for the problems that name the overlay."""
+
+    gpu: str
+    framework: ServingFrameworkName
+    params: ServingParams
+    fit: ServingOverlayFit
+
+
 class Overlay(Strict):
-    """An overlay file written by ``madmax-opt calibrate``."""
+    """An overlay file written by ``madmax-opt calibrate``: training fits (``calibrations``) and serving fits
+    (``serving``); at least one entry."""
 
     kind: Literal["madmax-opt calibration overlay"] = "madmax-opt calibration overlay"
-    calibrations: list[OverlayEntry] = Field(min_length=1)
+    calibrations: list[OverlayEntry] = Field(default_factory=list)
+    serving: list[ServingOverlayEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> Overlay:
+        if not self.calibrations and not self.serving:
+            raise ValueError("no entry; allowed: at least one entry in calibrations (training) or serving")
+        return self
 
 
 @cache

@@ -22,6 +22,7 @@ from madmax_opt.model.family_name import serving_task, training_task
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.objectives import OBJECTIVES
 from madmax_opt.model.problem import Problem
+from madmax_opt.model.serving_calibration import serving_framework
 from madmax_opt.model.spec import (
     FRAMEWORKS,
     GPU,
@@ -78,7 +79,8 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
     if pf.calibration is not None:
         overlay_path = (Path(source).parent if source != "<inline>" else Path(".")) / pf.calibration
         overlay = load_overlay(overlay_path, file=source)
-        check_overlay(overlay, options=options, framework=pf.stack.framework, training=train is not None,
+        framework = pf.stack.framework if train is not None else serving_framework(pf.stack, file=source)
+        check_overlay(overlay, options=options, framework=framework, training=train is not None,
                       file=source, overlay_file=str(overlay_path))
     if train is not None:  # the training (GPU, framework) fit prices the plan (serving: serving_calibration)
         options = calibration.apply(options, pf.stack.framework, overlay)
@@ -127,7 +129,7 @@ def problem_from_dict(data: dict[str, Any], source: str = "<inline>") -> Problem
         constraints=pf.constraints,
         baseline=pf.baseline,
         source=source,
-        serving=serving_data() if serve is not None else None,
+        serving=serving_data(overlay) if serve is not None else None,
     )
 
 

@@ -11,8 +11,14 @@ from pydantic import ValidationError
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
+from madmax_opt.io.calibration import Overlay
 from madmax_opt.io.yaml_files import SAFE_LOADER
-from madmax_opt.model.serving_calibration import ServingCatalog, ServingData
+from madmax_opt.model.serving_calibration import (
+    FitRecord,
+    ServingCalibrationEntry,
+    ServingCatalog,
+    ServingData,
+)
 
 CATALOG_FILE = "serving_calibration.yaml"
 
@@ -26,6 +32,14 @@ def serving_catalog() -> ServingCatalog:
         raise ProblemError(str(exc).splitlines()[0], file=f"catalog {CATALOG_FILE}") from None
 
 
-def serving_data() -> ServingData:
-    """The serving calibration catalog and the GPU catalog, as an inference problem carries them."""
-    return ServingData(catalog=serving_catalog(), catalog_gpus=catalog.gpus())
+def serving_data(overlay: Overlay | None = None) -> ServingData:
+    """The serving calibration catalog and the GPU catalog, as an inference problem carries them; the serving
+    entries of ``overlay`` (``madmax-opt calibrate`` on serving runs) replace the catalog's fit of their pairs."""
+    cat = serving_catalog()
+    if overlay is not None and overlay.serving:
+        mine = {(e.gpu, e.framework) for e in overlay.serving}
+        fits = [ServingCalibrationEntry(gpu=e.gpu, framework=e.framework, params=e.params,
+                                        fit=FitRecord(**e.fit.model_dump(include=set(FitRecord.model_fields))))
+                for e in overlay.serving]
+        cat = cat.model_copy(update={"entries": [e for e in cat.entries if (e.gpu, e.framework) not in mine] + fits})
+    return ServingData(catalog=cat, catalog_gpus=catalog.gpus())

@@ -20,6 +20,9 @@ Every run is checked as ``solve`` checks a problem and a plan: the problem throu
 through the evaluator's validity rules (an invalid plan is refused; a plan the memory model says does not fit is
 kept, with a note, since it ran). Two measurements of one run must agree within MEASURE_TOLERANCE.
 
+Serving runs (``serving_runs:``, measured throughput / TTFT / TPOT or a benchmark-serving JSON) are fitted by
+``studies.serving_calibrate`` into the overlay's ``serving`` entries.
+
 Output: an overlay file (``io.calibration.Overlay``) that problem files name with ``calibration: FILE``.
 """
 
@@ -48,6 +51,7 @@ from madmax_opt.model.spec import Framework, FrameworkCalibration, FrameworkFit,
 from madmax_opt.model.training import INVALID_REASONS
 from madmax_opt.studies import fit as fit_mod
 from madmax_opt.studies.fit import FIT_PARAMS, Run
+from madmax_opt.studies.serving_calibrate import ServingPairResult, calibrate_serving
 
 Key = tuple[str, str]
 TRAINING_FRAMEWORKS: tuple[str, ...] = get_args(Framework)  # the frameworks a training calibration exists for
@@ -266,12 +270,24 @@ def read_runs(path: Path) -> tuple[list[Run], Notes]:
                                f"one case of {', '.join(TRAINING_FRAMEWORKS)}", file=str(path), field="cases")
         return runs, notes
     if isinstance(data, dict) and "mean_tpot_ms" in data and "completed" in data:
-        raise ProblemError("a benchmark-serving result (vllm bench serve / sglang.bench_serving); calibrate fits "
-                           "training runs; allowed: a runs file (minimal or modern schema)", file=str(path))
+        raise ProblemError("a benchmark-serving result (vllm bench serve / sglang.bench_serving) alone: it does not "
+                           "say the model, plan and hardware it ran; allowed: a runs file whose serving_runs entry "
+                           "names it (measured: {bench: FILE})", file=str(path))
+    if isinstance(data, dict) and "serving_runs" in data:  # serving runs: studies.serving_calibrate
+        rest = {k: v for k, v in data.items() if k != "serving_runs"}
+        return minimal_runs(rest, str(path)) if rest else ([], [])
     if not isinstance(data, dict) or "runs" not in data:
-        raise ProblemError("expected a mapping with runs (minimal schema) or cases and model_catalog (modern schema)",
-                           file=str(path))
+        raise ProblemError("expected a mapping with runs (minimal schema), serving_runs, or cases and model_catalog "
+                           "(modern schema)", file=str(path))
     return minimal_runs(data, str(path))
+
+
+def calibrate_serving_file(path: Path) -> list[ServingPairResult]:
+    """The serving fits of a runs file's ``serving_runs`` (none without them)."""
+    data = read_yaml(path, what="runs file")
+    if isinstance(data, dict) and "serving_runs" in data:
+        return calibrate_serving(data, str(path))
+    return []
 
 
 def _check_params(runs: Sequence[Run], params: Sequence[str] | None, file: str, bases: fit_mod.Bases) -> list[str]:
@@ -365,8 +381,10 @@ def calibrate(path: Path, params: Sequence[str] | None = None) -> list[PairResul
     return out
 
 
-def overlay_yaml(results: Sequence[PairResult], runs_file: Path) -> str:
-    """The overlay file text (validated by io.calibration.Overlay before it is written)."""
-    overlay = Overlay(kind=OVERLAY_KIND, calibrations=[r.entry() for r in results])
+def overlay_yaml(results: Sequence[PairResult], runs_file: Path, serving: Sequence[ServingPairResult] = ()) -> str:
+    """The overlay file text (validated by io.calibration.Overlay before it is written): the training fits under
+    ``calibrations``, the serving fits under ``serving``."""
+    overlay = Overlay(kind=OVERLAY_KIND, calibrations=[r.entry() for r in results],
+                      serving=[r.entry() for r in serving])
     body = yaml.safe_dump(overlay.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110)
     return f"# written by madmax-opt calibrate from {runs_file}; name it in a problem file as `calibration: FILE`\n" + body
