@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, fields, replace
-from functools import cache
+from functools import cache, cached_property
 
 import numpy as np
 from numpy.typing import NDArray
@@ -87,17 +87,25 @@ class ServiceTable:
         """E[o] - 1: decode iterations a request spends in the running batch."""
         return float(np.sum(self.shares * (self.outputs - 1.0)))
 
+    @cached_property
+    def _segments(self) -> tuple[Arr, Arr, Arr, NDArray[np.int64]]:
+        """The grid flattened, the slope of each grid interval (N, G - 1) and each row's offset into the flat
+        grid: computed once per table (``decode_s`` runs in every step of the model's bisections)."""
+        g, t = self.n_grid, self.t_grid
+        dn = g[:, 1:] - g[:, :-1]
+        slopes = np.where(dn > 0, (t[:, 1:] - t[:, :-1]) / np.where(dn > 0, dn, 1.0), 0.0)
+        return np.ravel(g), np.ravel(t), np.ravel(slopes), np.arange(len(g), dtype=np.int64) * (g.shape[1] - 1)
+
     def decode_s(self, n: Arr) -> tuple[Arr, Arr]:
         """t_dec(n) by linear interpolation on the grid (n >= 1; clamped to the grid) and its slope d t / d n."""
         g = self.n_grid
-        n = np.clip(n, g[:, 0], g[:, -1])
-        idx = np.clip(np.sum(g <= n[:, None], axis=1) - 1, 0, g.shape[1] - 2)
-        rows = np.arange(len(n))
-        n0, n1 = g[rows, idx], g[rows, idx + 1]
-        t0, t1 = self.t_grid[rows, idx], self.t_grid[rows, idx + 1]
-        dn = n1 - n0
-        slope = np.where(dn > 0, (t1 - t0) / np.where(dn > 0, dn, 1.0), 0.0)
-        return t0 + slope * (n - n0), slope
+        flat_g, flat_t, slopes, row0 = self._segments
+        n = np.minimum(np.maximum(n, g[:, 0]), g[:, -1])
+        idx = np.minimum(np.maximum(np.sum(g <= n[:, None], axis=1) - 1, 0), g.shape[1] - 2)
+        seg = row0 + idx  # interval idx of each row; its left grid point is at seg + row in the flat grid
+        left = seg + np.arange(len(n))
+        slope = slopes[seg]
+        return flat_t[left] + slope * (n - flat_g[left]), slope
 
     def max_rate_per_replica(self) -> Arr:
         """lambda_max = c / ((E[o] - 1) t_dec(c) + c P): the rate at which the c slots are always busy."""
@@ -380,7 +388,12 @@ def _distributions(st: ServiceTable, rate_per_replica: Arr) -> _Distributions:
     # request has one output token (E[m] = 0) a slot is held for its admission iteration at the cap, S = c P, the
     # limit of equal m_j
     share_of_mean = mo / m_mean if m_mean > 0 else np.ones_like(mo)
-    theta = mgc_tail_rate(lam_s, c, share_of_mean[None, :] * (c / lam_max)[:, None], st.shares)
+    # the wait's decay rate, only where a wait enters a result (wait_p > 1e-9; rows are independent)
+    theta = np.ones_like(lam_s)
+    waits = np.flatnonzero(wait_p > 1e-9)
+    if len(waits):
+        theta[waits] = mgc_tail_rate(lam_s[waits], c[waits],
+                                     share_of_mean[None, :] * (c[waits] / lam_max[waits])[:, None], st.shares)
 
     # 2. TTFT without queue: Y = residual of a length-biased iteration + prefill of the others it admits with
     iota = lam_s * t_dec
