@@ -11,7 +11,14 @@ import pytest
 
 from madmax_opt.io.serving_catalog import serving_catalog
 from madmax_opt.model.inference import accepted_tokens
-from madmax_opt.studies.inferencex import load_points, prepare, prepared_points, raw_rows, to_point
+from madmax_opt.studies.inferencex import (
+    STALL_REASON,
+    load_points,
+    prepare,
+    prepared_points,
+    raw_rows,
+    to_point,
+)
 
 
 def _row(key: str) -> dict[str, Any]:
@@ -73,9 +80,24 @@ def test_mtp_round_time_does_not_depend_on_acceptance() -> None:
 def test_points_name_why_they_cannot_be_posed() -> None:
     points = load_points()
     assert len(points) == 260
-    missing = [p for p in points if p.reason is not None]
+    missing = [p for p in points if p.reason is not None and p.reason != STALL_REASON]
     # only the experimental Qwen3.5 / MiniMax rows name models outside the catalog
     assert all("not in the catalog" in (p.reason or "") and p.source == "experimental" for p in missing)
+
+
+def test_data_quality_rule_flags_stalled_streams_only() -> None:
+    """The broken-run rule: p99 inter-token gap > 20 x the row's median gap, applied to every row (ratios taken from
+    the raw metrics here). ix-0077 (B300 SGLang, 19.1 s p99 gap over a 0.92 s median) is one of them."""
+    flagged = {r["id"] for r in raw_rows()
+               if r["metrics"].get("p99_itl_ms") and r["metrics"].get("median_itl_ms")
+               and r["metrics"]["p99_itl_ms"] / r["metrics"]["median_itl_ms"] > 20.0}
+    assert "ix-0077" in flagged
+    by_rule = {p.id for p in load_points() if p.reason == STALL_REASON}
+    assert by_rule == flagged
+    row = dict(_row("dsr1-b200-sglang-fp4-1024x1024-c8-tp4ep1"))
+    m = row["metrics"]
+    assert to_point({**row, "metrics": {**m, "p99_itl_ms": 20.5 * m["median_itl_ms"]}}).reason == STALL_REASON
+    assert to_point({**row, "metrics": {**m, "p99_itl_ms": 19.5 * m["median_itl_ms"]}}).reason is None
 
 
 @pytest.mark.slow

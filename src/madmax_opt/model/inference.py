@@ -25,6 +25,7 @@ kernel that streams its weights while computing takes max(compute, memory) time;
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,6 +142,31 @@ def layer_pass_s(
         "ep_comm": ep_comm_s(sw.wl, tokens, tp, dev.ep, dev.ep_stride, dev.tiers),
         "overhead": dev.overhead_s,
     }
+
+
+def expected_max_std_normal(n: float) -> float:
+    """E[max of n iid standard normals] = int x n phi(x) Phi(x)^(n-1) dx (numerically, 0 for n = 1)."""
+    if n <= 1.0:
+        return 0.0
+    x = np.linspace(-10.0, 10.0, 4001)
+    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in x]))
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return float(np.sum(x * n * pdf * np.power(cdf, n - 1.0)) * (x[1] - x[0]))
+
+
+def dp_straggler_factor(sw: ServingWorkload, ranks: Arr, seqs_per_rank: Arr) -> Arr:
+    """Attention DP: ``ranks`` attention replicas share one expert pool and step together, so a decode step waits for
+    the rank whose B sequences hold the most KV. A running sequence holds c = p + u keys, u ~ U(0, o) (its decode
+    progress), so the rank's keys have mean B E[c] and sd sqrt(B) sd(c) (sum of B independent sequences, normal
+    approximation), and E[max over n ranks] = B E[c] + z_n sqrt(B) sd(c), z_n = E[max of n standard normals]:
+    factor = 1 + z_n sd(c) / (E[c] sqrt(B)) on the attention's KV time. 1 without attention DP."""
+    mean = sw.mean_context
+    second = sw.running_mean([(r.prompt_len + r.output_len / 2.0) ** 2 + r.output_len ** 2 / 12.0 for r in sw.requests])
+    cv = math.sqrt(max(second - mean * mean, 0.0)) / mean
+    z = np.zeros_like(ranks)
+    for n in np.unique(ranks[ranks > 1]):
+        z = np.where(ranks == n, expected_max_std_normal(float(n)), z)
+    return 1.0 + z * cv / np.sqrt(np.maximum(seqs_per_rank, 1.0))
 
 
 def head_pass_s(sw: ServingWorkload, dev: Device, tokens: Arr) -> Arr:
@@ -300,6 +326,9 @@ def inference_terms(
     # sequence's KV once, after d passes of the one-layer draft module (DeepSeek-V3 report Sec. 2.2 MTP)
     d = float(task.speculative_tokens)
     lay = layer_pass_s(sw, dev, micro * (1.0 + d), context, micro * context, group)
+    # attention DP (ep > tp): the ep / tp replicas sharing an expert pool wait for the one with the most KV
+    straggle = dp_straggler_factor(sw, np.where(dev.ep > tp, dev.ep / tp, 1.0), micro)
+    lay["attention"] = lay["attention"] * straggle
     head = head_pass_s(sw, dev, micro * (1.0 + d))
     hop = p2p(micro * (1.0 + d))
     t_layer = np.sum(list(lay.values()), axis=0)
@@ -318,6 +347,7 @@ def inference_terms(
     step["draft"] = np.zeros_like(decode_s)
     if d > 0:
         draft_layer = layer_pass_s(sw, dev, micro, context, micro * context, group)
+        draft_layer["attention"] = draft_layer["attention"] * straggle
         step["draft"] = d * n_micro * (np.sum(list(draft_layer.values()), axis=0) + head_pass_s(sw, dev, micro))
         decode_s = decode_s + step["draft"]
     # a round emits E = sum_{i=0..d} a^i tokens per sequence (draft i accepted with probability a^i: each draft

@@ -279,7 +279,9 @@ def calibration_columns(
                 in_sample_median_err=fit.in_sample_median_err,
                 loso_median_err=fit.loso_median_err,
             )
-        factors = catalog.interval_factors(level)
+        # a pair flagged uncalibrated takes the interval of the level whose held-out residuals apply to it: its own
+        # fit's held-out error exceeds what the calibrated level's residuals cover, so the pooled (family) width
+        factors = catalog.interval_factors("family" if level == "calibrated" and rec.status != "calibrated" else level)
         labels.append({**rec.model_dump(), "level": level, **({"interval": factors} if factors else {})})
     return CalibrationColumns.of([p for p, _, _ in resolved], catalog.frameworks[framework]), labels
 
