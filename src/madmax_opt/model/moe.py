@@ -21,6 +21,7 @@ import numpy as np
 from madmax_opt.core.numeric import Arr
 from madmax_opt.model.collectives import Tiers, all_to_all_s
 from madmax_opt.model.compute import gemm_time_s
+from madmax_opt.model.groups import Groups
 from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
 
 
@@ -39,10 +40,7 @@ class ExpertCosts:
 def expert_costs(
     wl: TransformerWorkload,
     tokens: Arr,
-    tp: Arr,
-    cp: Arr,
-    dp: Arr,
-    ep: Arr,
+    groups: Groups[Arr],
     sp_div: Arr,
     tiers: Tiers,
     peak: Arr,
@@ -52,8 +50,9 @@ def expert_costs(
 ) -> ExpertCosts:
     """Routed-expert costs for every plan (zeros for dense models)."""
     zeros = np.zeros_like(tokens)
+    tp, cp, ep = groups.tp, groups.cp, groups.ep
     if not wl.moe:
-        return ExpertCosts(zeros, zeros, zeros, dp * cp, tp, zeros, zeros, zeros)
+        return ExpertCosts(zeros, zeros, zeros, groups.gradient, tp, zeros, zeros, zeros)
     copies = tokens * wl.top_k * wl.expert_load_factor
     rows_per_expert = tokens * wl.top_k * ep / wl.num_experts
     fwd, flops, elements = zeros, zeros, zeros
@@ -72,8 +71,8 @@ def expert_costs(
         fwd_gemm_s=fwd,
         a2a_each_s=a2a,
         params=wl.expert_params_per_layer / (tp * ep),
-        group=dp * cp / ep,
-        stride=tp * cp * ep,
+        group=groups.expert_dp,
+        stride=groups.expert_dp_stride,
         fwd_flops=flops,
         operand_elements=elements,
         a2a_bytes=a2a_bytes,

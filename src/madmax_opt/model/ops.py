@@ -42,6 +42,7 @@ from madmax_opt.model.compute import (
     memory_bound_time_s,
     utilization_ceiling,
 )
+from madmax_opt.model.groups import Groups
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.moe import ExpertCosts, expert_costs
 from madmax_opt.model.plan import PlanArrays
@@ -200,7 +201,7 @@ def layer_ops(
             cast_fwd = cast_fwd + cast_time_s(tokens * k_cast, task.precision, hbm_bw)
             cast_bwd = cast_bwd + cast_time_s(tokens * n_cast, task.precision, hbm_bw)
             cast_elements.append((k_cast, n_cast))
-    ex = expert_costs(wl, tokens, tp, cp, dp, ep, sp_div, tiers, mm_peak, mm_eff, half, table.grouped_gemm_ratio[hw])
+    ex = expert_costs(wl, tokens, Groups.of(plans), sp_div, tiers, mm_peak, mm_eff, half, table.grouped_gemm_ratio[hw])
     for pass_ in ("fwd", "bwd-input", "bwd-weight"):
         for name, flops_of, bytes_of, t_gemm in gemms:
             row(name, pass_, "compute", "gemm", "gemm", flops_of, bytes_of, t_gemm)

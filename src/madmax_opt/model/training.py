@@ -28,6 +28,7 @@ from madmax_opt.model.compute import (
     gemm_time_s,
     memory_bound_time_s,
 )
+from madmax_opt.model.groups import Groups
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.memory import (
     OPTIMIZER_STATE_BYTES,
@@ -210,7 +211,7 @@ def layer_costs(
         pp_comm_s=pp_comm,
         emb_trainable=1.0 if wl.trains_embedding else 0.0,
         grad_bytes=4.0 if stack.grad_reduce_dtype == "fp32" else 2.0,
-        dp_group=dp * cp,  # gradients are reduced (and ZeRO shards) over dp x cp
+        dp_group=Groups.of(plans).gradient,  # gradients are reduced (and ZeRO shards) over dp x cp
         zero3_layer_buffers=np.where(plans.zero >= 3, 2.0 * 2.0 * (wl.params_per_layer / tp + ex.params), 0.0),
         # Megatron-Core + TE caches each weight's FP8 copy and its transpose for the step; FSDP2 / torchao casts on
         # the fly and keeps no copy (torchao Float8Linear); FP8 primary weights (stack.fp8_params) replace the bf16
@@ -542,6 +543,7 @@ def invalid_codes(
     """The first violated validity rule per plan (0 = valid); see INVALID_REASONS."""
     m = wl.model
     tp, pp, vpp, cp = plans.tp, plans.pp, plans.vpp, plans.cp
+    gradient_group = Groups.of(plans).gradient  # dp x cp
     node = table.tier_size[0][plans.hw]
     node = np.where(np.isinf(node), 1 << 30, node).astype(np.int64)
     checks = [
@@ -552,9 +554,9 @@ def invalid_codes(
         (5, (vpp > 1) & ((pp == 1) | (np.round(n_micro).astype(np.int64) % pp != 0))),
         (6, (cp > 1) & (wl.seq_len % (2 * cp) != 0)),
         (7, (plans.sp > 0) & (tp == 1)),
-        (8, (plans.zero > 0) & (plans.dp * cp == 1)),
+        (8, (plans.zero > 0) & (gradient_group == 1)),
         (9, (node % tp != 0) & (tp % node != 0)),
-        (12, (wl.num_experts % plans.ep != 0) | ((plans.dp * cp) % plans.ep != 0) if wl.moe else plans.ep != 1),
+        (12, (wl.num_experts % plans.ep != 0) | (gradient_group % plans.ep != 0) if wl.moe else plans.ep != 1),
         (MEMORY_REASON, mem_total > capacity),
     ]
     code = np.zeros(len(plans), dtype=np.int64)

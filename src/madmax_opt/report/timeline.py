@@ -27,6 +27,7 @@ from madmax_opt.analysis.trace_result import Simulation
 from madmax_opt.analysis.trace_setup import MAX_TRACE_EVENTS, TRACE_TOLERANCE
 from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.io.problem import load_problem, problem_from_dict
+from madmax_opt.model.groups import Groups
 from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
@@ -202,9 +203,10 @@ def random_plans(per_problem: int = RANDOM_PER_PROBLEM, seed: int = RANDOM_SEED)
 
 def plan_class(plan: Plan) -> str:
     """The mechanism class of a plan (what the simulation models beyond the closed form)."""
-    if plan.zero >= 3 and plan.dp * plan.cp > 1:
+    gradient_group = Groups.of_plan(plan).gradient  # dp x cp
+    if plan.zero >= 3 and gradient_group > 1:
         return "ZeRO-3"
-    if plan.dp * plan.cp > 1:
+    if gradient_group > 1:
         return "DP gradient sync (ZeRO 0-2)"
     return "no data parallelism"
 
