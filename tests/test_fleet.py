@@ -222,3 +222,16 @@ def test_required_job_without_room_is_infeasible() -> None:
     inp = allocate.AllocationInput(2, (4,), options, "min", (True, True), (0, 1))
     assert allocate.solve_allocation(inp).status == "infeasible"
     assert allocate.brute_force(inp) is None
+
+
+def test_fleet_objectives_come_from_the_one_registry() -> None:
+    """The fleet file accepts exactly the registered fleet objectives, its schema describes each from the registry,
+    and the minimised ones (every job placed, hours needed) are cost and energy, the plan objectives of that name."""
+    from madmax_opt.model.objectives import FLEET_OBJECTIVES, OBJECTIVES
+
+    field = FleetFile.model_json_schema()["properties"]["objective"]
+    assert field["enum"] == list(FLEET_OBJECTIVES)
+    assert all(f"{o.name}: {o.summary}" in field["description"] for o in FLEET_OBJECTIVES.values())
+    assert {n for n, o in FLEET_OBJECTIVES.items() if o.sense == "min"} == {"cost", "energy"}
+    assert {n for n, o in FLEET_OBJECTIVES.items() if o.needs_hours and o.places_every_job} == {"cost", "energy"}
+    assert all(o.plan_objective is None or o.plan_objective in OBJECTIVES for o in FLEET_OBJECTIVES.values())

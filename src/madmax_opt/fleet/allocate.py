@@ -30,7 +30,7 @@ class Option:
     system: int
     nodes: int
     gpus: int
-    score: int  # objective contribution in integer units (see ``fleet.solve.SCORE_UNITS``)
+    score: int  # objective contribution in integer units (see ``model.objectives.FLEET_OBJECTIVES``)
     speed: float  # throughput, for the greedy order (fastest first)
     cents_per_hour: int = 0
     cents: int = 0

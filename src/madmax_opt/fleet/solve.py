@@ -22,17 +22,10 @@ from madmax_opt.fleet.allocate import (
 )
 from madmax_opt.fleet.options import JobOption, OptionTable
 from madmax_opt.fleet.spec import Fleet, Job
+from madmax_opt.model.objectives import FLEET_OBJECTIVES
 from madmax_opt.search.cpsat import CpSatOptions
 
-WEIGHT_SCALE = 1000  # weights are scored in thousandths
-SCORE_UNITS = {
-    "throughput": "sum of round(1000 x weight) x floor(tokens/s)",
-    "deadlines": "sum of round(1000 x weight) of placed jobs",
-    "cost": "US cents over every job's duration",
-    "energy": "Wh over every job's duration",
-}
-VALUE_UNITS = {"throughput": "weighted tokens/s", "deadlines": "weight of jobs on time", "cost": "US$",
-               "energy": "kWh"}
+WEIGHT_SCALE = 1000  # weights are scored in thousandths (FLEET_OBJECTIVES[...].score_unit)
 WHAT_IF_TIME_LIMIT_S = 10.0
 MAX_TARGET_CHECKS = 60  # jobs whose targets are each relaxed once to see whether they bind
 
@@ -88,7 +81,7 @@ def credited(job: Job, o: JobOption) -> float:
 
 
 def score(objective: str, job: Job, s: Scored) -> int:
-    """The integer objective contribution of one option (units: SCORE_UNITS)."""
+    """The integer objective contribution of one option (units: FLEET_OBJECTIVES[objective].score_unit)."""
     w = round(job.spec.weight * WEIGHT_SCALE)
     if objective == "throughput":
         return w * math.floor(credited(job, s.option))
@@ -130,13 +123,14 @@ def instance(fleet: Fleet, scored: list[Scored], relaxed: frozenset[int] = froze
         )
         for s in keep
     )
-    must = spec.objective in ("cost", "energy")
+    goal = FLEET_OBJECTIVES[spec.objective]
+    must = goal.places_every_job
     order = sorted(range(len(fleet.jobs)), key=lambda j: _priority(fleet.jobs[j], j))
     inp = AllocationInput(
         jobs=len(fleet.jobs),
         capacity_nodes=tuple(p.nodes for p in fleet.pools),
         options=options,
-        sense="min" if must else "max",
+        sense=goal.sense,
         required=tuple(must or job.spec.required for job in fleet.jobs),
         priority=tuple(order),
         max_cents_per_hour=round(spec.budget.usd_per_hour * 100) if spec.budget.usd_per_hour else None,
@@ -196,7 +190,7 @@ class PoolUse(Record):
 class Binding(Record):
     constraint: str
     detail: str
-    gain: float  # objective improvement (in VALUE_UNITS, positive = better) when it is relaxed
+    gain: float  # objective improvement (in the objective's unit, positive = better) when it is relaxed
 
 
 class WhatIf(Record):
@@ -329,7 +323,7 @@ class FleetRun:
         """How much better value a is than b (positive = better) for the objective's sense."""
         if a is None or b is None:
             return None
-        return b - a if self.fleet.spec.objective in ("cost", "energy") else a - b
+        return b - a if FLEET_OBJECTIVES[self.fleet.spec.objective].sense == "min" else a - b
 
 
 def solve_fleet(run: FleetRun, what_if: bool = True, binding: bool = True) -> FleetResult:
@@ -349,8 +343,8 @@ def solve_fleet(run: FleetRun, what_if: bool = True, binding: bool = True) -> Fl
     kind = fleet.spec.objective
     return FleetResult(
         objective=kind,
-        unit=VALUE_UNITS[kind],
-        score_unit=SCORE_UNITS[kind],
+        unit=FLEET_OBJECTIVES[kind].unit,
+        score_unit=FLEET_OBJECTIVES[kind].score_unit,
         value=value,
         solver=SolverInfo(status=alloc.status, objective=alloc.objective, best_bound=alloc.best_bound, gap=alloc.gap,
                           wall_s=alloc.wall_s, booleans=alloc.booleans, options=len(inst.inp.options), tie_break=alloc.tie_break,

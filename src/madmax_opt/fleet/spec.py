@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Discriminator, Field, PositiveInt, Tag
 
@@ -21,6 +21,7 @@ from madmax_opt.io.problem_file import ModelRef, SystemRef, TaskRef
 from madmax_opt.io.validate import validate
 from madmax_opt.io.yaml_files import read_yaml
 from madmax_opt.model.family_name import FamilyName
+from madmax_opt.model.objectives import FLEET_OBJECTIVES, FleetObjectiveName
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import GPU, Constraints, Space, Stack, Strict, System
 
@@ -32,7 +33,6 @@ WHAT_IF_GPUS = (256, 512, 1024)
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
-FleetObjective = Literal["throughput", "cost", "energy", "deadlines"]
 
 
 class FleetSystem(Strict):
@@ -107,9 +107,8 @@ class FleetFile(Strict):
 
     systems: Annotated[dict[Name, FleetSystem], Field(min_length=1, max_length=MAX_SYSTEMS)]
     jobs: Annotated[dict[Name, FleetJob], Field(min_length=1, max_length=MAX_JOBS)]
-    objective: FleetObjective = Field("throughput", description="throughput: max sum of weight x throughput; "
-                                      "cost / energy: min total over every job (all placed); deadlines: max "
-                                      "weight of jobs placed meeting their deadlines and targets")
+    objective: FleetObjectiveName = Field("throughput", description="; ".join(
+        f"{o.name}: {o.summary}" for o in FLEET_OBJECTIVES.values()))
     horizon_h: float | None = Field(None, gt=0.0, le=1e6, description="hours serving jobs (and training jobs "
                                     "without a budget) run, for cost and energy")
     budget: Budget = Budget()
@@ -265,7 +264,7 @@ def _job(name: str, j: FleetJob, spec: FleetFile, pools: tuple[Pool, ...], base:
         mean_output = sum(r.output_len * r.weight for r in shapes) / sum(r.weight for r in shapes)
         # sustained load: output tokens/s = requests/s x mean output tokens per request (no queueing model)
         floor = max(floor or 0.0, j.arrival_rate_rps * mean_output)
-    needs_hours = spec.objective in ("cost", "energy") or spec.budget.usd is not None
+    needs_hours = FLEET_OBJECTIVES[spec.objective].needs_hours or spec.budget.usd is not None
     if needs_hours and tokens is None and samples is None and (j.duration_h or spec.horizon_h) is None:
         what = "duration_h (or the fleet's horizon_h)" if serving else "train_tokens, train_samples or horizon_h"
         raise ProblemError(f"objective {spec.objective} (or budget.usd) needs how long the job runs; allowed: "

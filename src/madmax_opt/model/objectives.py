@@ -122,6 +122,50 @@ OBJECTIVES: dict[str, Objective] = {
 assert tuple(OBJECTIVES) == get_args(ObjectiveName), "ObjectiveName and OBJECTIVES must list the same names"
 
 
+FleetObjectiveName = Literal["throughput", "cost", "energy", "deadlines"]
+
+
+@dataclass(frozen=True)
+class FleetObjective:
+    """A fleet's objective (``madmax-opt fleet``): a sum over the placed jobs of one quantity per job, maximised or
+    minimised, in a human unit (``unit``, reports) and in the integers the allocation's CP-SAT model sees
+    (``score_unit``). ``plan_objective``: the plan objective each job's quantity is the total of, where there is one
+    (the fleet's option searches all pick the fastest plan; cost and energy are then summed over each job's hours)."""
+
+    name: FleetObjectiveName
+    sense: Literal["max", "min"]
+    summary: str  # in words, for the fleet file's schema
+    unit: str
+    score_unit: str
+    plan_objective: ObjectiveName | None = None
+
+    @property
+    def places_every_job(self) -> bool:
+        """A minimised total only means something with every job in it (placing none would cost nothing)."""
+        return self.sense == "min"
+
+    @property
+    def needs_hours(self) -> bool:
+        """A total over each job's duration needs how long every job runs."""
+        return self.plan_objective in ("cost", "energy")
+
+
+FLEET_OBJECTIVES: dict[str, FleetObjective] = {
+    o.name: o
+    for o in (
+        FleetObjective("throughput", "max", "max sum of weight x throughput", "weighted tokens/s",
+                       "sum of round(1000 x weight) x floor(tokens/s)", "throughput"),
+        FleetObjective("cost", "min", "min total US$ over every job (all placed)", "US$",
+                       "US cents over every job's duration", "cost"),
+        FleetObjective("energy", "min", "min total kWh over every job (all placed)", "kWh",
+                       "Wh over every job's duration", "energy"),
+        FleetObjective("deadlines", "max", "max weight of jobs placed meeting their deadlines and targets",
+                       "weight of jobs on time", "sum of round(1000 x weight) of placed jobs"),
+    )
+}
+assert tuple(FLEET_OBJECTIVES) == get_args(FleetObjectiveName), "FleetObjectiveName and FLEET_OBJECTIVES must agree"
+
+
 def objective(name: str) -> Objective:
     """The registered objective ``name`` (an unknown name is rejected when a problem file is loaded)."""
     if name not in OBJECTIVES:
@@ -135,6 +179,6 @@ def objective_values(name: str, rates: Rates) -> Arr:
 
 
 __all__ = [
-    "OBJECTIVES", "IntegerUnit", "Objective", "ObjectiveName", "Rates", "energy_mwh", "objective", "objective_values",
-    "run_cost_usd", "usd_per_million_units",
+    "FLEET_OBJECTIVES", "OBJECTIVES", "FleetObjective", "FleetObjectiveName", "IntegerUnit", "Objective",
+    "ObjectiveName", "Rates", "energy_mwh", "objective", "objective_values", "run_cost_usd", "usd_per_million_units",
 ]
