@@ -14,14 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from madmax_opt.model.dlrm_spec import DLRMPlan
 from madmax_opt.model.family_name import FamilyName
 from madmax_opt.model.problem import DLRMProblem, Problem
 from madmax_opt.model.spec import Plan
-from madmax_opt.search.serving_space import ServingPlan
 from madmax_opt.search.solves import SearchOptions
+
+if TYPE_CHECKING:  # imported when a family's plans are read: a training solve never loads the serving space
+    from madmax_opt.model.dlrm_spec import DLRMPlan
+    from madmax_opt.search.serving_space import ServingPlan
 
 LaunchKind = Literal["training", "serving"]
 
@@ -33,7 +35,7 @@ class Family:
 
     name: FamilyName
     label: str  # the word users read in messages: online problems are serving problems
-    plan_type: type[Plan] | type[DLRMPlan]
+    plan_class: Callable[[], type[Plan] | type[DLRMPlan]]  # its plan type, imported on first use
     launch_kind: LaunchKind | None  # the launch formats it emits; None: none
     solve: Callable[[Any, SearchOptions], dict[str, Any]]  # the JSON object of ``solve --json``
     evaluate: Callable[[Any, Sequence[Any], str], list[Any]]  # (problem, plans, plan file) -> records, in order
@@ -46,9 +48,29 @@ class Family:
     rerank: bool = False  # solve --rerank / --plot: the top-k re-ranked by simulated step time (report/timeline.py)
 
     @property
+    def plan_type(self) -> type[Plan] | type[DLRMPlan]:
+        return self.plan_class()
+
+    @property
     def serving(self) -> bool:
         """Whether its plans are serving plans (steady or online serving)."""
-        return self.plan_type is ServingPlan
+        return self.name in (FamilyName.SERVING, FamilyName.ONLINE)
+
+
+def _training_plan() -> type[Plan]:
+    return Plan
+
+
+def _serving_plan() -> type[ServingPlan]:
+    from madmax_opt.search.serving_space import ServingPlan
+
+    return ServingPlan
+
+
+def _recommender_plan() -> type[DLRMPlan]:
+    from madmax_opt.model.dlrm_spec import DLRMPlan
+
+    return DLRMPlan
 
 
 # ------------------------------------------------------------------------------- the search entry points
@@ -121,13 +143,13 @@ def _verify_online(problem: Problem, o: SearchOptions) -> dict[str, Any]:
 
 
 FAMILIES: dict[FamilyName, Family] = {f.name: f for f in (
-    Family(FamilyName.TRAINING, "training", Plan, "training", _solve_training, _evaluate_training,
+    Family(FamilyName.TRAINING, "training", _training_plan, "training", _solve_training, _evaluate_training,
            _verify_training, sensitivity=True, timeline=True, ops=True, rerank=True),
-    Family(FamilyName.SERVING, "serving", ServingPlan, "serving", _solve_serving, _evaluate_serving,
+    Family(FamilyName.SERVING, "serving", _serving_plan, "serving", _solve_serving, _evaluate_serving,
            _verify_serving, sensitivity=True, timeline=True, pareto=True),
-    Family(FamilyName.ONLINE, "serving", ServingPlan, "serving", _solve_online, _evaluate_online, _verify_online,
+    Family(FamilyName.ONLINE, "serving", _serving_plan, "serving", _solve_online, _evaluate_online, _verify_online,
            sensitivity=True, timeline=True, pareto=True),
-    Family(FamilyName.RECOMMENDER, "recommender", DLRMPlan, None, _solve_recommender, _evaluate_recommender,
+    Family(FamilyName.RECOMMENDER, "recommender", _recommender_plan, None, _solve_recommender, _evaluate_recommender,
            top_k=False),
 )}
 

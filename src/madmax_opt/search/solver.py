@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -52,9 +52,9 @@ from madmax_opt.search.objectives import UUSD, integer_objective, training_units
 from madmax_opt.search.prune import ROUNDING_TOLERANCE_S, best_candidates, space_candidates
 from madmax_opt.search.selection import METHOD, select_best
 from madmax_opt.search.space import empty_space_reason
-from madmax_opt.search.stage_explain import explain_uneven
-from madmax_opt.search.stage_limits import step_limits
-from madmax_opt.search.stages import UnevenResult, solve_uneven
+
+if TYPE_CHECKING:  # the uneven-stage search is imported when a space allows uneven stages
+    from madmax_opt.search.stages import UnevenResult
 
 
 @dataclass
@@ -266,6 +266,10 @@ def solve_records(
         recs = to_records(model, outcome.candidates.plans.take(outcome.top))
         cross_check(outcome, recs)
     if problem.space.uneven_stages:
+        from madmax_opt.search.stage_explain import explain_uneven
+        from madmax_opt.search.stage_limits import step_limits
+        from madmax_opt.search.stages import solve_uneven
+
         incumbent = float(outcome.candidates.objective(problem.objective)[outcome.top[0]]) if outcome else np.inf
         task, cons = problem.training_task, problem.constraints
         step_lims = step_limits(task, cons, float(task.global_batch * model.workload.seq_len),

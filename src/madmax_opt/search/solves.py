@@ -7,17 +7,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from madmax_opt.analysis.evaluator import evaluate
-from madmax_opt.analysis.records import TrainingSolveResult
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.model.problem import Problem
 from madmax_opt.search.cpsat import CpSatOptions
-from madmax_opt.search.robust import with_robust
+
+if TYPE_CHECKING:
+    from madmax_opt.analysis.records import TrainingSolveResult
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ def solve_steady_serving(problem: Problem, o: SearchOptions) -> dict[str, Any]:
 
 def solve_training(problem: Problem, o: SearchOptions) -> dict[str, Any]:
     """Training plans (search/solver.py): best, top-k, baseline and speedup; each system's best with several."""
+    from madmax_opt.analysis.evaluator import evaluate
+    from madmax_opt.search.robust import with_robust
     from madmax_opt.search.solver import solve_records
 
     outcome, records = solve_records(problem, top_k=o.top_k, time_limit_s=o.time_limit_s, workers=o.workers,
