@@ -7,7 +7,7 @@ Everything here is SI units (bytes, seconds, FLOP/s, bytes/s). Catalog names are
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
@@ -84,8 +84,19 @@ class Calibration(Strict):
         return self.model_copy(update=update)
 
 
+class TrainingFramework(StrEnum):
+    """The training frameworks the cost model prices. Compare ``stack.framework`` with these members, never with a
+    bare string: a misspelled member is an AttributeError (and a mypy error), a misspelled string a silent False."""
+
+    MEGATRON_CORE = "megatron-core"
+    TORCHTITAN = "torchtitan"
+    PYTORCH_FSDP = "pytorch-fsdp"
+
+
+# the problem file's field (a Literal keeps its values plain strings in records and dumps); tests/test_frameworks.py
+# checks that it names exactly the TrainingFramework members
 Framework = Literal["megatron-core", "torchtitan", "pytorch-fsdp"]
-FRAMEWORKS: tuple[str, ...] = ("megatron-core", "torchtitan", "pytorch-fsdp")
+FRAMEWORKS: tuple[str, ...] = tuple(f.value for f in TrainingFramework)
 # Software family of each training framework, whose pooled fit prices a GPU without a fit of its own: Megatron-Core
 # (Transformer Engine kernels, distributed optimizer) vs PyTorch-native FSDP (torchtitan: FSDP2; pytorch-fsdp: FSDP1
 # as in llm-foundry; eager PyTorch / torch.compile kernels and SDPA attention).

@@ -41,7 +41,7 @@ from madmax_opt.model.memory import (
 from madmax_opt.model.ops import exposed_hidden, layer_ops
 from madmax_opt.model.pipeline import in_flight_layer_factor, stage_in_flight
 from madmax_opt.model.plan import PlanArrays
-from madmax_opt.model.spec import RC, Stack, Task
+from madmax_opt.model.spec import RC, Stack, Task, TrainingFramework
 from madmax_opt.model.step_time import StepForm, step_form
 from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
 
@@ -178,7 +178,7 @@ def layer_costs(
     stored, working = layer_activation_bytes(
         tokens, tp, sp, rc, wl.act_replicated_bytes, wl.act_tp_sharded_bytes, score_per_token, ACT_BYTES * h
     )
-    if stack.framework == "torchtitan" and wl.act_sac_tp_bytes:  # its selective AC is op-level SAC
+    if stack.framework == TrainingFramework.TORCHTITAN and wl.act_sac_tp_bytes:  # its selective AC is op-level SAC
         sac = op_sac_layer_bytes(tokens, tp, sp, wl.act_sac_replicated_bytes, wl.act_sac_tp_bytes,
                                  wl.act_sac_unsharded_bytes)
         stored = np.where(rc == RC.SELECTIVE, sac, stored)
@@ -217,10 +217,10 @@ def layer_costs(
         # the fly and keeps no copy (torchao Float8Linear); FP8 primary weights (stack.fp8_params) replace the bf16
         # weight by the FP8 copy and its transpose
         weight_copy_bytes=(FP8_WEIGHT_COPY_BYTES.get(task.precision, 0.0) - WEIGHT_BYTES) if (low and stack.fp8_params)
-        else FP8_WEIGHT_COPY_BYTES.get(task.precision, 0.0) * (stack.framework == "megatron-core"),
+        else FP8_WEIGHT_COPY_BYTES.get(task.precision, 0.0) * (stack.framework == TrainingFramework.MEGATRON_CORE),
         # torchtitan all-gathers FP8 weights for Float8 linears (torchao enable_fsdp_float8_all_gather; inferred
         # for the Dec 2024 benchmark, torchtitan docs/float8.md), and so does --fp8-param-gather
-        gather_bytes=1.0 if (low and (stack.framework == "torchtitan" or stack.fp8_params)) else 2.0,
+        gather_bytes=1.0 if (low and (stack.framework == TrainingFramework.TORCHTITAN or stack.fp8_params)) else 2.0,
         expert_params=ex.params,
         expert_group=ex.group,
         expert_stride=ex.stride,
