@@ -6,17 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+
+if TYPE_CHECKING:  # rich.progress is imported only when a bar is drawn (on a terminal)
+    from rich.progress import Progress
 
 
 class Bar:
@@ -49,6 +44,15 @@ def progress_bar(description: str, total: int | None, *, count: bool = True) -> 
     if not err.is_terminal:
         yield Bar(description, None, total)
         return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     if not count:
         columns: tuple[Any, ...] = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     elif total is None:
