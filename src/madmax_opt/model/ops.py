@@ -47,7 +47,7 @@ from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.moe import ExpertCosts, expert_costs
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import RC, Stack, Task
-from madmax_opt.model.workload import ACT_BYTES, TransformerWorkload
+from madmax_opt.model.workload import ACT_BYTES, Gemm, TransformerWorkload
 
 PASSES: tuple[str, ...] = ("fwd", "bwd-input", "bwd-weight", "recompute")
 ROOFLINES: tuple[str, ...] = ("gemm", "grouped-gemm", "attention", "hbm", "collective", "ceiling")
@@ -185,13 +185,17 @@ def layer_ops(
     column_parallel: list[tuple[str, Arr]] = []  # GEMMs whose input TP gathers (QKV, MLP up, router)
     cast_fwd, cast_bwd = zero, zero  # FP8 quantisation of GEMM operands
     cast_elements: list[tuple[Arr | float, Arr | float]] = []  # per GEMM: elements per token cast in fwd, in bwd
-    for g in wl.gemms:
+
+    def priced(g: Gemm) -> tuple[Arr, Arr, Arr, Arr | float, Arr | float]:
+        """FLOPs, time, TP-sharded dimension and local (k, n) of a weight GEMM on one micro-batch on one GPU."""
         sharded = (g.n if g.tp_dim == "n" else g.k) / tp
         other = float(g.k if g.tp_dim == "n" else g.n)
-        dim = np.minimum(np.minimum(tokens, sharded), other)
         flops = tokens * g.flops_per_token / tp
-        t_gemm = gemm_time_s(flops, dim, mm_peak, mm_eff, half)
-        k_loc, n_loc = (other, sharded) if g.tp_dim == "n" else (sharded, other)
+        t = gemm_time_s(flops, np.minimum(np.minimum(tokens, sharded), other), mm_peak, mm_eff, half)
+        return flops, t, sharded, *((other, sharded) if g.tp_dim == "n" else (sharded, other))
+
+    for g in wl.gemms:
+        flops, t_gemm, sharded, k_loc, n_loc = priced(g)
         gemms.append((g.name, _const(flops), _operand_bytes(elem_bytes, tokens, k_loc, n_loc), t_gemm))
         if g.tp_dim == "n":
             column_parallel.append((g.name, t_gemm))
@@ -242,8 +246,12 @@ def layer_ops(
         row("fp8 cast", "bwd-input", "compute", "hbm", "cast", none,
             lambda: ordered_sum(tokens * x * cast_b for _, x in cast_elements), cast_bwd)
     # recompute: selective re-runs the unfused attention core and its softmax (flash recomputes inside its bwd);
-    # full re-runs the whole forward
+    # full re-runs the whole forward. torchtitan's op-level SAC re-runs the block's forward returning the saved
+    # ops' outputs (attention, every odd mm; workload._op_sac_mms): the other mm's, every elementwise op and FP8 cast
+    op_sac = wl.op_sac_applies(stack)
     selective = {"attention": attn_fwd * (not stack.flash_attention), "softmax": score_elem}
+    if op_sac:
+        selective = {"elementwise": elem, "fp8 cast": cast_fwd}
     is_sel, is_full = rc == RC.SELECTIVE, rc == RC.FULL
     for r in [r for r in rows if r.pass_ == "fwd"]:
         if r.name in selective:
@@ -254,6 +262,11 @@ def layer_ops(
         else:
             row(r.name, "recompute", "recompute", r.roofline, r.group, _scaled(r.flops_of, full_rc),
                 _scaled(r.bytes_of, full_rc), np.where(is_full, r.time_s, 0.0))
+    sel_on = np.where(is_sel, 1.0, 0.0)
+    for g in wl.sac_recompute_gemms if op_sac else ():  # each at its own shape (wk is narrow under GQA)
+        flops, t_mm, _, k_loc, n_loc = priced(g)
+        row(f"{g.name} (op sac)", "recompute", "recompute", "gemm", "gemm", _const(flops * sel_on),
+            _scaled(_operand_bytes(elem_bytes, tokens, k_loc, n_loc), sel_on), t_mm * sel_on)
 
     # ---- utilisation ceiling: a layer's compute (fwd + bwd + recompute) takes at least its FLOPs / (task-precision
     # peak x ceiling): the bwd-input row lifts a frozen layer (no weight gradients), the bwd-weight row a trainable one
@@ -285,8 +298,11 @@ def layer_ops(
     coll = {"ranks": tp, "stride": ones}
     row("tp all-reduce x2 (sp: ag + rs)", "fwd", "tp_comm", "collective", "tp", none,
         lambda: 2.0 * act_bytes * tp_on, 2.0 * ar, **coll)
+    # op SAC saves the reduce-scatters' outputs (torchtitan's save list) and re-runs the all-gathers (all-reduces)
+    sac_coll = np.where(is_sel, 1.0, 0.0) * op_sac
+    rc_coll = np.where(with_sp, 2.0 * ag, 2.0 * ar) * sac_coll + 2.0 * ar * full_rc
     row("tp all-reduce x2 (sp: ag + rs)", "recompute", "tp_comm", "collective", "tp", none,
-        lambda: 2.0 * act_bytes * tp_on * full_rc, 2.0 * ar * full_rc, **coll)
+        lambda: 2.0 * act_bytes * tp_on * (full_rc + sac_coll), rc_coll, **coll)
     row("sp output-grad all-gather x2", "bwd-input", "tp_comm", "collective", "tp", none,
         lambda: np.where(with_sp, 2.0, 0.0) * act_bytes * tp_on, np.where(with_sp, 2.0 * ag, 0.0), **coll)
     train_frac = wl.trainable_fraction

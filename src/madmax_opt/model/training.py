@@ -178,7 +178,7 @@ def layer_costs(
     stored, working = layer_activation_bytes(
         tokens, tp, sp, rc, wl.act_replicated_bytes, wl.act_tp_sharded_bytes, score_per_token, ACT_BYTES * h
     )
-    if stack.framework == TrainingFramework.TORCHTITAN and wl.act_sac_tp_bytes:  # its selective AC is op-level SAC
+    if wl.op_sac_applies(stack):  # torchtitan's selective AC is op-level SAC
         sac = op_sac_layer_bytes(tokens, tp, sp, wl.act_sac_replicated_bytes, wl.act_sac_tp_bytes,
                                  wl.act_sac_unsharded_bytes)
         stored = np.where(rc == RC.SELECTIVE, sac, stored)
@@ -439,13 +439,14 @@ def training_terms(
     capacity = table.hbm_bytes[plans.hw] * (1.0 - stack.memory_reserve_fraction)
     invalid = invalid_codes(wl, task, table, plans, lc.n_micro, memory.total, capacity)
     peak = table.peak_flops(task.precision)[plans.hw]
-    rc_flops = layers * _recompute_flops(wl)[plans.recompute]
+    rc_flops = layers * _recompute_flops(wl, stack)[plans.recompute]
     return _step_terms(wl, task, time, hidden, memory, capacity, invalid, plans.gpus, peak, rc_flops)
 
 
-def _recompute_flops(wl: TransformerWorkload) -> Arr:
+def _recompute_flops(wl: TransformerWorkload, stack: Stack) -> Arr:
     """Recomputed forward FLOPs of one layer per token, indexed by recompute mode (0 none, 1 selective, 2 full)."""
-    return np.array([float(wl.recompute_flops_per_layer_token(m)) for m in range(3)])
+    op_sac = wl.op_sac_applies(stack)
+    return np.array([float(wl.recompute_flops_per_layer_token(m, op_sac)) for m in range(3)])
 
 
 def _step_terms(
@@ -525,7 +526,7 @@ def staged_terms(
     if sum(stage_layers) != wl.layers:  # a structural rule: it outranks "does not fit" (emit --force overrides that)
         invalid = np.where((invalid == 0) | (invalid == MEMORY_REASON), 11, invalid)
     peak = np.array([table.peak_flops(task.precision)[hw].mean()])  # equal GPUs per stage
-    rc_flops = np.array([float(np.dot(n_layers, _recompute_flops(wl)[np.asarray(stage_recompute)]))])
+    rc_flops = np.array([float(np.dot(n_layers, _recompute_flops(wl, stack)[np.asarray(stage_recompute)]))])
     return _step_terms(wl, task, time, hidden, memory, capacity, invalid, base.gpus, peak, rc_flops)
 
 

@@ -13,6 +13,7 @@ Conventions (Megatron / Korthikanti et al. 2022, "Reducing Activation Recomputat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from madmax_opt.model.spec import Stack, Task, TransformerModel
 
@@ -74,6 +75,7 @@ class TransformerWorkload:
     act_sac_replicated_bytes: int = 0  # the block input: sharded only by SP
     act_sac_tp_bytes: int = 0  # saved outputs of column-parallel mm's and of the attention kernel: / TP
     act_sac_unsharded_bytes: int = 0  # saved outputs of row-parallel mm's (partial sums before their reduction)
+    sac_recompute_gemms: tuple[Gemm, ...] = ()  # the mm's op-level SAC runs again in backward (every second one)
 
     @property
     def moe(self) -> bool:
@@ -114,11 +116,19 @@ class TransformerWorkload:
         wgrad = (self.layers - self.frozen_layers) * gemm + self.trains_embedding * self.head_flops_per_token
         return 3 * self.layers * self.attn_flops_per_token + 2 * (self.layers * gemm + self.head_flops_per_token) + wgrad
 
-    def recompute_flops_per_layer_token(self, mode: int) -> int:
+    def op_sac_applies(self, stack: Stack) -> bool:
+        """torchtitan's ``selective`` is op-level SAC (its saved set and recompute) where the block is covered."""
+        return stack.framework == "torchtitan" and bool(self.sac_recompute_gemms)
+
+    def recompute_flops_per_layer_token(self, mode: int, op_sac: bool = False) -> int:
         """Forward FLOPs one layer runs again per token under a recompute mode (HFU counts them, MFU does not):
         full (2) = the layer's forward, selective (1) = its unfused attention core (Korthikanti et al. 2022 Sec. 5; flash
-        attention recomputes inside its own backward, priced there), none 0."""
-        selective = self.attn_flops_per_token if self.score_elementwise_bytes_per_key else 0  # flash: inside its bwd
+        attention recomputes inside its own backward, priced there) or, under torchtitan's op-level SAC
+        (``op_sac``), the mm's it does not save (``sac_recompute_gemms``; its attention output is saved); none 0."""
+        if op_sac:
+            selective = sum(g.flops_per_token for g in self.sac_recompute_gemms)
+        else:  # flash: inside its bwd
+            selective = self.attn_flops_per_token if self.score_elementwise_bytes_per_key else 0
         return (0, selective, self.layer_flops_per_token)[mode]
 
 
@@ -225,7 +235,7 @@ def lower(model: TransformerModel, task: Task, stack: Stack) -> TransformerWorkl
 
 def op_sac_bytes(
     model: TransformerModel, h: int, a: int, g: int, dh: int, f: int, swiglu: bool, applies: bool
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """Bytes per token one layer keeps under torchtitan's op-level selective AC (``selective_ac_option = 'op'``,
     its Llama 3 configs' default): the checkpointed block's input, plus the outputs of the ops on its save list,
     aten.mm and the SDPA kernels, except every second mm (torchtitan/parallelisms/parallelize_llama.py
@@ -235,12 +245,22 @@ def op_sac_bytes(
     every token. MoE blocks (grouped expert mm's) and dropout masks are not covered: they keep the Megatron sets."""
     if not applies or model.family != "llm":
         return {}
-    mm = [(a * dh, "tp"), (g * dh, "tp"), (g * dh, "tp"), (h, "row"), (f, "tp")]
-    mm += [(f, "tp"), (h, "row")] if swiglu else [(h, "row")]
-    kept = mm[0::2]  # every second mm is recomputed
-    tp_bytes = ACT_BYTES * (sum(w for w, kind in kept if kind == "tp") + a * dh) + 4 * a  # + SDPA out, fp32 LSE
+    mms = _op_sac_mms(h, a, g, dh, f, swiglu)
+    kept = mms[0::2]  # every second mm is recomputed
+    tp_bytes = ACT_BYTES * (sum(m.n for m in kept if m.tp_dim == "n") + a * dh) + 4 * a  # + SDPA out, fp32 LSE
     return {
         "act_sac_replicated_bytes": ACT_BYTES * h,
         "act_sac_tp_bytes": tp_bytes,
-        "act_sac_unsharded_bytes": ACT_BYTES * sum(w for w, kind in kept if kind == "row"),
+        "act_sac_unsharded_bytes": ACT_BYTES * sum(m.n for m in kept if m.tp_dim == "k"),
+        "sac_recompute_gemms": mms[1::2],
     }
+
+
+def _op_sac_mms(h: int, a: int, g: int, dh: int, f: int, swiglu: bool) -> tuple[Gemm, ...]:
+    """The aten.mm's of a torchtitan Llama 3 block in the order they run: attention wq, wk, wv, wo
+    (torchtitan/models/llama3/model/model.py @73a0e69, Attention.forward), then FeedForward's w2(silu(w1 x) * w3 x):
+    w1, w3, w2 (gelu: w1, w2). Op SAC counts them per block and recomputes the even ones: wk, wo, w3 (gelu: w2)
+    (torchtitan/distributed/activation_checkpoint.py @73a0e69, _apply_op_sac, lines 108-121)."""
+    mlp = (Gemm("w1", h, f, "n"), Gemm("w3", h, f, "n")) if swiglu else (Gemm("w1", h, f, "n"),)
+    return (Gemm("wq", h, a * dh, "n"), Gemm("wk", h, g * dh, "n"), Gemm("wv", h, g * dh, "n"),
+            Gemm("wo", a * dh, h, "k"), *mlp, Gemm("w2", f, h, "k"))
