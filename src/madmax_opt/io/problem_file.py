@@ -11,6 +11,7 @@ from madmax_opt.io.derive import Derive
 from madmax_opt.io.limits import (
     MAX_CLUSTER_SIZES,
 )
+from madmax_opt.model.family_name import task_model_tag
 from madmax_opt.model.spec import (
     Constraints,
     InferenceTask,
@@ -106,14 +107,8 @@ ModelRef = Annotated[
 ]
 
 
-def _task_kind(v: Any) -> str:
-    """Task union discriminator on ``kind``: inference, else a training task (whose kind has a default)."""
-    kind = v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
-    return "inference" if kind == "inference" else "training"
-
-
 TaskRef = Annotated[
-    Annotated[Task, Tag("training")] | Annotated[InferenceTask, Tag("inference")], Discriminator(_task_kind)
+    Annotated[Task, Tag("training")] | Annotated[InferenceTask, Tag("inference")], Discriminator(task_model_tag)
 ]
 
 

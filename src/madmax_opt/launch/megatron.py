@@ -35,6 +35,7 @@ from madmax_opt.launch.startup import (
     launcher_world,
     positions_of,
 )
+from madmax_opt.model.family_name import training_task
 from madmax_opt.model.spec import Plan, Stack, Task
 
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP data_parallel_sharding_strategy per ZeRO stage
@@ -47,8 +48,8 @@ NEMO_RECIPE = {"swiglu": "llama3_70b_pretrain_32gpu_h100_bf16_config",  # silu +
 
 def training_checks(ctx: Context, fmt: str) -> Task:
     """Settings no training format expresses: ViT, fine-tuning recipes, a serving batch, mixed GPU types."""
-    p, m, task = ctx.plan, ctx.model, ctx.problem.task
-    if not isinstance(task, Task):
+    p, m, task = ctx.plan, ctx.model, training_task(ctx.problem.task)
+    if task is None:
         raise refuse(fmt, "an inference task", "a training format; allowed for serving: vllm, sglang, trtllm",
                      field="task.kind")
     if m.family != "llm":

@@ -21,10 +21,10 @@ from numpy.typing import NDArray
 from madmax_opt.core.errors import InfeasibleError, ProblemError
 from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.core.units import US
+from madmax_opt.model.family_name import serving_task
 from madmax_opt.model.inference import INVALID_REASONS, PRECISIONS, ServingArrays
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.queueing import OnlineLatency, ServiceTable, latency, max_rate, meets, service_table
-from madmax_opt.model.spec import InferenceTask
 from madmax_opt.search.assemble import admissible_mask, cluster_limits
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.serving_space import ServingModel, enumerate_serving
@@ -67,8 +67,8 @@ def check_options(problem: Problem, cpsat: CpSatOptions | None, workers: int = 1
         raise ProblemError(f"does not apply to online serving (task.arrival_rate): its search is exhaustive with "
                            f"exact pruning and builds no CP-SAT model; allowed: leave {', '.join(given)} out",
                            file=file, field=given[0])
-    task = problem.task
-    if not isinstance(task, InferenceTask):
+    task = serving_task(problem.task)
+    if task is None:
         return
     outputs = [task.output_len] if task.output_len is not None else [r.output_len for r in (task.mix or [])]
     tpot = [k for k in task.latency_targets() if k.startswith("tpot")]

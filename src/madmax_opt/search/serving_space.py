@@ -113,8 +113,7 @@ class ServingModel:
 
     def __post_init__(self) -> None:
         p = self.problem
-        if not isinstance(p.task, InferenceTask):
-            raise ProblemError("expected kind: inference", file=p.source, field="task.kind")
+        task = p.serving_task  # a training problem is refused in one line (task.kind)
         if p.model.moe is None and p.space.ep not in (None, 1, [1]):
             raise ProblemError(
                 f"expert parallelism needs a mixture-of-experts model ({p.model.name} is dense); allowed: 1",
@@ -129,10 +128,10 @@ class ServingModel:
                     file=p.source,
                     field=f"space.{knob}",
                 )
-        self.task = p.task
-        _check_precisions(p, p.task.precisions(), "task.precision")
+        self.task = task
+        _check_precisions(p, task.precisions(), "task.precision")
         self.framework = serving_framework(p.stack, file=p.source)
-        self.workload = serving_workload(p.model, p.task, p.stack)
+        self.workload = serving_workload(p.model, task, p.stack)
         self.table = HardwareTable(p.hardware)
         self.cal, self.calibration = calibration_columns(p.hardware, self.framework,
                                                          self.catalog or _serving_data(p).catalog)
