@@ -178,16 +178,22 @@ def to_records(
     t = met.terms
     p = model.problem
 
+    # attribution evaluates the plans on slowed copies of the options they use only (a co-design record set
+    # names a few of the problem's hundreds of options); ``local`` indexes those
+    used = np.unique(plans.hw)
+    local = replace(plans, hw=np.searchsorted(used, plans.hw).astype(plans.hw.dtype))
+
     def uniform_at(table: HardwareTable, blocks: int) -> dict[str, Arr]:
-        n = len(p.hardware)
-        many = PlanArrays.concat([replace(plans, hw=plans.hw + b * n) for b in range(blocks)])
+        n = len(used)
+        many = PlanArrays.concat([replace(local, hw=local.hw + b * n) for b in range(blocks)])
         parts = [  # in chunks, like Model.terms: whole-batch temporaries would leave the caches (2.5x per plan)
             training_terms(model.workload, p.training_task, p.stack, table, many.slice(i, i + CHUNK_PLANS)).time
             for i in range(0, len(many), CHUNK_PLANS)
         ]
         return parts[0] if len(parts) == 1 else concat_chunks(parts)
 
-    shares = bottleneck_shares(t, p.hardware, terms_at or uniform_at)
+    shares = (bottleneck_shares(t, p.hardware, terms_at) if terms_at is not None
+              else bottleneck_shares(t, [p.hardware[int(h)] for h in used], uniform_at))
     # every column is converted to Python floats once (O(n)); per-plan indexing of numpy arrays costs ~1 us a
     # scalar, and anything recomputed per access (e.g. a sum of columns) would make this loop quadratic
     mem = {f: t.memory.total if f == "total" else getattr(t.memory, f) for f in ("total", *MEMORY_FIELDS)}
