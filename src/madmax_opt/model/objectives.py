@@ -60,6 +60,12 @@ class Objective:
     training: IntegerUnit
     serving: IntegerUnit | None
     needs_total_units: bool = False
+    worst_case_text: Callable[[float], str] | None = None  # a training value as people read it (None: the unit's)
+
+    def worst_case(self, value: float) -> str:
+        """A training value of this objective as ``solve --robust`` reports the best worst case: the objective's
+        own text, else the value in its unit per token."""
+        return self.worst_case_text(value) if self.worst_case_text else f"at worst {value:.3g} {self.unit} per token"
 
 
 def _throughput(r: Rates) -> Arr:
@@ -86,6 +92,18 @@ def energy_mwh(hours: Any, watts: Any) -> Any:
     return hours * watts / 1e6
 
 
+def _tokens_per_s_text(s_per_token: float) -> str:
+    return f"at worst {1.0 / s_per_token:,.0f} tokens/s"  # s per token of the whole deployment -> tokens/s
+
+
+def _usd_per_million_text(usd_per_token: float) -> str:
+    return f"at worst ${usd_per_token * 1e6:,.3g} per million tokens"
+
+
+def _hours_text(run_s: float) -> str:
+    return f"at worst {run_s / SECONDS_PER_HOUR:,.1f} h to train"
+
+
 def _time_to_train(r: Rates) -> Arr:
     assert r.total_units is not None, "time_to_train needs the task's total work (checked when loading)"
     return r.total_units * r.seconds_per_unit  # s = units x s/unit
@@ -105,14 +123,15 @@ OBJECTIVES: dict[str, Objective] = {
         Objective("throughput", "seconds per token or sample (max throughput; serving: per GPU)", "s", _throughput,
                   IntegerUnit(US, "the step time of the best plan", "s", US, "us per step", BATCH),
                   IntegerUnit(NS, "the GPU time per output token of the best plan", "s", NS, "GPU-ns per token",
-                              "objective", per_step=False)),
+                              "objective", per_step=False), worst_case_text=_tokens_per_s_text),
         Objective("cost", "US$ per token or sample", "$", _cost,
                   IntegerUnit(NUSD, "the cost per step of the best plan", "$", NUSD, "n$ per step", BATCH),
                   IntegerUnit(1e6 * UUSD, "the cost per million output tokens of the best plan", "$", UUSD,
-                              "uUSD per million tokens", "objective", per_step=False)),
+                              "uUSD per million tokens", "objective", per_step=False),
+                  worst_case_text=_usd_per_million_text),
         Objective("time_to_train", "wall time of the whole training run", "s", _time_to_train,
                   IntegerUnit(1e3, "the training time of the best plan", "s", 1e3, "ms of training", RUN,
-                              per_step=False), None, True),
+                              per_step=False), None, True, _hours_text),
         Objective("energy", "joules of wall energy per token or sample", "J", _energy,
                   IntegerUnit(1e3, "the energy per step of the best plan", "J", 1e3, "mJ per step", BATCH),
                   IntegerUnit(1e6, "the energy per output token of the best plan", "J", 1e6, "uJ per output token",

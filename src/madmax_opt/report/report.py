@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from madmax_opt.analysis.records import TrainingRecord
-from madmax_opt.core.units import GB, SECONDS_PER_HOUR
+from madmax_opt.core.units import GB
 from madmax_opt.model.plan_settings import plan_text
 
 
@@ -195,24 +195,15 @@ def print_evaluations(records: list[TrainingRecord], console: Console) -> None:
 def robust_text(robust: dict[str, Any]) -> str:
     """One line: which candidates the error bars cannot tell from the best, and the best worst case
     (search/robust.py; candidates = the top plans, then each system's best)."""
+    from madmax_opt.model.objectives import objective  # the registry's text for the best worst case
+
     k = robust["robust_choice"]
     if k is None:
         return "robust choice: no feasible plan"
     same = ", ".join(str(i + 1) for i in robust["indistinguishable_from_best"])
     how = " (chosen: --robust)" if robust["best_chosen_by"] == "robust worst case" else " (solve --robust picks it)"
     return (f"within the error bars of the best: candidate(s) {same} of {len(robust['value'])}; best worst case: "
-            f"candidate {k + 1} ({_worst_case_text(robust['objective'], robust['worst_case'][k])}){how}")
-
-
-def _worst_case_text(objective: str, value: float) -> str:
-    """A training objective's value (model/objectives.py: s/token, $/token, s of the run, J/token) as people read it."""
-    if objective == "throughput":
-        return f"at worst {1.0 / value:,.0f} tokens/s"  # s per token of the whole deployment -> tokens/s
-    if objective == "cost":
-        return f"at worst ${value * 1e6:,.3g} per million tokens"
-    if objective == "time_to_train":
-        return f"at worst {value / SECONDS_PER_HOUR:,.1f} h to train"
-    return f"at worst {value:.3g} J per token"  # energy
+            f"candidate {k + 1} ({objective(robust['objective']).worst_case(robust['worst_case'][k])}){how}")
 
 
 def search_text(s: Mapping[str, Any]) -> str:
