@@ -386,5 +386,7 @@ def overlay_yaml(results: Sequence[PairResult], runs_file: Path, serving: Sequen
     ``calibrations``, the serving fits under ``serving``."""
     overlay = Overlay(kind=OVERLAY_KIND, calibrations=[r.entry() for r in results],
                       serving=[r.entry() for r in serving])
-    body = yaml.safe_dump(overlay.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110)
+    empty = {k for k in ("calibrations", "serving") if not getattr(overlay, k)}  # a section without an entry
+    body = yaml.safe_dump(overlay.model_dump(mode="json", exclude_none=True, exclude=empty), sort_keys=False,
+                          width=110)
     return f"# written by madmax-opt calibrate from {runs_file}; name it in a problem file as `calibration: FILE`\n" + body
