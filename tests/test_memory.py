@@ -245,8 +245,10 @@ def test_nemo_llama2_70b_sft_on_16_h100_fits_by_hand() -> None:
     h, a, g, dh, f, v, s, t = 8192, 64, 8, 128, 28672, 32000, 4096, 4
     layer = h * (a + 2 * g) * dh + a * dh * h + 3 * h * f + 2 * h  # QKV, proj, SwiGLU MLP, two RMSNorm scales
     stage0 = 20 * layer / t + v * h / t  # 20 layers + the vocab-parallel embedding
-    # per token per layer / t: 8h replicated (SP) + Q, K, V, attention output 2(2 a dh + 2 g dh) + SwiGLU 6f
-    per_layer = s * (2 * 4 * h + 2 * (2 * a * dh + 2 * g * dh) + 6 * f) / t
+    # per token per layer / t: 8h replicated (SP) + Q, K, V, attention output 2(2 a dh + 2 g dh) + SwiGLU 6f; under
+    # FP8 Transformer Engine saves the two LayerNorm outputs (QKV, fc1 inputs) as FP8 shards (-2h), the fc2 input
+    # as FP8 (-f) and an FP8 copy of the proj input beside flash attention's bf16 output (+a dh) (TE v1.9)
+    per_layer = s * (2 * 4 * h - 2 * h + 2 * (2 * a * dh + 2 * g * dh) + a * dh + 6 * f - f) / t
     in_flight = 2 * (4 - 1) + (20 - 1) * 4 + 1  # interleaved warm-up chunks on rank 0 (83), each 1 layer here
     mem = nemo_sft_70b("bf16")["memory_bytes_per_gpu"]
     # FP8 weight + transpose 2 B, bf16 main grads 2 B, bf16 master + m + v 6 B (dp = 1: nothing sharded)

@@ -176,7 +176,8 @@ def layer_costs(
     head_params = wl.head_params or (wl.embedding_params if m.tied_embeddings else 0)
     score_per_token = np.full_like(dp, s * wl.act_score_bytes_per_key)
     stored, working = layer_activation_bytes(
-        tokens, tp, sp, rc, wl.act_replicated_bytes, wl.act_tp_sharded_bytes, score_per_token, ACT_BYTES * h
+        tokens, tp, sp, rc, wl.act_replicated_bytes + wl.fp8_replicated_delta_bytes,
+        wl.act_tp_sharded_bytes + wl.fp8_tp_delta_bytes, score_per_token, ACT_BYTES * h
     )
     if wl.op_sac_applies(stack):  # torchtitan's selective AC is op-level SAC
         sac = op_sac_layer_bytes(tokens, tp, sp, wl.act_sac_replicated_bytes, wl.act_sac_tp_bytes,

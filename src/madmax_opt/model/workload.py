@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from madmax_opt.model.spec import Stack, Task, TransformerModel
+from madmax_opt.model.spec import Stack, Task, TrainingFramework, TransformerModel
 
 ACT_BYTES = 2  # bf16/fp16 activations
 
@@ -76,6 +76,10 @@ class TransformerWorkload:
     act_sac_tp_bytes: int = 0  # saved outputs of column-parallel mm's and of the attention kernel: / TP
     act_sac_unsharded_bytes: int = 0  # saved outputs of row-parallel mm's (partial sums before their reduction)
     sac_recompute_gemms: tuple[Gemm, ...] = ()  # the mm's op-level SAC runs again in backward (every second one)
+    # FP8 under Transformer Engine: saved GEMM inputs change from bf16 to FP8 (``te_fp8_saved_delta_bytes``); signed
+    # per-token changes of the replicated (/SP) and TP-sharded sets, training only (inference keeps the sets above)
+    fp8_replicated_delta_bytes: int = 0
+    fp8_tp_delta_bytes: int = 0
 
     @property
     def moe(self) -> bool:
@@ -118,7 +122,7 @@ class TransformerWorkload:
 
     def op_sac_applies(self, stack: Stack) -> bool:
         """torchtitan's ``selective`` is op-level SAC (its saved set and recompute) where the block is covered."""
-        return stack.framework == "torchtitan" and bool(self.sac_recompute_gemms)
+        return stack.framework == TrainingFramework.TORCHTITAN and bool(self.sac_recompute_gemms)
 
     def recompute_flops_per_layer_token(self, mode: int, op_sac: bool = False) -> int:
         """Forward FLOPs one layer runs again per token under a recompute mode (HFU counts them, MFU does not):
@@ -203,6 +207,8 @@ def lower(model: TransformerModel, task: Task, stack: Stack) -> TransformerWorkl
     if task.frozen_layers > model.layers:
         raise ValueError(f"frozen_layers ({task.frozen_layers}) exceeds the model's {model.layers} layers")
 
+    te_fp8 = task.precision == "fp8" and stack.framework == TrainingFramework.MEGATRON_CORE
+    fp8_repl, fp8_tp = te_fp8_saved_delta_bytes(h, a, dh, f, moe is None) if te_fp8 else (0, 0)
     return TransformerWorkload(
         model=model,
         seq_len=s,
@@ -229,6 +235,8 @@ def lower(model: TransformerModel, task: Task, stack: Stack) -> TransformerWorkl
         top_k=moe.top_k if moe is not None else 0,
         expert_load_factor=load,
         **op_sac_bytes(model, h, a, g, dh, f, swiglu, moe is None and not drop),
+        fp8_replicated_delta_bytes=fp8_repl,
+        fp8_tp_delta_bytes=fp8_tp,
         final_norm_params=norm_width,
     )
 
@@ -254,6 +262,16 @@ def op_sac_bytes(
         "act_sac_unsharded_bytes": ACT_BYTES * sum(m.n for m in kept if m.tp_dim == "k"),
         "sac_recompute_gemms": mms[1::2],
     }
+
+
+def te_fp8_saved_delta_bytes(h: int, a: int, dh: int, f: int, dense: bool) -> tuple[int, int]:
+    """Per-token change of a layer's saved activations when Transformer Engine runs the GEMMs in FP8 (delayed
+    scaling, TE v1.9 @e79d915): LayerNormLinear (QKV; dense fc1) casts the LayerNorm output to FP8 inside the norm
+    and saves that FP8 shard (layernorm_linear.py lines 143-156, 317-327): -h B each, /SP; Linear saves its FP8
+    input (linear.py lines 298-310): fc2's SwiGLU / GELU output, saved by no one else, -f B; proj's input is the
+    attention output, which flash attention keeps in bf16 for its own backward: +a dh B for the FP8 copy. MoE
+    layers: the attention part only (the router and token dispatch read the bf16 norm output)."""
+    return -h * (2 if dense else 1), a * dh - (f if dense else 0)  # (replicated, TP-sharded) bytes per token
 
 
 def _op_sac_mms(h: int, a: int, g: int, dh: int, f: int, swiglu: bool) -> tuple[Gemm, ...]:
