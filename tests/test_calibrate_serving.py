@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import yaml
 
@@ -136,11 +135,11 @@ def test_held_out_error_on_inferencex_runs() -> None:
     """(h200-sxm, vllm, gpt-oss-120b): 13 aggregated InferenceX runs written as user runs; fit on the 7 even ones
     around the universal prior (which saw no run), predict the 6 others. Measured on this commit: median |error|
     0.24 under the prior, 0.09 after the fit; leave-one-run-out over all 13: 0.04 (README)."""
-    check = slice_check("h200-sxm", "vllm", "gpt-oss-120b", serving_catalog().prior)
+    check = slice_check("h200-sxm", "vllm", "gpt-oss-120b", serving_catalog().prior, loo=False)
     assert (check.runs, check.fitted_on) == (13, 7)
+    assert len(check.held) == 3 * (13 - 7)  # throughput, TTFT and TPOT of each held-out run
     before, held = median_err(check.before), median_err(check.held)
     assert held < 0.5 * before
-    assert np.isfinite(median_err(check.loo))
 
 
 def _bad(tmp_path: Path, run: dict[str, Any], *args: str) -> Any:
