@@ -27,7 +27,8 @@ from madmax_opt.studies.serving_calibrate import (
 )
 from test_cli import assert_one_line_error
 
-BENCH = Path(__file__).resolve().parent.parent / "docs" / "examples" / "logs" / "vllm-bench-serve.json"
+EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+BENCH = EXAMPLES / "logs" / "vllm-bench-serve.json"
 GPU, FW = "h100-sxm", "vllm"
 # (model, GPUs, dp, tp, concurrency, prompt, output): dense runs a user could make on one 8-GPU node
 DESIGN = [("llama3-8b", 8, 8, 1, 64, 1024, 256), ("llama3-8b", 8, 4, 2, 256, 2048, 512),
@@ -129,6 +130,15 @@ def test_a_benchmark_json_is_read_as_measured(tmp_path: Path) -> None:
     # the example's output_throughput 3085.5 over 8 GPUs, median TTFT 588.1 ms, median TPOT 19.81 ms, 64 clients
     assert pair.runs[0].measured == pytest.approx({"tput_per_gpu": 3085.5 / 8, "ttft": 0.5881, "tpot": 0.01981})
     assert pair.runs[0].concurrency == 64
+
+
+def test_the_shipped_example_calibrates(tmp_path: Path) -> None:
+    r = run_main("calibrate", EXAMPLES / "serving-runs.yaml", "--out", tmp_path / "cluster.yaml")
+    assert r.returncode == 0, r.stderr
+    overlay = yaml.safe_load((tmp_path / "cluster.yaml").read_text())
+    assert "calibrations" not in overlay
+    assert [(e["gpu"], e["framework"], e["fit"]["runs"]) for e in overlay["serving"]] == [
+        ("h200-sxm", "vllm", 4), ("h100-sxm", "vllm", 1)]
 
 
 def test_held_out_error_on_inferencex_runs() -> None:

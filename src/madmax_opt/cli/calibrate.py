@@ -71,8 +71,8 @@ def calibrate_command(
     con = console()
     for sr in serving:
         gpu, framework = sr.key
-        t = Table(title=f"serving {gpu} / {framework}: {len(sr.runs)} run(s), prior: the pair's {sr.prior_level} "
-                  "calibration", header_style="bold")
+        t = Table(title=f"serving {gpu} / {framework}: {len(sr.runs)} run(s), fitted around the pair's calibration "
+                  f"({sr.prior_level})", header_style="bold")
         for c in ("run:metric", "before", "after", "leave-one-out"):
             t.add_column(c)
         for k, v in sr.after_err.items():
