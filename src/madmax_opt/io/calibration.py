@@ -4,7 +4,8 @@ family's pooled fit, or the prior.
 A GPU's catalog entry holds a prior ``calibration`` (datasheet-based initial values, or the A100 fit) and fitted
 ``frameworks.<name>`` overrides with the record of their fit. A problem file may name an overlay written by
 ``madmax-opt calibrate`` (``calibration: cluster.yaml``, relative to the problem file) whose entries replace the
-catalog's fit for their (GPU, framework). A pair with no fit is flagged ``uncalibrated`` and priced with its
+catalog's fit for their (GPU, framework): ``calibrations`` in training problems, ``serving`` (serving parameters,
+io.serving_catalog.serving_data) in inference problems. A pair with no fit is flagged ``uncalibrated`` and priced with its
 framework family's fit pooled over the measured GPUs (``data/training_families.yaml``: factors on the datasheet
 prior; level ``family``), or with the prior itself (level ``prior``) where the family has no fit or the prior is a
 fit of its own (``prior_kind: fitted``, the A100s).
