@@ -29,8 +29,9 @@ from madmax_opt.launch.emit import (
 )
 from madmax_opt.launch.flagsets import flagset
 from madmax_opt.launch.registry import format_names
-from madmax_opt.launch.startup import CHECKS, violations
+from madmax_opt.launch.startup import CHECKS, positions_of, violations
 from madmax_opt.launch.titan import llama_ffn
+from madmax_opt.model.family_name import serving_task
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 from madmax_opt.search.serving_space import ServingPlan
@@ -127,6 +128,12 @@ def serving_limits(fmt: str, p: ServingPlan, problem: Problem) -> list[str]:
         out.append("checkpoint quantization")
     if p.ep > 1 and (p.ep % p.tp or any(n % group for n in roles)):
         out.append("expert-parallel groups")
+    context = positions_of(m).context if m.hf_id is not None else None  # the checkpoint's max_position_embeddings
+    task = serving_task(problem.task)
+    assert task is not None
+    longest = max(r.prompt_len + r.output_len for r in task.requests())
+    if fmt in ("vllm", "sglang") and context is not None and longest > context:
+        out.append("requests longer than the checkpoint's context (rules vllm.max-model-len, sglang.context-length)")
     if fmt == "trtllm" and (p.prefill_replicas or p.ep > 1 or m.moe is not None):  # the PyTorch backend
         if kv == "int8":
             out.append("int8 KV cache (KvCacheConfig.dtype)")

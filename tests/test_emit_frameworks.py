@@ -13,7 +13,7 @@ import pytest
 
 from madmax_opt.launch.common import Emitted
 from madmax_opt.model.spec import Plan
-from madmax_opt.studies.framework_checks import deepspeed, importable, megatron, torchtitan, vllm
+from madmax_opt.studies.framework_checks import deepspeed, importable, megatron, torchtitan, vllm, vllm_engine
 from test_emit_training import emit, problem_of
 
 
@@ -73,3 +73,30 @@ def test_megatron_deepspeed_validate_args_accepts_the_emitted_command() -> None:
     e["commands"][0]["env"] = {}  # what the emitter wrote before its own validate_args was run on it
     failure = deepspeed(e)
     assert failure is not None and "CUDA_DEVICE_MAX_CONNECTIONS" in failure
+
+
+@pytest.mark.slow
+def test_vllm_engine_config_built_from_the_catalog_config_is_the_priced_model() -> None:
+    """create_engine_config on a directory holding the catalog's config.json: vLLM's model and parallel config
+    equal what was priced (Llama-3-70B by hand: 80 layers, 64 heads, 8 KV heads, hidden 8192, vocab 128256);
+    a config.json with another layer count, or a --max-model-len above the context (8192), is caught."""
+    if not importable("vllm"):
+        pytest.skip("vLLM is not importable here")
+    from madmax_opt.io.catalog import models
+    from madmax_opt.launch.emit import emit_plan
+    from madmax_opt.launch.hf_config import hf_config
+    from madmax_opt.search.serving_space import ServingPlan
+    from test_emit_serving import serving
+
+    e = emit_plan(serving("llama3-70b"), ServingPlan(dp=2, tp=4, batch=32), "vllm").model_dump(mode="json")
+    max_len = int(e["commands"][0]["args"][e["commands"][0]["args"].index("--max-model-len") + 1])
+    priced = {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "vocab": 128256, "max_model_len": max_len,
+              "precision": "bf16", "tp": 4, "pp": 1, "dp": 2}
+    row = {"emitted": e, "priced": priced, "hf_config": hf_config(models()["llama3-70b"])}
+    assert vllm_engine(row) is None
+    failure = vllm_engine({**row, "hf_config": {**row["hf_config"], "num_hidden_layers": 81}})
+    assert failure is not None and "layers = 81, priced 80" in failure
+    args = e["commands"][0]["args"]
+    args[args.index("--max-model-len") + 1] = "8193"
+    failure = vllm_engine({**row, "priced": {**priced, "max_model_len": 8193}})
+    assert failure is not None and "max_model_len" in failure

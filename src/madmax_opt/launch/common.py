@@ -67,6 +67,9 @@ class Emitted(Strict):
     checkpoint_precision: str | None = Field(
         None, description="serving: the dtype the loaded checkpoint's weights ship in (its config's quantization), "
         "from the priced model's native_precision when the checkpoint is the model's own; None: not known here")
+    checkpoint_context: int | None = Field(
+        None, description="serving: the loaded checkpoint's max_position_embeddings (data/flags/model-positions.yaml) "
+        "when the checkpoint is the model's own; None: not known here")
 
     def script(self) -> str:
         """A bash script: the notes as comments, then every command."""

@@ -37,8 +37,9 @@ from madmax_opt.launch.common import (
     refuse,
 )
 from madmax_opt.launch.flagsets import flagset
-from madmax_opt.launch.rules import cite
-from madmax_opt.launch.serving_rules import CHECKPOINT_METHOD, CHECKPOINT_RULES, loads
+from madmax_opt.launch.rules import cite, rule_refusal
+from madmax_opt.launch.serving_rules import CHECKPOINT_METHOD, CHECKPOINT_RULES, CONTEXT_RULES, loads
+from madmax_opt.launch.startup import positions_of
 from madmax_opt.model.family_name import serving_task
 from madmax_opt.model.inference import DEFAULT_KV_PRECISION
 from madmax_opt.model.spec import TransformerModel
@@ -90,6 +91,11 @@ class Serving:
             self.quantization = checkpoint_quantization(fmt, ctx.model, self.precision, self.quantization)
         self.kv = kv[kv_precision]
         self.max_len = max(r.prompt_len + r.output_len for r in task.requests())
+        m = ctx.model
+        self.context = positions_of(m).context if m.hf_id is not None and ctx.checkpoint in (None, m.hf_id) else None
+        if fmt in CONTEXT_RULES and self.context is not None and self.max_len > self.context:
+            raise rule_refusal(fmt, f"requests of {self.max_len} tokens (prompt + output) on {m.hf_id}, whose context "
+                               f"is {self.context}", CONTEXT_RULES[fmt], field="task")
         self.groups = [("prefill", p.prefill_replicas), ("decode", p.dp - p.prefill_replicas)] \
             if p.prefill_replicas else [("run", p.dp)]
         self.replica_gpus = p.tp * p.pp
@@ -115,7 +121,7 @@ class Serving:
         return Emitted(format=fmt, framework=fs.framework, version=fs.version, kind="serving",
                        system=self.ctx.option.system.name, gpus=gpus, nodes=nodes, gpus_per_node=min(gpus, gpn),
                        commands=commands, files=files or {}, notes=notes or [],
-                       checkpoint_precision=self.ctx.checkpoint_precision)
+                       checkpoint_precision=self.ctx.checkpoint_precision, checkpoint_context=self.context)
 
 
 def precision_from(weights: Mapping[str, tuple[str, str | None]], dtype: str, quantization: str | None) -> str:

@@ -57,6 +57,14 @@ CHECKPOINT_METHOD = {"fp8": "fp8", "mxfp4": "mxfp4", "nvfp4": "modelopt"}
 ONLINE = ("fp8",)  # methods vLLM and SGLang apply to unquantized weights at load (no quantization config needed)
 SGLANG_COMPATIBLE = {("modelopt_fp4", "fp8")}  # model_config.py line 2046: MoE experts of an FP8 checkpoint requantized
 CHECKPOINT_RULES = {"vllm": "vllm.checkpoint-quantization", "sglang": "sglang.checkpoint-quantization"}
+CONTEXT_RULES = {"vllm": "vllm.max-model-len", "sglang": "sglang.context-length"}
+
+
+def within_context(e: Emitted, length: str | bool | None) -> bool:
+    """The server's longest sequence (its --max-model-len / --context-length) fits the checkpoint's context, where
+    that is known (``Emitted.checkpoint_context``)."""
+    return e.checkpoint_context is None or length is None or isinstance(length, bool) or \
+        int(length) <= e.checkpoint_context
 
 
 def loads(fmt: str, method: str | None, wanted: str | None) -> bool:
@@ -129,6 +137,8 @@ def _vllm_checks() -> dict[str, Check]:
         "vllm.nixl-side-channel": nixl,
         "vllm.checkpoint-quantization": lambda e, cmds: all(
             checkpoint_loads("vllm", e.checkpoint_precision, c.flags.get("--quantization")) for c in serves(cmds)),
+        "vllm.max-model-len": lambda e, cmds: all(within_context(e, c.flags.get("--max-model-len"))
+                                                  for c in serves(cmds)),
     }
 
 
@@ -177,6 +187,8 @@ def _sglang_checks() -> dict[str, Check]:
         "sglang.checkpoint-quantization": lambda e, cmds: all(
             checkpoint_loads("sglang", e.checkpoint_precision, c.flags.get("--quantization"))
             for c in servers(cmds)),
+        "sglang.context-length": lambda e, cmds: all(within_context(e, c.flags.get("--context-length"))
+                                                     for c in servers(cmds)),
     }
 
 

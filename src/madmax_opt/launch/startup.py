@@ -44,6 +44,8 @@ class Positions(Strict):
     rotary_percent: float = 1.0
     scaling: Scaling | None = None
     unsupported: str | None = Field(None, description="a position scheme no training format here expresses")
+    context: int | None = Field(None, gt=0, description="the checkpoint's max_position_embeddings (serving: the "
+                                "longest sequence the server accepts without scaling)")
     source: str = "framework default"
 
 

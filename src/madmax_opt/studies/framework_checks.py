@@ -78,8 +78,11 @@ def environment(env: dict[str, str], argv: list[str]) -> Iterator[None]:
 
 
 def first_line(exc: BaseException, stderr: str = "") -> str:
+    """The framework's message in one line (pydantic's "N validation error for X" with the error beneath it)."""
     text = str(exc) if not isinstance(exc, SystemExit) else (stderr.strip().splitlines() or [f"exit {exc}"])[-1]
-    return f"{type(exc).__name__}: {(text.strip().splitlines() or [''])[0]}"
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()] or [""]
+    return f"{type(exc).__name__}: {lines[0]}" + (f" {lines[1]}" if "validation error" in lines[0] and
+                                                   len(lines) > 1 else "")
 
 
 def guarded(check: Callable[[], None]) -> str | None:
@@ -238,6 +241,58 @@ def vllm(e: dict[str, Any]) -> str | None:
     return guarded(check)
 
 
+# torch dtype vLLM computes in by the priced weight precision (fp8 weights: bf16 activations, quantization fp8)
+PRICED_DTYPE = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "fp8": ("bfloat16", "fp8")}
+
+
+def vllm_engine(r: dict[str, Any]) -> str | None:
+    """vLLM 0.11.0's ``EngineArgs.create_engine_config`` (engine/arg_utils.py) on each ``vllm serve`` command, with
+    the checkpoint replaced by a local directory holding the catalog model's config.json (``r["hf_config"]``; no
+    hub), then the model and parallel config vLLM built compared with what was priced (``r["priced"]``): layers,
+    attention and KV heads, hidden, vocabulary, max_model_len, dtype / quantization, tp, pp, dp. Stubbed as
+    :func:`vllm`. Rows without a config.json are not checked here (their reason is ``hf_config_refused``)."""
+    import tempfile
+
+    import_module("vllm.platforms").current_platform.device_type = "cuda"
+    utils = import_module("vllm.utils")
+    serve = import_module("vllm.entrypoints.cli.serve")
+    engine_args = import_module("vllm.engine.arg_utils")
+    cmds = [c for c in r["emitted"]["commands"] if c["program"][:2] == ["vllm", "serve"]]
+    p = r["priced"]
+
+    def check() -> None:
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, "config.json").write_text(json.dumps(r["hf_config"]), encoding="utf-8")
+            for cmd in cmds:
+                parser = utils.FlexibleArgumentParser(description="vLLM CLI")
+                sub = serve.ServeSubcommand()
+                sub.subparser_init(parser.add_subparsers(required=False, dest="subparser"))
+                with environment(cmd["env"], ["vllm"]):
+                    args = parser.parse_args(["serve", d, *cmd["args"]])
+                    sub.validate(args)
+                    args.model = args.model_tag
+                    config = engine_args.AsyncEngineArgs.from_cli_args(args).create_engine_config()
+                _compare_engine(config, p, disaggregated="--kv-transfer-config" in cmd["args"])
+
+    return guarded(check)
+
+
+def _compare_engine(config: Any, p: dict[str, Any], disaggregated: bool) -> None:
+    """AssertionError naming the first field where vLLM's engine config differs from the priced plan."""
+    mc, pc = config.model_config, config.parallel_config
+    dtype, quantization = PRICED_DTYPE.get(p["precision"], (None, None))
+    built = {"layers": mc.hf_text_config.num_hidden_layers, "heads": mc.get_num_attention_heads(pc) * p["tp"],
+             "kv_heads": mc.get_total_num_kv_heads(), "hidden": mc.get_hidden_size(), "vocab": mc.get_vocab_size(),
+             "max_model_len": mc.max_model_len, "tp": pc.tensor_parallel_size, "pp": pc.pipeline_parallel_size,
+             "dp": p["dp"] if disaggregated else pc.data_parallel_size}  # disaggregated: dp split over roles
+    if dtype is not None:
+        built |= {"dtype": str(mc.dtype).removeprefix("torch."), "quantization": mc.quantization}
+    priced = {**{k: p[k] for k in built if k in p}, "dtype": dtype, "quantization": quantization}
+    for k, v in built.items():
+        if v != priced[k]:
+            raise AssertionError(f"vLLM built {k} = {v}, priced {priced[k]}")
+
+
 # -------------------------------------------------------------------------- Megatron-DeepSpeed
 
 
@@ -261,39 +316,51 @@ def deepspeed(e: dict[str, Any]) -> str | None:
 
 CHECKERS: dict[str, Checker] = {"megatron": megatron, "torchtitan": torchtitan, "vllm": vllm,
                                 "deepspeed": deepspeed}
+# checks on the whole row (the emitted configuration with what was priced): name -> (format, checker, applies)
+ROW_CHECKERS: dict[str, tuple[str, Checker, Callable[[dict[str, Any]], bool]]] = {
+    "vllm-engine": ("vllm", vllm_engine, lambda r: r.get("hf_config") is not None)}
+MODULES = {"megatron": "megatron.training.arguments", "torchtitan": "torchtitan.config",
+           "sglang": "sglang.srt.server_args", "vllm": "vllm.engine.arg_utils", "deepspeed": "megatron.arguments"}
 
 
-def importable(fmt: str) -> bool:
-    """Whether the framework a checker runs can be imported here."""
-    module = {"megatron": "megatron.training.arguments", "torchtitan": "torchtitan.config",
-              "sglang": "sglang.srt.server_args", "vllm": "vllm.engine.arg_utils",
-              "deepspeed": "megatron.arguments"}[fmt]
+def importable(check: str) -> bool:
+    """Whether the framework a check runs can be imported here."""
+    fmt = ROW_CHECKERS[check][0] if check in ROW_CHECKERS else check
     try:
-        import_module(module)
+        import_module(MODULES[fmt])
     except Exception:  # not installed, or installed without what it needs to import
         return False
     return True
 
 
-def check_rows(rows: list[dict[str, Any]], formats: list[str]) -> list[dict[str, Any]]:
-    """Each emitted configuration of ``formats`` with ``failure`` (None: the framework accepts it)."""
-    return [{**r, "failure": CHECKERS[r["format"]](r["emitted"])} for r in rows
-            if r["format"] in formats and "emitted" in r]
+def checked_rows(rows: list[dict[str, Any]], check: str) -> list[dict[str, Any]]:
+    """The rows ``check`` applies to (emitted configurations of its format)."""
+    fmt, _, applies = ROW_CHECKERS.get(check, (check, None, lambda r: True))
+    return [r for r in rows if r["format"] == fmt and "emitted" in r and applies(r)]
+
+
+def check_rows(rows: list[dict[str, Any]], checks: list[str]) -> list[dict[str, Any]]:
+    """Each row a check applies to, with ``check`` and ``failure`` (None: the framework accepts it)."""
+    return [{**r, "check": c, "failure": ROW_CHECKERS[c][1](r) if c in ROW_CHECKERS else CHECKERS[c](r["emitted"])}
+            for c in checks for r in checked_rows(rows, c)]
 
 
 def main(argv: list[str]) -> int:
     rows = [json.loads(line) for line in Path(argv[0]).read_text(encoding="utf-8").splitlines() if line]
-    formats = [f for f in (argv[1:] or list(CHECKERS)) if importable(f)]
-    checked = check_rows(rows, formats)
+    checks = [c for c in (argv[1:] or [*CHECKERS, *ROW_CHECKERS]) if importable(c)]
+    checked = check_rows(rows, checks)
     for r in checked:
         if r["failure"]:
-            print(f"FAIL {r['format']} {r['problem']} #{r['rank']}: {r['failure']}")
-    for fmt in formats:
-        mine = [r for r in checked if r["format"] == fmt]
+            print(f"FAIL {r['check']} {r['problem']} #{r['rank']}: {r['failure']}")
+    for c in checks:
+        fmt = ROW_CHECKERS[c][0] if c in ROW_CHECKERS else c
+        mine = [r for r in checked if r["check"] == c]
         refused = sum(1 for r in rows if r["format"] == fmt and "refused" in r)
+        skipped = sorted({r["hf_config_refused"] for r in rows if r["format"] == fmt and "emitted" in r
+                          and r.get("hf_config") is None}) if c in ROW_CHECKERS else []
         ok = sum(1 for r in mine if r["failure"] is None)
-        print(f"{fmt}: {ok} of {len(mine)} emitted configurations pass the framework's own checks "
-              f"({refused} refused by the emitter)")
+        print(f"{c}: {ok} of {len(mine)} emitted configurations pass the framework's own checks "
+              f"({refused} refused by the emitter" + (f"; not built: {'; '.join(skipped)}" if skipped else "") + ")")
     return 0 if all(r["failure"] is None for r in checked) else 1
 
 

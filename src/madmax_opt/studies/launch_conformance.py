@@ -1,7 +1,10 @@
 """Launch conformance: the examples' top plans emitted in every format of their kind, for the frameworks' own checks.
 
 ``emitted_configurations(paths, top_k)`` solves each problem, emits its top ``top_k`` plans in every format of its
-kind and returns one record per (problem, rank, format): the :class:`Emitted` or the one-line refusal.
+kind and returns one record per (problem, rank, format): the :class:`Emitted` or the one-line refusal; serving
+records also carry ``priced`` (the model and plan fields the cost model priced) and ``hf_config`` (the catalog
+model's config.json, :func:`madmax_opt.launch.hf_config.hf_config`, or why it cannot be written) for the
+framework's own model config to be built and compared (``framework_checks.vllm_engine``).
 ``write_configurations`` stores them as JSON lines; ``tools/framework_check.py``, run with an interpreter where the
 frameworks are installed (torch, Megatron-LM, torchtitan, SGLang, vLLM at the versions of ``data/flags/``), feeds
 each configuration to the framework's own parser and start-up validation and counts what passes.
@@ -16,6 +19,9 @@ from typing import Any
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import load_problem
 from madmax_opt.launch.emit import emit_plan, formats_for, plan_of_record
+from madmax_opt.launch.hf_config import hf_config
+from madmax_opt.model.family_name import serving_task
+from madmax_opt.model.problem import Problem
 from madmax_opt.search.result import solve_result
 
 
@@ -27,13 +33,30 @@ def emitted_configurations(paths: list[Path], top_k: int = 5, time_limit_s: floa
         for rank, record in enumerate(solve_result(problem, top_k, time_limit_s, 1)["top"][:top_k]):
             plan = plan_of_record(problem, record["plan"])
             for fmt in formats_for(problem):
-                row: dict[str, Any] = {"problem": path.stem, "rank": rank, "format": fmt, "plan": record["plan"]}
+                row: dict[str, Any] = {"problem": path.stem, "rank": rank, "format": fmt, "plan": record["plan"],
+                                       **priced(problem, record["plan"])}
                 try:
                     row["emitted"] = emit_plan(problem, plan, fmt).model_dump(mode="json")
                 except ProblemError as exc:
                     row["refused"] = str(exc)
                 rows.append(row)
     return rows
+
+
+def priced(problem: Problem, plan: dict[str, Any]) -> dict[str, Any]:
+    """What the cost model priced for a serving plan (the model's shape, the longest request, the weight precision,
+    the parallel sizes) and the model's config.json; {} for training."""
+    task = serving_task(problem.task)
+    if task is None:
+        return {}
+    m = problem.model
+    cfg = hf_config(m)
+    return {"priced": {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads or m.heads,
+                       "vocab": m.vocab, "max_model_len": max(r.prompt_len + r.output_len for r in task.requests()),
+                       "precision": str(plan.get("precision") or task.precisions()[0]),
+                       "tp": plan.get("tp", 1), "pp": plan.get("pp", 1), "dp": plan.get("dp", 1)},
+            "hf_config": cfg if isinstance(cfg, dict) else None, "hf_config_refused": None if isinstance(cfg, dict)
+            else cfg}
 
 
 def write_configurations(rows: list[dict[str, Any]], out: Path) -> Path:
