@@ -13,7 +13,15 @@ import pytest
 
 from madmax_opt.launch.common import Emitted
 from madmax_opt.model.spec import Plan
-from madmax_opt.studies.framework_checks import deepspeed, importable, megatron, torchtitan, vllm, vllm_engine
+from madmax_opt.studies.framework_checks import (
+    deepspeed,
+    importable,
+    megatron,
+    sglang,
+    torchtitan,
+    vllm,
+    vllm_engine,
+)
 from test_emit_training import emit, problem_of
 
 
@@ -100,3 +108,24 @@ def test_vllm_engine_config_built_from_the_catalog_config_is_the_priced_model() 
     args[args.index("--max-model-len") + 1] = "8193"
     failure = vllm_engine({**row, "priced": {**priced, "max_model_len": 8193}})
     assert failure is not None and "max_model_len" in failure
+
+
+@pytest.mark.slow
+def test_sglang_server_args_resolve_and_check_the_emitted_server() -> None:
+    """prepare_server_args, resolve_once and check_server_args on an emitted SGLang server of Llama-3-70B
+    (its config.json from the catalog); the issue's defect, data-parallel replicas over two nodes, is refused."""
+    if not importable("sglang"):
+        pytest.skip("SGLang (with torch 2.14.1 and torchvision) is not importable here")
+    from madmax_opt.io.catalog import models
+    from madmax_opt.launch.emit import emit_plan
+    from madmax_opt.launch.hf_config import hf_config
+    from madmax_opt.search.serving_space import ServingPlan
+    from test_emit_serving import serving
+
+    e = emit_plan(serving("llama3-70b"), ServingPlan(dp=1, tp=4, batch=32), "sglang").model_dump(mode="json")
+    row = {"emitted": e, "hf_config": hf_config(models()["llama3-70b"])}
+    assert sglang(row) is None
+    server = next(c for c in e["commands"] if "--tp-size" in c["args"])
+    server["args"] += ["--dp-size", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "127.0.0.1:5000"]
+    failure = sglang(row)
+    assert failure is not None and "multi-node data-parallel" in failure

@@ -26,8 +26,13 @@ What runs (nothing of the frameworks is copied here; file and commit cited per c
   ``AsyncEngineArgs.from_cli_args`` (see :func:`vllm`).
 - deepspeed: Megatron-DeepSpeed 4efb479 + DeepSpeed 0.19.6: parse_args + validate_args (see :func:`deepspeed`;
   its ``megatron`` package shadows Megatron-LM's: run it with its own PYTHONPATH).
-Not yet: SGLang 0.5.23 (its ServerArgs resolution imports torchvision's compiled ops and wants torch 2.14.1) did
-not import beside the CPU torch 2.13 this was run with.
+- vllm-engine: vLLM 0.11.0's ``create_engine_config`` from the catalog model's config.json, compared with what was
+  priced (see :func:`vllm_engine`).
+- sglang: SGLang 0.5.23 wheel: prepare_server_args, resolve_once, check_server_args (see :func:`sglang`), in a
+  second venv with torch 2.14.1 + torchvision 0.29.1 (its resolution imports torchvision's compiled ops).
+Measured on the examples' top-5 plans (2026-12-03): vllm-engine 15 of 15, sglang 15 of 15 (the 5 DeepSeek-V3
+servers not built: no config.json from the catalog for MLA); before the context rule 10 of 25 of each failed on
+requests longer than Llama-2's 4096-token context.
 
 Stubbed, because this machine has no GPU (said in each checker): the world size and rank (``WORLD_SIZE`` from the
 configuration's GPU count, rank 0), the device's compute capability (from the system's GPU generation), and the
@@ -293,6 +298,38 @@ def _compare_engine(config: Any, p: dict[str, Any], disaggregated: bool) -> None
             raise AssertionError(f"vLLM built {k} = {v}, priced {priced[k]}")
 
 
+# -------------------------------------------------------------------------- SGLang
+
+
+def sglang(r: dict[str, Any]) -> str | None:
+    """SGLang 0.5.23 (wheel): each server command (``python -m sglang.launch_server``) through
+    ``server_args.prepare_server_args`` (its argparse parser), ``ServerArgs.resolve_once`` (the resolution
+    pipeline: model config, parallel, memory and serving defaults) and ``check_server_args`` (arg_groups/
+    validation_hook.py), what launch_server runs before a GPU is touched; the checkpoint is a local directory
+    holding the catalog model's config.json (``r["hf_config"]``). Stubbed: ``get_device`` in
+    srt/utils/common.py and arg_groups/serving_hook.py returns cuda (no accelerator here). Run in a venv with
+    torch 2.14.1 + torchvision 0.29.1 (README)."""
+    import tempfile
+
+    common, hook = import_module("sglang.srt.utils.common"), import_module("sglang.srt.arg_groups.serving_hook")
+    server_args = import_module("sglang.srt.server_args")
+    cmds = [c for c in r["emitted"]["commands"] if "--tp-size" in c["args"]]
+
+    def check() -> None:
+        with tempfile.TemporaryDirectory() as d, _patched(common, "get_device", lambda *a, **k: "cuda"), \
+                _patched(hook, "get_device", lambda *a, **k: "cuda"):
+            Path(d, "config.json").write_text(json.dumps(r["hf_config"]), encoding="utf-8")
+            for cmd in cmds:
+                args = list(cmd["args"])
+                args[args.index("--model-path") + 1] = d
+                with environment(cmd["env"], ["sglang"]):
+                    parsed = server_args.prepare_server_args(args)
+                    parsed.resolve_once()
+                    parsed.check_server_args()
+
+    return guarded(check)
+
+
 # -------------------------------------------------------------------------- Megatron-DeepSpeed
 
 
@@ -318,7 +355,8 @@ CHECKERS: dict[str, Checker] = {"megatron": megatron, "torchtitan": torchtitan, 
                                 "deepspeed": deepspeed}
 # checks on the whole row (the emitted configuration with what was priced): name -> (format, checker, applies)
 ROW_CHECKERS: dict[str, tuple[str, Checker, Callable[[dict[str, Any]], bool]]] = {
-    "vllm-engine": ("vllm", vllm_engine, lambda r: r.get("hf_config") is not None)}
+    "vllm-engine": ("vllm", vllm_engine, lambda r: r.get("hf_config") is not None),
+    "sglang": ("sglang", sglang, lambda r: r.get("hf_config") is not None)}
 MODULES = {"megatron": "megatron.training.arguments", "torchtitan": "torchtitan.config",
            "sglang": "sglang.srt.server_args", "vllm": "vllm.engine.arg_utils", "deepspeed": "megatron.arguments"}
 
