@@ -439,3 +439,20 @@ def test_the_checkpoint_rule_reads_the_precision_the_emitter_recorded() -> None:
         _emitted("sglang", sg).model_copy(update={"checkpoint_precision": "bf16"}))
     assert "sglang.checkpoint-quantization" not in serving_violations(
         _emitted("sglang", sg).model_copy(update={"checkpoint_precision": "fp8"}))
+
+
+@pytest.mark.parametrize(("fmt", "flag", "rule"), [("vllm", "--max-model-len", "vllm.max-model-len"),
+                                                   ("sglang", "--context-length", "sglang.context-length")])
+def test_requests_beyond_the_checkpoint_context_are_refused(fmt: str, flag: str, rule: str) -> None:
+    """Llama-2-70B's config.json max_position_embeddings is 4096: 4000 + 96 tokens emit, 4000 + 97 are refused
+    naming the rule; a longer length written by hand is caught by the rule's checker."""
+    ok = emit_plan(serving("llama2-70b", prompt_len=4000, output_len=96), ServingPlan(dp=1, tp=4, batch=8), fmt)
+    assert ok.checkpoint_context == 4096 and rule not in serving_violations(ok)
+    with pytest.raises(ProblemError, match=f"requests of 4097 tokens.*rule {rule}"):
+        emit_plan(serving("llama2-70b", prompt_len=4000, output_len=97), ServingPlan(dp=1, tp=4, batch=8), fmt)
+    cmd = next(c for c in ok.commands if flag in c.args)
+    args = list(cmd.args)
+    args[args.index(flag) + 1] = "4097"
+    bad = ok.model_copy(update={"commands": [c.model_copy(update={"args": args}) if c is cmd else c
+                                             for c in ok.commands]})
+    assert rule in serving_violations(bad)
