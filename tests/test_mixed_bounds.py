@@ -109,11 +109,11 @@ def test_mixed_pipeline_example_needs_few_cp_sat_models(monkeypatch: pytest.Monk
     out, rec = solve_records(problem_from_dict(data))
     assert out.uneven is not None and out.uneven.status == "optimal" and out.search == "mixed"
     assert out.uneven.bases_solved + out.uneven.bases_pruned == 368
-    assert len(calls) <= 12 and out.uneven.bases_solved <= 12
+    assert len(calls) <= 13 and out.uneven.bases_solved <= 13  # 12 before the refit after the FP8 / SAC changes
     plan = rec[0]["plan"]
-    # since the utilisation ceilings (issue 24: H100 bf16 layers at most 60.1 % of peak, A100-80GB 79.3 %)
-    assert plan["stage_layers"] == [17, 17, 17, 7, 7, 7, 7, 17]
+    # since the catalog refit after Transformer Engine's FP8 activations and torchtitan's SAC recompute (issue 24)
+    assert plan["stage_layers"] == [17, 17, 7, 7, 7, 7, 17, 17]
     h, a = "dgx-h100", "dgx-a100"
-    assert plan["stage_systems"] == [h, h, h, a, a, a, a, h]
+    assert plan["stage_systems"] == [h, h, a, a, a, a, h, h]
     assert (plan["dp"], plan["pp"], plan["zero"]) == (4, 8, 1) and plan["stage_recompute"] == ["none"] * 8
-    assert out.objective == 13832699.875 and out.summary()["gap"] == 0.0
+    assert out.objective == 13830904.875 and out.summary()["gap"] == 0.0

@@ -20,6 +20,6 @@ def test_evaluate_plans_table_is_whole_at_80_columns(tmp_path: Path, monkeypatch
     assert r.returncode == 0, r.stderr
     table = r.stdout.split("plan 1:")[0]
     assert "…" not in table and max(len(line) for line in table.splitlines()) <= 80, table
-    for text in ("dgx-h100", "x1024", "1,135,022", "49.8%", "71.9", "1.233", "yes",
+    for text in ("dgx-h100", "x1024", "1,137,448", "49.9%", "71.9", "1.230", "yes",
                  "plan 1 infeasible: dp*mbs must divide global_batch"):
         assert text in table, text
