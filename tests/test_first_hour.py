@@ -200,6 +200,7 @@ def test_evaluate_ops_at_80_columns_keeps_op_names_and_fits(monkeypatch: object)
 def test_sensitivity_and_pareto_tables_at_80_columns_keep_their_words() -> None:
     from rich.console import Console
 
+    from madmax_opt.analysis.serving_records import ServingHardwareRecord, ServingPlanRecord, ServingRecord
     from madmax_opt.model.plan_settings import plan_text
     from madmax_opt.report.sensitivity_report import print_study
     from madmax_opt.report.serving_tables import pareto_table
@@ -217,14 +218,16 @@ def test_sensitivity_and_pareto_tables_at_80_columns_keep_their_words() -> None:
     text = console.export_text()
     assert "…" not in text and all(len(line) <= 80 for line in _table_lines(text))
     assert "│ nvlink_bandwidth │" in text and "│ hbm_capacity" in text
-    rows = [{"tpot_s": 0.0123, "ttft_s": 0.1, "output_tokens_per_s_per_gpu": 1234.5, "output_tokens_per_s": 9876.0,
-             "hardware": {"system": "dgx-b200", "gpus": 8}, "meets_targets": True,
-             "plan": {"dp": 8, "tp": 1, "pp": 1, "ep": 8, "batch": 192, "precision": "fp4"}}]
+    plan = ServingPlanRecord(dp=8, tp=1, pp=1, ep=8, batch=192, max_num_seqs=None, precision="fp4",
+                             prefill_replicas=0, system="dgx-b200")
+    rows = [ServingRecord.model_construct(  # only the fields the table reads
+        tpot_s=0.0123, ttft_s=0.1, output_tokens_per_s_per_gpu=1234.5, output_tokens_per_s=9876.0,
+        hardware=ServingHardwareRecord(system="dgx-b200", gpu="b200", gpus=8), meets_targets=True, plan=plan)]
     console = Console(width=80, record=True)
     console.print(pareto_table(rows))
     text = console.export_text()
     assert "…" not in text and all(len(line) <= 80 for line in _table_lines(text))
-    words = plan_text(rows[0]["plan"]).split()  # type: ignore[arg-type]
+    words = plan_text(plan).split()
     assert all(w in text for w in words) and "precision=fp4" in text
 
 

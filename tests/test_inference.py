@@ -51,7 +51,7 @@ def params(gpu: str, framework: str = "vllm") -> Any:
 
 
 def record(data: dict[str, Any], **plan: Any) -> dict[str, Any]:
-    return evaluate_serving(problem_from_dict(data), [ServingPlan(**plan)])[0]
+    return evaluate_serving(problem_from_dict(data), [ServingPlan(**plan)])[0].to_json()  # the JSON object
 
 
 # ------------------------------------------------------------------------------------ KV cache, by hand

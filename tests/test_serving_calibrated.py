@@ -24,7 +24,7 @@ def serve(gpu: str = "h100-sxm", gpus: int = 2, framework: str | None = "vllm", 
 
 
 def record(data: dict[str, Any], **plan: Any) -> dict[str, Any]:
-    return evaluate_serving(problem_from_dict(data), [ServingPlan(**plan)])[0]
+    return evaluate_serving(problem_from_dict(data), [ServingPlan(**plan)])[0].to_json()  # the JSON object
 
 
 def test_offered_concurrency_beyond_the_kv_cache_queues_instead_of_running() -> None:

@@ -33,7 +33,7 @@ def serve(model: Any, gpu: str, gpus: int, framework: str = "sglang", **task: An
 
 
 def record(data: dict[str, Any], **plan: Any) -> dict[str, Any]:
-    return evaluate_serving(problem_from_dict(data), [ServingPlan(**plan)])[0]
+    return evaluate_serving(problem_from_dict(data), [ServingPlan(**plan)])[0].to_json()  # the JSON object
 
 
 def test_deepseek_expert_weights_per_gpu_by_hand() -> None:

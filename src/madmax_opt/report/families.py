@@ -178,7 +178,8 @@ def _online_show(result: dict[str, Any], console: Console) -> None:
 
 
 def _serving_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None, console: Console,
-                      printer: Callable[[list[dict[str, Any]], Console], None]) -> None:
+                      printer: Callable[[list[Any], Console], None]) -> None:
+    from madmax_opt.analysis.serving_records import ServingRecord
     from madmax_opt.io.problem import load_problem
     from madmax_opt.report.serving_tables import load_serving_plans
 
@@ -188,8 +189,9 @@ def _serving_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None,
     problem = load_problem(path)
     plans, is_list = load_serving_plans(plan)
     records = _records(problem, plans, plan)
-    if json_out:
-        print(json.dumps(records if is_list else records[0], indent=2))
+    if json_out:  # steady serving records are typed (their JSON object), online ones plain dicts
+        out = [r.to_json() if isinstance(r, ServingRecord) else r for r in records]
+        print(json.dumps(out if is_list else out[0], indent=2))
     else:
         printer(records, console)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -16,20 +16,21 @@ from madmax_opt.model.family_name import FamilyName
 from madmax_opt.model.plan_settings import plan_text
 
 if TYPE_CHECKING:
+    from madmax_opt.analysis.serving_records import ServingRecord
     from madmax_opt.model.problem import Problem
     from madmax_opt.search.serving import ServingCandidates, ServingModel
 
 
-def pareto_markdown(rows: list[dict[str, Any]]) -> list[str]:
+def pareto_markdown(rows: list[ServingRecord]) -> list[str]:
     lines = [
         "| TPOT ms | TTFT ms | tok/s/GPU | tok/s | hardware | plan | meets targets |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['tpot_s'] * 1e3:,.2f} | {r['ttft_s'] * 1e3:,.1f} | {r['output_tokens_per_s_per_gpu']:,.1f} | "
-            f"{r['output_tokens_per_s']:,.0f} | {r['hardware']['system']} x{r['hardware']['gpus']} | "
-            f"{plan_text(r['plan'])} | {'yes' if r.get('meets_targets') else 'no'} |"
+            f"| {r.tpot_s * 1e3:,.2f} | {r.ttft_s * 1e3:,.1f} | {r.output_tokens_per_s_per_gpu:,.1f} | "
+            f"{r.output_tokens_per_s:,.0f} | {r.hardware.system} x{r.hardware.gpus} | "
+            f"{plan_text(r.plan)} | {'yes' if r.meets_targets else 'no'} |"
         )
     return lines
 
@@ -40,7 +41,7 @@ def plot_pareto(
     c: ServingCandidates,
     title: str,
     best: int | None = None,
-    baseline: dict[str, Any] | None = None,
+    baseline: ServingRecord | None = None,
 ) -> Path:
     """Scatter of the valid plans (TPOT vs output tokens/s per GPU), the front, the targets, optimum, baseline."""
     import matplotlib
@@ -71,8 +72,8 @@ def plot_pareto(
         ax.plot(tpot[best], rate[best], "*", color="tab:green", ms=14, label="optimum")
     if baseline is not None:
         ax.plot(
-            baseline["tpot_s"] * 1e3,
-            baseline["output_tokens_per_s_per_gpu"],
+            baseline.tpot_s * 1e3,
+            baseline.output_tokens_per_s_per_gpu,
             "X",
             color="tab:orange",
             ms=10,
@@ -98,14 +99,7 @@ def write_pareto(problem: Problem, out: Path) -> tuple[Path, Path]:
 
         return write_online_pareto(problem, out)
     from madmax_opt.core.errors import InfeasibleError
-    from madmax_opt.search.serving import (
-        ServingModel,
-        candidates,
-        meets_targets,
-        pareto_front,
-        solve_serving,
-        to_records,
-    )
+    from madmax_opt.search.serving import ServingModel, candidates, pareto_records, solve_serving
 
     model = ServingModel(problem)
     c = candidates(model)
@@ -113,11 +107,7 @@ def write_pareto(problem: Problem, out: Path) -> tuple[Path, Path]:
         best: int | None = solve_serving(problem, model=model, plans=c.plans).top[0]
     except InfeasibleError:
         best = None
-    front = pareto_front(model, c)
-    ok = meets_targets(model, c)
-    rows = [
-        dict(r, meets_targets=bool(ok[i])) for i, r in zip(front, to_records(model, c, front), strict=True)
-    ]
+    rows = pareto_records(model, c)
     md, png = out.with_suffix(".md"), out.with_suffix(".png")
     lines = [
         f"# Throughput vs latency: {problem.source}",

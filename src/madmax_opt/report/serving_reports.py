@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from madmax_opt.analysis.serving_records import ServingRecord
 from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.report.serving_pareto import plot_pareto
 
@@ -51,9 +52,9 @@ def study_problem(model: str, system: str, prompt: int, output: int, slo: bool) 
     )
 
 
-def tp_comm_share(rec: dict[str, Any]) -> float:
+def tp_comm_share(rec: ServingRecord) -> float:
     """TP all-reduce time as a share of the decode step (the TPOT breakdown's tp_comm is decode-only)."""
-    return float(rec["tpot_breakdown_s"]["tp_comm"] / rec["decode_step_s"])
+    return rec.tpot_breakdown_s["tp_comm"] / rec.decode_step_s
 
 
 def _study_row(problem: Problem) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def _study_row(problem: Problem) -> dict[str, Any]:
         return {"base": base, "best": None, "why": str(exc)}
     return {
         "base": base,
-        "best": result["best"],
+        "best": ServingRecord.model_validate(result["best"]),  # solve_result's JSON object, read back
         "speedup": result["speedup_vs_baseline"],
         "wall_s": result["solver"]["wall_s"],
     }
@@ -106,10 +107,10 @@ def write_inference_study(out_dir: Path) -> Path:
                     b, o = row["base"], row["best"]
                     setting = "SLO" if slo else "throughput"
                     base_cols = (
-                        f"{plan_text(b['plan'])} | {b['output_tokens_per_s_per_gpu']:,.1f} | "
-                        f"{b['tpot_s'] * 1e3:,.1f} | {tp_comm_share(b):.0%}"
-                        if b["feasible"]
-                        else f"{plan_text(b['plan'])}: {b['infeasible_reason']} | - | - | -"
+                        f"{plan_text(b.plan)} | {b.output_tokens_per_s_per_gpu:,.1f} | "
+                        f"{b.tpot_s * 1e3:,.1f} | {tp_comm_share(b):.0%}"
+                        if b.feasible
+                        else f"{plan_text(b.plan)}: {b.infeasible_reason} | - | - | -"
                     )
                     if o is None:
                         lines.append(
@@ -123,8 +124,8 @@ def write_inference_study(out_dir: Path) -> Path:
                         shares.append((tp_comm_share(b), tp_comm_share(o)))
                     lines.append(
                         f"| {model} | {system} | {wname} ({prompt}/{output}) | {setting} | {base_cols} | "
-                        f"{plan_text(o['plan'])} | {o['output_tokens_per_s_per_gpu']:,.1f} | "
-                        f"{o['tpot_s'] * 1e3:,.1f} | {o['ttft_s'] * 1e3:,.0f} | {tp_comm_share(o):.0%} | "
+                        f"{plan_text(o.plan)} | {o.output_tokens_per_s_per_gpu:,.1f} | "
+                        f"{o.tpot_s * 1e3:,.1f} | {o.ttft_s * 1e3:,.0f} | {tp_comm_share(o):.0%} | "
                         f"{f'{speed:.2f}x' if speed else 'baseline infeasible'} |"
                     )
     lines += ["", "## Summary", ""]

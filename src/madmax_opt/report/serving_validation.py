@@ -18,6 +18,7 @@ import yaml
 from rich.console import Console
 
 if TYPE_CHECKING:
+    from madmax_opt.analysis.serving_records import ServingRecord
     from madmax_opt.model.problem import Problem
     from madmax_opt.model.serving_calibration import ServingCatalog
 
@@ -39,7 +40,7 @@ class ValidationRow:
     metric: str
     measured: float
     predicted: float
-    record: dict[str, Any]
+    record: ServingRecord
 
     @property
     def error(self) -> float:
@@ -88,17 +89,17 @@ def case_problem(case: dict[str, Any], models: dict[str, Any], gqa_decode_kernel
     )
 
 
-def _predicted(metric: str, rec: dict[str, Any]) -> float:
+def _predicted(metric: str, rec: ServingRecord) -> float:
     if metric == "out_tokens_per_s_per_gpu":
-        return float(rec["output_tokens_per_s_per_gpu"])
+        return rec.output_tokens_per_s_per_gpu
     if metric == "out_tokens_per_s_total":
-        return float(rec["output_tokens_per_s"])
+        return rec.output_tokens_per_s
     if metric == "first_token_latency_s":
-        return float(rec["ttft_s"])
+        return rec.ttft_s
     if metric == "prefill_s":
-        return float(rec["prefill_s"])
+        return rec.prefill_s
     if metric == "decode_s_per_token":
-        return float(rec["decode_step_s"])
+        return rec.decode_step_s
     raise ValueError(f"unknown measured metric {metric!r}")
 
 

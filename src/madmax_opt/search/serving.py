@@ -14,6 +14,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from madmax_opt.analysis.serving_records import (
+    ServingHardwareRecord,
+    ServingInterval,
+    ServingPlanRecord,
+    ServingRecord,
+)
 from madmax_opt.core.errors import InfeasibleError, InternalError
 from madmax_opt.core.numeric import IntArr
 from madmax_opt.model.inference import (
@@ -135,69 +141,81 @@ def _reason(model: ServingModel, c: ServingCandidates, i: int) -> str | None:
     return "; ".join(misses) or None
 
 
-def plan_dict(model: ServingModel, c: ServingCandidates, i: int) -> dict[str, Any]:
+def plan_record(model: ServingModel, c: ServingCandidates, i: int) -> ServingPlanRecord:
+    """Candidate ``i``'s plan, every setting resolved."""
     p = c.plans
     opt = model.problem.hardware[int(p.hw[i])]
-    prec = PRECISIONS[int(p.precision[i])]
-    return {
-        "dp": int(p.dp[i]),
-        "tp": int(p.tp[i]),
-        "pp": int(p.pp[i]),
-        "ep": int(p.ep[i]),
-        "batch": int(p.batch[i]),
-        "max_num_seqs": int(p.max_seqs[i]) or None,
-        "precision": prec,
-        "prefill_replicas": int(p.prefill_dp[i]),
-        "system": opt.system.name,
-    }
+    return ServingPlanRecord(
+        dp=int(p.dp[i]), tp=int(p.tp[i]), pp=int(p.pp[i]), ep=int(p.ep[i]), batch=int(p.batch[i]),
+        max_num_seqs=int(p.max_seqs[i]) or None, precision=PRECISIONS[int(p.precision[i])],
+        prefill_replicas=int(p.prefill_dp[i]), system=opt.system.name,
+    )
+
+
+def plan_dict(model: ServingModel, c: ServingCandidates, i: int) -> dict[str, Any]:
+    """Candidate ``i``'s plan as the JSON object of its record."""
+    return plan_record(model, c, i).model_dump()
+
+
+def serving_records(
+    model: ServingModel, c: ServingCandidates, index: list[int] | IntArr | None = None
+) -> list[ServingRecord]:
+    """The typed records of candidates ``index`` (every candidate when None), in order."""
+    t = c.terms
+    rows = range(len(c.plans)) if index is None else [int(i) for i in index]
+    out = []
+    for i in rows:
+        hw = int(c.plans.hw[i])
+        opt = model.problem.hardware[hw]
+        reason = _reason(model, c, i)
+        # the calibration level's 80 % interval on TPOT and throughput (the level's held-out residuals)
+        iv = record_interval(model.calibration[hw], float(t.tpot_s[i]), float(t.output_tokens_per_s[i]),
+                             float(t.output_tokens_per_s_per_gpu[i]))
+        out.append(ServingRecord(
+            plan=plan_record(model, c, i),
+            hardware=ServingHardwareRecord(system=opt.system.name, gpu=opt.gpu.name, gpus=opt.gpus),
+            feasible=reason is None,
+            infeasible_reason=reason,
+            ttft_s=float(t.ttft_s[i]),
+            tpot_s=float(t.tpot_s[i]),
+            output_tokens_per_s=float(t.output_tokens_per_s[i]),
+            output_tokens_per_s_per_gpu=float(t.output_tokens_per_s_per_gpu[i]),
+            kv_precision=model.task.kv_precision or DEFAULT_KV_PRECISION[PRECISIONS[int(c.plans.precision[i])]],
+            max_batch=int(t.max_batch[i]),
+            running_batch=int(t.running_batch[i]),
+            queue_wait_s=float(t.queue_wait_s[i]),
+            framework=model.framework,
+            calibration=model.calibration[hw],
+            kv_cache_bytes_per_gpu=float(t.memory["kv_cache"][i]),
+            decode_step_s=float(t.decode_step_s[i]),
+            prefill_s=float(t.prefill_s[i]),
+            cost_per_hour_usd=float(c.cost_per_hour[i]),
+            usd_per_million_tokens=float(c.usd_per_million_tokens[i]),
+            memory_bytes_per_gpu={k: float(v[i]) for k, v in t.memory.items()},
+            tpot_breakdown_s={k: float(t.step[k][i]) for k in STEP_TERMS},
+            interval=None if iv is None else ServingInterval(**iv),
+        ))
+    return out
 
 
 def to_records(
     model: ServingModel, c: ServingCandidates, index: list[int] | IntArr | None = None
 ) -> list[dict[str, Any]]:
-    """The JSON objects of ``evaluate --json`` / ``solve --json`` for inference problems."""
-    t = c.terms
-    rows = range(len(c.plans)) if index is None else [int(i) for i in index]
-    out = []
-    for i in rows:
-        opt = model.problem.hardware[int(c.plans.hw[i])]
-        reason = _reason(model, c, i)
-        out.append(
-            {
-                "plan": plan_dict(model, c, i),
-                "hardware": {"system": opt.system.name, "gpu": opt.gpu.name, "gpus": opt.gpus},
-                "feasible": reason is None,
-                "infeasible_reason": reason,
-                "ttft_s": float(t.ttft_s[i]),
-                "tpot_s": float(t.tpot_s[i]),
-                "output_tokens_per_s": float(t.output_tokens_per_s[i]),
-                "output_tokens_per_s_per_gpu": float(t.output_tokens_per_s_per_gpu[i]),
-                "kv_precision": model.task.kv_precision or DEFAULT_KV_PRECISION[PRECISIONS[int(c.plans.precision[i])]],
-                "max_batch": int(t.max_batch[i]),
-                "running_batch": int(t.running_batch[i]),
-                "queue_wait_s": float(t.queue_wait_s[i]),
-                "framework": model.framework,
-                "calibration": model.calibration[int(c.plans.hw[i])],
-                "kv_cache_bytes_per_gpu": float(t.memory["kv_cache"][i]),
-                "decode_step_s": float(t.decode_step_s[i]),
-                "prefill_s": float(t.prefill_s[i]),
-                "cost_per_hour_usd": float(c.cost_per_hour[i]),
-                "usd_per_million_tokens": float(c.usd_per_million_tokens[i]),
-                "memory_bytes_per_gpu": {k: float(v[i]) for k, v in t.memory.items()},
-                "tpot_breakdown_s": {k: float(t.step[k][i]) for k in STEP_TERMS},
-            }
-        )
-        # the calibration level's 80 % interval on TPOT and throughput (the level's held-out residuals)
-        iv = record_interval(model.calibration[int(c.plans.hw[i])], float(t.tpot_s[i]),
-                             float(t.output_tokens_per_s[i]), float(t.output_tokens_per_s_per_gpu[i]))
-        if iv is not None:
-            out[-1]["interval"] = iv
-    return out
+    """The JSON objects of ``serving_records`` (what fleet, studies and launch read as plain dicts)."""
+    return [r.to_json() for r in serving_records(model, c, index)]
+
+
+def pareto_records(model: ServingModel, c: ServingCandidates) -> list[ServingRecord]:
+    """The Pareto front's records (``pareto_front``), each with ``meets_targets``."""
+    front = pareto_front(model, c)
+    ok = meets_targets(model, c)
+    return [r.model_copy(update={"meets_targets": bool(ok[i])})
+            for i, r in zip(front, serving_records(model, c, front), strict=True)]
 
 
 def evaluate_serving(
     problem: Problem, plans: list[Plan], catalog: ServingCatalog | None = None
-) -> list[dict[str, Any]]:
+) -> list[ServingRecord]:
     """Evaluate public plans of an inference problem (a plan without ``batch`` gets its best batch); ``catalog``
     replaces the package's serving calibration."""
     model = ServingModel(problem, catalog)
@@ -207,11 +225,11 @@ def evaluate_serving(
             records.append(best_batch_record(model, plan))
             continue
         arr = model.arrays([plan])
-        records.append(to_records(model, candidates(model, arr))[0])
+        records.append(serving_records(model, candidates(model, arr))[0])
     return records
 
 
-def best_batch_record(model: ServingModel, plan: ServingPlan) -> dict[str, Any]:
+def best_batch_record(model: ServingModel, plan: ServingPlan) -> ServingRecord:
     """The plan at its best batch: the highest-objective batch meeting the targets, else the largest that fits."""
     arr = model.arrays([plan])
     cap = plan.max_num_seqs or model.cal.default_max_num_seqs[int(arr.hw[0])]
@@ -230,29 +248,33 @@ def best_batch_record(model: ServingModel, plan: ServingPlan) -> dict[str, Any]:
         best = int(idx[np.lexsort((idx, obj[idx]))][0])
     else:
         best = len(grid) - 1
-    return to_records(model, c, [best])[0]
+    return serving_records(model, c, [best])[0]
 
 
-def cross_check(outcome: ServingOutcome, records: list[dict[str, Any]], objective: str) -> None:
-    """Each returned plan, re-evaluated in floating point, must be feasible and match its integer objective."""
+def cross_check(
+    outcome: ServingOutcome, records: list[ServingRecord] | list[dict[str, Any]], objective: str
+) -> None:
+    """Each returned plan, re-evaluated in floating point, must be feasible and match its integer objective
+    (``records``: typed, or their JSON objects as fleet/options.py holds them)."""
     c = outcome.candidates
     per_value = serving_units(objective).per_value
-    for i, rec in zip(outcome.top, records, strict=True):
-        gpus = float(rec["hardware"]["gpus"])
+    for i, item in zip(outcome.top, records, strict=True):
+        rec = item if isinstance(item, ServingRecord) else ServingRecord.model_validate(item)
+        gpus = float(rec.hardware.gpus)
         rates = Rates(  # from the record's own floats, not the integer columns
-            seconds_per_unit=np.array([1.0 / rec["output_tokens_per_s"]]),
+            seconds_per_unit=np.array([1.0 / rec.output_tokens_per_s]),
             gpus=np.array([gpus]),
-            usd_per_hour=np.array([rec["cost_per_hour_usd"]]),
+            usd_per_hour=np.array([rec.cost_per_hour_usd]),
             watts=np.array([c.power_w_per_gpu[i] * gpus]),
             throughput_per_gpu=True,
         )
         exact = float(objective_values(objective, rates)[0])
         rounded = c.objective(objective)[i] / per_value
         tol = 0.5 / per_value
-        if not rec["feasible"] or abs(exact - rounded) > tol * (1 + 1e-9):
+        if not rec.feasible or abs(exact - rounded) > tol * (1 + 1e-9):
             raise InternalError(
-                f"solver/evaluator mismatch on {rec['plan']}: evaluator {exact:.9g}, solver "
-                f"{rounded:.9g} (feasible={rec['feasible']})"
+                f"solver/evaluator mismatch on {rec.plan.model_dump()}: evaluator {exact:.9g}, solver "
+                f"{rounded:.9g} (feasible={rec.feasible})"
             )
 
 
@@ -377,17 +399,12 @@ def solve_result(
     outcome = solve_serving(problem, top_k=top_k, cpsat=opts, model=model)
     warn_if_unused(opts, "the serving search ran an exact enumeration")
     c = outcome.candidates
-    records = to_records(model, c, outcome.top)
+    records = serving_records(model, c, outcome.top)
     cross_check(outcome, records, problem.objective)
     baseline = evaluate_serving(problem, [problem.baseline])[0] if problem.baseline else None
     speedup = None
-    if baseline and baseline["feasible"]:
-        speedup = records[0]["output_tokens_per_s_per_gpu"] / baseline["output_tokens_per_s_per_gpu"]
-    front = pareto_front(model, c)
-    ok = meets_targets(model, c)
-    pareto = [
-        dict(r, meets_targets=bool(ok[i])) for i, r in zip(front, to_records(model, c, front), strict=True)
-    ]
+    if baseline and baseline.feasible:
+        speedup = records[0].output_tokens_per_s_per_gpu / baseline.output_tokens_per_s_per_gpu
     summary = solver_summary(outcome.objective, outcome.best_bound, outcome.wall_s, len(c.plans), outcome.model_size)
     summary["objective_unit"] = serving_units(problem.objective).integer_unit
     summary["admissible"] = int(admissible(model, c).sum())
@@ -396,10 +413,10 @@ def solve_result(
         "task": "inference",
         "status": outcome.status,
         "objective": problem.objective,
-        "best": records[0],
-        "top": records,
+        "best": records[0].to_json(),
+        "top": [r.to_json() for r in records],
         "solver": summary,
-        "pareto": pareto,
-        "baseline": baseline,
+        "pareto": [r.to_json() for r in pareto_records(model, c)],
+        "baseline": None if baseline is None else baseline.to_json(),
         "speedup_vs_baseline": speedup,
     }

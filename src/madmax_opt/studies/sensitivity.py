@@ -264,9 +264,9 @@ def solve_optimum(problem: Problem, plans: PlanArrays | None, kwargs: dict[str, 
 
     model = serving.ServingModel(problem)
     outcome = serving.solve_serving(problem, model=model, **kwargs)
-    records = serving.to_records(model, outcome.candidates, outcome.top)
+    records = serving.serving_records(model, outcome.candidates, outcome.top)
     serving.cross_check(outcome, records, problem.objective)
-    return records[0]
+    return records[0].to_json()
 
 
 def _option_index(problem: Problem, rec: Record) -> int | None:
@@ -286,7 +286,7 @@ def fixed_plan_record(problem: Problem, vp: Problem, base_record: Record) -> Rec
         from madmax_opt.search import serving
 
         knobs = {k: v for k, v in fields.items() if k in serving.ServingPlan.model_fields}
-        return serving.evaluate_serving(vp, [serving.ServingPlan(**knobs)])[0]
+        return serving.evaluate_serving(vp, [serving.ServingPlan(**knobs)])[0].to_json()
     if fields.get("stage_systems"):
         fields["stage_systems"] = [names[s] for s in fields["stage_systems"]]
     plan = Plan(**fields)
