@@ -78,8 +78,10 @@ def fleets(draw: Any, objective: str) -> tuple[Fleet, list[OptionTable]]:
     return Fleet("synthetic", spec, pools, resolved), tables
 
 
-def reference(fleet: Fleet, tables: list[OptionTable]) -> tuple[float, int] | None:
-    """Brute force from the option tables alone: (best objective value, fewest GPUs at it), floats."""
+def reference(fleet: Fleet, tables: list[OptionTable], free: frozenset[str] = frozenset()
+              ) -> tuple[float, int] | None:
+    """Brute force from the option tables alone: (best objective value, fewest GPUs at it), floats; the jobs named
+    in ``free`` may take options that miss their deadline or minimum throughput."""
     spec = fleet.spec
     must = spec.objective in ("cost", "energy")
     per_job: list[list[Any]] = []
@@ -87,9 +89,9 @@ def reference(fleet: Fleet, tables: list[OptionTable]) -> tuple[float, int] | No
         ok = []
         for o in table.options:
             hours = job.train_tokens / o.throughput / 3600 if job.train_tokens else HORIZON_H
-            if job.spec.deadline_h is not None and hours > job.spec.deadline_h:
+            if job.name not in free and job.spec.deadline_h is not None and hours > job.spec.deadline_h:
                 continue
-            if job.min_throughput is not None and o.throughput < job.min_throughput:
+            if job.name not in free and job.min_throughput is not None and o.throughput < job.min_throughput:
                 continue
             ok.append((o, hours))
         per_job.append(ok if must or job.spec.required else [None, *ok])
@@ -195,6 +197,38 @@ def test_what_if_and_binding_supply_equal_brute_force_with_more_gpus(case: tuple
             i = next(k for k, p in enumerate(fleet.pools) if b.constraint == f"systems.{p.name}.gpus")
             ref = reference(grown(i, 10**6), tables)
             assert ref is not None and math.isclose(b.gain, ref[0] - base[0], rel_tol=1e-9)
+
+
+def binding_targets_equal_brute_force(fleet: Fleet, tables: list[OptionTable]) -> None:
+    """Each job's targets dropped alone: the binding list names it exactly when brute force gains with them
+    dropped, with that gain (the checks are group-tested first: a group proven no better settles its jobs)."""
+    base = reference(fleet, tables)
+    if base is None:
+        return
+    result = solve_fleet(FleetRun(fleet, tables, CpSatOptions(time_limit_s=10)), what_if=False)
+    sign = -1 if fleet.spec.objective in ("cost", "energy") else 1
+    tol = {"cost": 0.01, "energy": 0.001}.get(fleet.spec.objective, 0.0) * len(fleet.jobs) + 1e-9
+    gains = {b.constraint.split(".")[1]: b.gain for b in result.binding if b.constraint.startswith("jobs.")}
+    for job in fleet.jobs:
+        ref = reference(fleet, tables, frozenset({job.name}))
+        assert ref is not None
+        gain = sign * (ref[0] - base[0])
+        if gain > tol:
+            assert job.name in gains and math.isclose(gains[job.name], gain, abs_tol=tol), (job.name, gains, gain)
+        elif gain < 1e-9:
+            assert job.name not in gains
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fleets("throughput"))
+def test_binding_targets_equal_brute_force_throughput(case: tuple[Fleet, list[OptionTable]]) -> None:
+    binding_targets_equal_brute_force(*case)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fleets("cost"))
+def test_binding_targets_equal_brute_force_cost(case: tuple[Fleet, list[OptionTable]]) -> None:
+    binding_targets_equal_brute_force(*case)
 
 
 def _opt(job: int, system: int, nodes: int, score: int, speed: float) -> allocate.Option:

@@ -186,6 +186,7 @@ class RelaxationModel:
         by_job: list[list[int]] = [[] for _ in range(inp.jobs)]
         for k, o in enumerate(inp.options):
             by_job[o.job].append(k)
+        self.by_job = by_job
         for j, ks in enumerate(by_job):
             if ks:  # a required job with no allowed option makes a relaxation infeasible (never the base's)
                 (m.add_exactly_one if inp.required[j] else m.add_at_most_one)(self.x[k] for k in ks)
@@ -211,6 +212,7 @@ class RelaxationModel:
         t0 = time.perf_counter()
         inp = replace(self.inp, capacity_nodes=tuple(capacity_nodes), max_cents_per_hour=max_cents_per_hour,
                       max_cents=max_cents)
+        allowed = self.without_redundant(inp, allowed, start)
         proto = self.model.proto
         for ct, cap in zip(self.capacity, capacity_nodes, strict=True):
             proto.constraints[ct].linear.domain[1] = int(cap)
@@ -237,6 +239,47 @@ class RelaxationModel:
         choice = _read(solver, self.x, inp.options, inp.jobs)
         return Allocation("optimal" if st == cp_model.OPTIMAL else "feasible", choice, objective_of(inp, choice),
                           float(solver.best_objective_bound), time.perf_counter() - t0, len(self.x), "skipped")
+
+
+    def without_redundant(self, inp: AllocationInput, allowed: Sequence[bool], start: Sequence[int | None]
+                          ) -> list[bool]:
+        """``allowed`` less the options no optimum needs when a system's supply is unlimited (every allowed option
+        on it fits at once, as in the binding-supply check): an option of a job on such a system with a score at
+        least as good and a price no higher (for each budget that is set) than another option of the same job makes
+        that one redundant, as any assignment using the other swaps to it without using more of any supply or
+        budget and without a worse objective. The optimum's objective is unchanged; ``start`` stays allowed."""
+        used = [0] * len(inp.capacity_nodes)
+        for k, o in enumerate(inp.options):
+            if allowed[k]:
+                used[o.system] += o.nodes
+        unlimited = {s for s, (u, cap) in enumerate(zip(used, inp.capacity_nodes, strict=True)) if u <= cap}
+        out = list(allowed)
+        if not unlimited:
+            return out
+        sign = 1 if inp.sense == "max" else -1
+        hourly, total = inp.max_cents_per_hour is not None, inp.max_cents is not None
+        keep = set(start)
+
+        def covers(a: Option, b: Option) -> bool:  # a at least as good as b, no dearer
+            return (sign * a.score >= sign * b.score and (not hourly or a.cents_per_hour <= b.cents_per_hour)
+                    and (not total or a.cents <= b.cents))
+
+        for ks in self.by_job:
+            free = sorted((k for k in ks if allowed[k] and inp.options[k].system in unlimited),
+                          key=lambda k: (-sign * inp.options[k].score, inp.options[k].cents_per_hour,
+                                         inp.options[k].cents, k))
+            best: list[Option] = []  # the job's options on unlimited systems that no other one covers
+            for k in free:
+                if not any(covers(a, inp.options[k]) for a in best):
+                    best.append(inp.options[k])
+            if not best:
+                continue
+            chosen = {id(a) for a in best}
+            for k in ks:
+                o = inp.options[k]
+                if allowed[k] and k not in keep and id(o) not in chosen and any(covers(a, o) for a in best):
+                    out[k] = False
+        return out
 
 
 INT_BOUND = 2**62  # "no limit" for a constraint bound changed in place (CP-SAT's int64 domain)

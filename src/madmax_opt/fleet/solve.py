@@ -315,6 +315,7 @@ class FleetRun:
     scored: list[Scored] = field(init=False)
     relaxed_solves: dict[tuple[Any, ...], Allocation] = field(init=False, default_factory=dict)
     relaxation: tuple[RelaxationModel, Instance] | None = field(init=False, default=None)
+    full_index: dict[int, int] = field(init=False, default_factory=dict)  # id(scored option) -> its index there
 
     def __post_init__(self) -> None:
         self.scored = scored_options(self.fleet, self.tables)
@@ -373,10 +374,11 @@ def _resolve(run: FleetRun, relaxed: Instance, base: Instance, alloc: Allocation
     if run.relaxation is None:
         full = instance(run.fleet, run.scored, frozenset(range(len(run.fleet.jobs))))  # every option
         run.relaxation = (RelaxationModel(full.inp), full)
+        run.full_index = {id(s): k for k, s in enumerate(full.scored)}
     model, full = run.relaxation
     memo = (relaxed.inp.capacity_nodes, relaxed.inp.max_cents_per_hour, relaxed.inp.max_cents, relaxed.relaxed)
     if memo not in run.relaxed_solves:
-        index = {id(s): k for k, s in enumerate(full.scored)}
+        index = run.full_index
         start = [index[id(base.scored[k])] if k is not None else None for k in alloc.choice]
         own = (base.inp.capacity_nodes, base.inp.max_cents_per_hour, base.inp.max_cents, base.relaxed)
         if any(_within(memo, known) and again.status == "optimal" and again.objective == alloc.objective
@@ -445,6 +447,7 @@ def binding_constraints(run: FleetRun, inst: Instance, value: float | None, allo
             out.append(Binding(constraint=f"budget.{key}", gain=gain,
                                detail=f"{getattr(fleet.spec.budget, key):,.0f} US$" + ("/h" if key == "usd_per_hour" else "")))
     targeted = sorted({s.job for s in run.scored if s.misses})[:MAX_TARGET_CHECKS]
+    _settle_targets(run, inst, alloc, targeted)
     for j in targeted:  # what _resolve reads of instance(fleet, run.scored, {j}): the base supply and budgets
         relaxed = replace(inst, scored=[s for s in run.scored if s.misses is None or s.job == j],
                           relaxed=frozenset({j}))
@@ -460,6 +463,23 @@ def binding_constraints(run: FleetRun, inst: Instance, value: float | None, allo
             out.append(Binding(constraint=f"jobs.{job.name}.{'/'.join(what) or 'targets'}", gain=gain,
                                detail=detail))
     return sorted(out, key=lambda b: (-b.gain, b.constraint))
+
+
+def _settle_targets(run: FleetRun, inst: Instance, alloc: Allocation, jobs: list[int]) -> None:
+    """Group tests for the target checks: the targets of ``jobs`` relaxed together and re-solved; proven no better
+    than the base, every job of the group relaxed alone lies between the two and is no better either (``_resolve``
+    then takes the base allocation without a solve); else each half is tested the same way. Each job still gets
+    its own check afterwards: one that gains is always re-solved alone."""
+    if len(jobs) < 2:
+        return
+    group = frozenset(jobs)
+    relaxed = replace(inst, scored=[s for s in run.scored if s.misses is None or s.job in group], relaxed=group)
+    again, _ = _resolve(run, relaxed, inst, alloc)
+    if again.status == "optimal" and again.objective == alloc.objective:
+        return
+    half = len(jobs) // 2
+    _settle_targets(run, inst, alloc, jobs[:half])
+    _settle_targets(run, inst, alloc, jobs[half:])
 
 
 def explain_infeasible(run: FleetRun, inst: Instance, alloc: Allocation) -> str:
