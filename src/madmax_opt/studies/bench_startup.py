@@ -18,15 +18,16 @@ from pathlib import Path
 
 from madmax_opt.studies.bench import machine_info
 
-BAR_S = 0.5  # issue 16: `--help` and `schema` start in under half a second
+BAR_S = 0.5  # issue 16: `--help` and `schema` start in under half a second; issue 26: any example solve too
 COMMANDS: tuple[tuple[str, ...], ...] = (
     ("--help",),
     ("--version",),
     ("schema",),
     ("catalog", "gpus", "--json"),
     ("solve", "problems/llama2-70b-h100.yaml", "--json"),
+    ("solve", "problems/serve-llama3-70b-arrival.yaml", "--json"),  # online serving (Poisson arrivals)
 )
-BARRED: frozenset[tuple[str, ...]] = frozenset({("--help",), ("schema",)})
+BARRED: frozenset[tuple[str, ...]] = frozenset({("--help",), ("schema",), *(c for c in COMMANDS if c[0] == "solve")})
 
 
 @dataclass(frozen=True)
