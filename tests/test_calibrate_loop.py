@@ -146,8 +146,8 @@ def test_benchmark_clients_of_replicas_and_disaggregation(tmp_path: Path) -> Non
                 and f"--max-concurrency 64 --num-prompts 640 --save-result --result-filename {result} &" in script)
     problem = tmp_path / "pd.yaml"
     problem.write_text(yaml.safe_dump({"model": "llama2-70b", "hardware": {"gpu": "h100-sxm", "gpus": 16},
-                                       "task": {"kind": "inference", "prompt_len": 4096, "output_len": 256,
-                                                "disaggregated": True}}))
+                                       "task": {"kind": "inference", "prompt_len": 3840, "output_len": 256,
+                                                "disaggregated": True}}))  # within Llama-2's 4096 context
     plan.write_text(yaml.safe_dump({"dp": 4, "tp": 4, "batch": 32, "prefill_replicas": 1}))
     r = run_main("emit", problem, "vllm", "--plan", plan, "--benchmark", "5", "--out", tmp_path / "v", "--force")
     assert r.returncode == 0, r.stderr

@@ -230,7 +230,7 @@ def test_summary_of_a_uniform_winner_is_the_uniform_search() -> None:
 def test_even_split_that_ties_is_reported_uniform(monkeypatch: pytest.MonkeyPatch) -> None:
     """An uneven search that returns the even split of the best uniform plan (its rounding a few us lower) must not
     be reported as an uneven plan."""
-    from madmax_opt.search import solver
+    from madmax_opt.search import solver, stages
     from madmax_opt.search.stages import UnevenResult
 
     data = _gpt3(512, {"pp": 8, "tp": 8, "vpp": 1, "uneven_stages": True})
@@ -243,7 +243,7 @@ def test_even_split_that_ties_is_reported_uniform(monkeypatch: pytest.MonkeyPatc
     def fake(*args: Any, **kwargs: Any) -> UnevenResult:
         return UnevenResult(even, step_us, "optimal", 1, 0, 0.01, 10, step_us, step_us)
 
-    monkeypatch.setattr(solver, "solve_uneven", fake)
+    monkeypatch.setattr(stages, "solve_uneven", fake)  # solver imports it from there when uneven stages are on
     out, recs = solve_records(problem)
     assert recs[0]["plan"]["stage_layers"] is None and out.summary()["search"] == "uniform"
     assert recs[0]["step_time_s"] == base_recs[0]["step_time_s"]
