@@ -11,6 +11,7 @@ broken by enumeration order; candidates whose stability limit cannot beat the be
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -130,13 +131,15 @@ CHUNK = 64  # candidates whose max rate is computed together
 
 
 def solve_online(problem: Problem, top_k: int = 1, model: ServingModel | None = None,
-                 cpsat: CpSatOptions | None = None, workers: int = 1) -> dict[str, Any]:
+                 cpsat: CpSatOptions | None = None, workers: int = 1, each_system: bool = False) -> dict[str, Any]:
     """The JSON object of ``solve`` for an arrival-rate problem: best plans by arrival rate per GPU.
 
     Exact pruning: a plan's max rate is at most its stability limit, so its objective is at least
     rint(gpus / limit); candidates are evaluated in order of that bound, in chunks, until the next bound exceeds the
     k-th best objective found (ties are kept: they could win on enumeration order). ``cpsat`` and ``workers`` are
-    the CLI's CP-SAT options: refused when set (``check_options``)."""
+    the CLI's CP-SAT options: refused when set (``check_options``). With ``each_system``, the same search goes on
+    (over the candidates of the systems not yet settled) until each system's best is known, and ``options`` lists
+    each system's best plan, as the problem solved on that system alone returns it (``online_options``)."""
     t0 = time.perf_counter()
     check_options(problem, cpsat, workers)
     model = model or ServingModel(problem)
@@ -154,10 +157,10 @@ def solve_online(problem: Problem, top_k: int = 1, model: ServingModel | None = 
     searched = np.zeros(len(plans), dtype=bool)  # max rate computed (the others miss a target at the arrival rate)
     found: list[tuple[int, int]] = []  # (objective, index) of admissible candidates evaluated
     evaluated = 0
-    for start in range(0, len(order), CHUNK):
-        if len(found) >= top_k and lb[order[start]] > sorted(found)[top_k - 1][0]:
-            break
-        idx = np.array(order[start : start + CHUNK], dtype=np.int64)
+
+    def evaluate(idx: NDArray[np.int64]) -> list[tuple[int, int]]:
+        """Max rates of the candidates ``idx`` (rows are independent: a candidate's rate does not depend on the
+        others evaluated with it); the admissible ones as (objective, index)."""
         part = table.take(idx)
         # every latency grows with the rate: a plan that misses a target at the arrival rate has max rate below
         # it (inadmissible), so only the plans meeting every target there are searched (one model call)
@@ -165,9 +168,18 @@ def solve_online(problem: Problem, top_k: int = 1, model: ServingModel | None = 
         if carries.any():
             rate[idx[carries]] = max_rate(part.take(np.flatnonzero(carries)), task.latency_targets())
         searched[idx[carries]] = True
-        evaluated += len(idx)
         obj = gpu_us_per_request(plans.gpus[idx], rate[idx])
-        found += [(int(o), int(i)) for o, i, r in zip(obj, idx, rate[idx], strict=True) if r >= task.arrival_rate]
+        return [(int(o), int(i)) for o, i, r in zip(obj, idx, rate[idx], strict=True) if r >= task.arrival_rate]
+
+    start = 0
+    for start in range(0, len(order), CHUNK):
+        if len(found) >= top_k and lb[order[start]] > sorted(found)[top_k - 1][0]:
+            break
+        idx = np.array(order[start : start + CHUNK], dtype=np.int64)
+        found += evaluate(idx)
+        evaluated += len(idx)
+    else:
+        start = len(order)
     if not found:
         missed = np.array(order[:evaluated], dtype=np.int64)
         missed = missed[~searched[missed]]
@@ -175,23 +187,64 @@ def solve_online(problem: Problem, top_k: int = 1, model: ServingModel | None = 
             rate[missed] = max_rate(table.take(missed), task.latency_targets())
         raise InfeasibleError(_explain(model, OnlineCandidates(plans, table, valid, rate, bound.at_rate)))
     top = [i for _, i in sorted(found)[:top_k]]
-    sel = np.array(top, dtype=np.int64)
-    sub = plans.take(sel)
+    systems = [model.problem.hardware[int(h)].system.name for h in plans.hw]
+    best_of: dict[str, tuple[int, int]] = {}  # system -> (objective, index) of its best
+    if each_system:  # the search goes on over the systems whose best is not settled yet
+        rest = order[start:]
+        for o, i in found:
+            best_of[systems[i]] = min(best_of.get(systems[i], (o, i)), (o, i))
+        while rest:
+            # a candidate can still be its system's best while its bound is at most that system's best objective
+            rest = [i for i in rest if systems[i] not in best_of or lb[i] <= best_of[systems[i]][0]]
+            if not rest:
+                break
+            idx = np.array(rest[:CHUNK], dtype=np.int64)
+            rest = rest[CHUNK:]
+            for o, i in evaluate(idx):
+                best_of[systems[i]] = min(best_of.get(systems[i], (o, i)), (o, i))
+    sel = np.array(top + [i for _, i in best_of.values()], dtype=np.int64)
     sub_table = table.take(sel)
     at_rate = latency(sub_table, np.full(len(sel), task.arrival_rate) / sub_table.replicas)
-    oc = OnlineCandidates(sub, sub_table, valid[sel], rate[sel], at_rate)
+    oc = OnlineCandidates(plans.take(sel), sub_table, valid[sel], rate[sel], at_rate)
     records = [record(model, oc, j) for j in range(len(sel))]
-    return {
+    optimum = sorted(found)[0][0]
+    result: dict[str, Any] = {
         "task": "inference-online",
         "status": "optimal",  # exhaustive over the candidates with exact pruning: proven
         "objective": "arrival rate per GPU",
         "best": records[0],
-        "top": records,
+        "top": records[: len(top)],
         "solver": {"method": "exhaustive with exact pruning by the stability limit", "candidates": len(plans),
                    "evaluated": evaluated, "admissible_evaluated": len(found),
-                   "objective": sorted(found)[0][0], "objective_unit": "GPU-us per request",
+                   "objective": optimum, "objective_unit": "GPU-us per request",
                    "wall_s": time.perf_counter() - t0},
     }
+    if each_system:
+        per_system = zip(best_of, best_of.values(), records[len(top) :], strict=True)
+        result["options"] = online_options(problem, float(optimum), {s: (o, r) for s, (o, _), r in per_system})
+    return result
+
+
+def online_options(problem: Problem, optimum: float,
+                   best_of: dict[str, tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each system's best plan (``best_of``: system -> (objective, record), GPU-us per request), its objective and
+    how far it is from the optimum; a system with no admissible plan is solved alone for the reason."""
+    rows: list[dict[str, Any]] = []
+    for name in dict.fromkeys(o.system.name for o in problem.hardware):
+        if name not in best_of:
+            try:
+                solve_online(dataclasses.replace(problem, hardware=tuple(
+                    o for o in problem.hardware if o.system.name == name)), 1)
+            except (InfeasibleError, ProblemError) as exc:
+                rows.append({"system": name, "best": None, "objective": None, "vs_optimum": None,
+                             "reason": str(exc)})
+                continue
+            raise AssertionError(f"{name}: the search settled no best plan, alone it has one")
+        value = float(best_of[name][0])
+        rows.append({"system": name, "best": best_of[name][1], "objective": value,
+                     "vs_optimum": value / optimum - 1.0 if optimum > 0 else 0.0, "reason": None})
+    rows.sort(key=lambda r: (r["vs_optimum"] is None, r["vs_optimum"] or 0.0))
+    return rows
 
 
 def evaluate_online(problem: Problem, plans: list[Any]) -> list[dict[str, Any]]:

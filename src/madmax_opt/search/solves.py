@@ -36,10 +36,8 @@ def solve_online_serving(problem: Problem, o: SearchOptions) -> dict[str, Any]:
     """Online serving: Poisson arrivals, percentiles (search/online.py); each system's best with several."""
     from madmax_opt.search.online import solve_online
 
-    online = solve_online(problem, o.top_k, cpsat=o.cpsat, workers=o.workers)
-    if _systems(problem) > 1:
-        online["options"] = _online_options(problem, online, o.cpsat, o.workers)
-    return online
+    # several systems: each system's best from the same search (search/online.py online_options)
+    return solve_online(problem, o.top_k, cpsat=o.cpsat, workers=o.workers, each_system=_systems(problem) > 1)
 
 
 def solve_steady_serving(problem: Problem, o: SearchOptions) -> dict[str, Any]:
@@ -159,25 +157,3 @@ def _serving_options(problem: Problem, result: dict[str, Any]) -> list[dict[str,
     return compare_systems(problem, c.objective(problem.objective), serving.brute_force_order(model, c,
                            problem.objective), c.plans.hw, result["solver"]["objective"],
                            lambda i: serving.to_records(model, c, [i])[0], why_not)
-
-
-def _online_options(problem: Problem, result: dict[str, Any], cpsat: CpSatOptions | None,
-                    workers: int) -> list[dict[str, Any]]:
-    """Online serving: each system's best plan by solving the problem on that system alone (the online search
-    keeps no per-system order), its objective (GPU-us per request) and how far it is from the optimum."""
-    from madmax_opt.core.errors import InfeasibleError
-    from madmax_opt.search.online import solve_online
-
-    optimum = float(result["solver"]["objective"])
-    rows: list[dict[str, Any]] = []
-    for name in dict.fromkeys(o.system.name for o in problem.hardware):
-        try:
-            alone = solve_online(_only(problem, name), 1, cpsat=cpsat, workers=workers)
-        except (InfeasibleError, ProblemError) as exc:
-            rows.append({"system": name, "best": None, "objective": None, "vs_optimum": None, "reason": str(exc)})
-            continue
-        value = float(alone["solver"]["objective"])
-        rows.append({"system": name, "best": alone["best"], "objective": value,
-                     "vs_optimum": value / optimum - 1.0 if optimum > 0 else 0.0, "reason": None})
-    rows.sort(key=lambda r: (r["vs_optimum"] is None, r["vs_optimum"] or 0.0))
-    return rows
