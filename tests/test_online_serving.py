@@ -161,7 +161,7 @@ def _bisected_max_rate(st: Any, targets: dict[str, float], steps: int = 30) -> A
 
 
 def test_vectorised_rate_search_equals_bisection_on_the_percentiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    from madmax_opt.model import queueing
+    from madmax_opt.model import queueing_math
 
     model = serving_model(8)
     plans = [ServingPlan(tp=8, max_num_seqs=256), ServingPlan(tp=4, dp=2, max_num_seqs=64),
@@ -170,7 +170,7 @@ def test_vectorised_rate_search_equals_bisection_on_the_percentiles(monkeypatch:
     for targets in ({"ttft_p99_s": 0.3, "tpot_p90_s": 0.04}, {"ttft_p50_s": 0.2}, {"tpot_s": 0.03, "ttft_s": 0.5}):
         got = max_rate(st, targets)
         with monkeypatch.context() as m:
-            m.setattr(queueing, "_BISECT", 60)  # quantiles to float resolution: the criterion q_p <= L exactly
+            m.setattr(queueing_math, "BISECT_STEPS", 60)  # quantiles to float resolution: q_p <= L exactly
             want = _bisected_max_rate(st, targets)
         # the same 30 halvings of the stability limit (2^-30 = 9e-10 of it)
         assert np.allclose(got, want, rtol=1e-6, atol=0.0), (targets, got, want)
