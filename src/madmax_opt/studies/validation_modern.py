@@ -49,6 +49,7 @@ SYSTEM_OF: dict[str, str] = {
     "B200": "dgx-b200", "GB200": "gb200-nvl72",
 }
 NEMO_LLAMA2_VOCAB = 32000  # NeMo LLM_VOCAB_SIZE_MAP["llama2"], used by its llama2 FLOPs formula
+NEMO2_FP8_SOURCE = "dgxc_2503"  # NeMo 2.0 performance recipes (container nemo:24.12): FP8 with FP8 primary weights
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,11 @@ def _case(c: dict[str, Any], catalog: dict[str, Any], alt: bool) -> ModernCase:
             "task": {"seq_len": c["model"]["seq_len"], "global_batch": gbs, "precision": precision},
             # NeMo / Megatron-Bridge performance recipes overlap TP communication with GEMMs (userbuffers)
             "stack": {"framework": "pytorch-fsdp" if framework in UNMODELLED_FRAMEWORKS else framework,
-                      "tp_comm_overlap": framework == "megatron-core" and tp > 1},
+                      "tp_comm_overlap": framework == "megatron-core" and tp > 1,
+                      # NeMo 2.0's FP8 recipe (bf16_with_fp8_mixed, NeMo recipes/precision/mixed_precision.py
+                      # @1dd5fa11: fp8_params = True) keeps FP8 primary weights; DGX Cloud v25.03 ran NeMo 24.12
+                      "fp8_params": framework == "megatron-core" and c["source"]["ref"] == NEMO2_FP8_SOURCE
+                      and precision == "fp8"},
         },
         source=f"training.yaml:{c['id']}",
     )
