@@ -74,6 +74,29 @@ def test_decode_never_beats_its_hbm_and_host_floors(model: str, gpu: str, framew
     assert np.all(c.terms.tpot_s[ok] >= host_floor_s * (1 - TOL))
 
 
+@PROPERTY
+@given(model=st.sampled_from(["mixtral-8x7b", "deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b"]),
+       gpu=st.sampled_from(["h100-sxm", "h200-sxm", "b200", "mi300x"]), framework=st.sampled_from(FRAMEWORKS),
+       gpus=st.sampled_from([8, 16]))
+def test_moe_decode_never_beats_streaming_its_active_weights(model: str, gpu: str, framework: str, gpus: int) -> None:
+    """Per step each GPU reads its shard of attention, shared experts and head, and the k experts a token is routed
+    to are read somewhere: at least k / max(tp, ep) of one expert per GPU on average (the step waits for the slowest)."""
+    m = catalog.models()[model]
+    assert m.moe is not None
+    precision = "fp8" if "fp8" in catalog.gpus()[gpu].peak_flops else "bf16"
+    c = candidates(serving(model, gpu, framework, precision, [gpus]))
+    ok = c.valid
+    dh = m.head_dim or m.hidden // m.heads
+    attention = m.hidden * (m.heads + 2 * m.kv_heads) * dh + m.heads * dh * m.hidden
+    expert = 3 * m.hidden * m.moe.expert_ffn
+    per_gpu = (m.layers * (attention + m.moe.shared_experts * expert) + m.vocab * m.hidden) / c.plans.tp \
+        + m.layers * m.moe.top_k * expert / np.maximum(c.plans.tp, c.plans.ep)
+    floor_s = per_gpu * WEIGHT_BYTES[precision] / catalog.gpus()[gpu].hbm_bw
+    assert np.all(c.terms.tpot_s[ok] >= floor_s[ok] * (1 - TOL))
+    host_floor_s = m.layers * serving_catalog().resolve(gpu, framework)[0].layer_overhead_s
+    assert np.all(c.terms.tpot_s[ok] >= host_floor_s * (1 - TOL))
+
+
 def _same_plans(small: ServingModel, big: ServingModel) -> tuple[ServingCandidates, ServingCandidates]:
     plans = enumerate_serving(small)
     return candidates(small, plans), candidates(big, plans)
