@@ -45,13 +45,15 @@ def test_registry_names_are_the_problem_file_literal() -> None:
 
 
 def test_formulas_by_hand() -> None:
-    # 2 s per token on 4 GPUs at $36/h and 2 kW, 1000 tokens to train
-    r = Rates(np.array([2.0]), np.array([4.0]), np.array([36.0]), np.array([2000.0]), 1000.0)
+    # 2 s per token on 4 GPUs at $9/GPU-h and 500 W per GPU ($36/h, 2 kW), 1000 tokens to train
+    system = catalog.systems()["dgx-h100"].model_copy(update={"price_per_gpu_hour": 9.0, "power_w_per_gpu": 500.0})
+    r = Rates(np.array([2.0]), (system,), ((np.array([0]), np.array([4.0])),), 1000.0)
+    assert (r.gpus[0], r.usd_per_hour[0], r.watts[0]) == (4.0, 36.0, 2000.0)
     assert objective_values("throughput", r)[0] == 2.0
     assert objective_values("cost", r)[0] == pytest.approx(36.0 / 3600.0 * 2.0)  # $0.02 per token
     assert objective_values("time_to_train", r)[0] == 2000.0  # s
     assert objective_values("energy", r)[0] == 4000.0  # J per token
-    per_gpu = Rates(r.seconds_per_unit, r.gpus, r.usd_per_hour, r.watts, None, throughput_per_gpu=True)
+    per_gpu = Rates(r.seconds_per_unit, r.systems, r.parts, None, throughput_per_gpu=True)
     assert objective_values("throughput", per_gpu)[0] == 8.0  # GPU-s per token
 
 

@@ -5,6 +5,7 @@ unit per family) is searched by the training and serving searches and named in t
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,8 @@ from madmax_opt.model.plan_settings import (
     settings,
     training_only_settings,
 )
-from madmax_opt.model.spec import Plan
+from madmax_opt.model.problem import Problem
+from madmax_opt.model.spec import Plan, System
 from madmax_opt.report.fleet_report import PLAN_COLUMNS
 from madmax_opt.search.serving import solve_result, solve_serving
 from madmax_opt.search.serving_space import TRAINING_KNOBS, ServingModel
@@ -54,14 +56,28 @@ def test_every_knob_list_is_the_registry() -> None:
     assert training_only_settings() == TRAINING_KNOBS  # serving refusals
 
 
-CARBON_G_PER_J = 400.0 / 3.6e6  # 400 g CO2 per kWh of wall energy: a dummy grid intensity for the test
+J_PER_KWH = 3.6e6
+# A new per-system input, declared only here: the grid's carbon intensity (g CO2 per kWh of wall energy). It is a
+# field of the system (as model/spec.py would declare it), read by the objective through Rates.per_deployment: no
+# search file knows about it.
+CarbonSystem = create_model("CarbonSystem", __base__=System,
+                            grid_g_per_kwh=(float, Field(400.0, ge=0.0, description="grid carbon intensity")))
+
+
+def with_grid(problem: Problem, g_per_kwh: dict[str, float]) -> Problem:
+    """The problem with each system's grid intensity set (as data/systems.yaml would give it)."""
+    hardware = tuple(dataclasses.replace(o, system=CarbonSystem(**o.system.model_dump(),
+                                                                grid_g_per_kwh=g_per_kwh[o.system.name]))
+                     for o in problem.hardware)
+    return dataclasses.replace(problem, hardware=hardware, objective="carbon")
 
 
 @pytest.fixture
 def carbon(monkeypatch: pytest.MonkeyPatch) -> Objective:
     """A carbon objective registered in the one registry only (value and integer units per family)."""
     obj = Objective("carbon", "grams of CO2 per token", "g",  # type: ignore[arg-type]
-                    lambda r: r.watts * r.seconds_per_unit * CARBON_G_PER_J,
+                    lambda r: r.per_deployment(lambda s: s.power_w_per_gpu * s.grid_g_per_kwh / J_PER_KWH)
+                    * r.seconds_per_unit,
                     IntegerUnit(1e6, "the carbon per step of the best plan", "g", 1e6, "ug per step",
                                 "task.global_batch"),
                     IntegerUnit(1e9, "the carbon per output token of the best plan", "g", 1e9, "ng per output token",
@@ -70,32 +86,56 @@ def carbon(monkeypatch: pytest.MonkeyPatch) -> Objective:
     return obj
 
 
-def test_a_registered_objective_is_searched_by_training(carbon: Objective) -> None:
-    problem = problem_from_dict({"model": "llama2-7b", "hardware": {"gpu": "h100-sxm", "gpus": [8, 16]},
-                                 "task": {"kind": "pretrain", "seq_len": 2048, "global_batch": 64}})
-    problem = dataclasses.replace(problem, objective="carbon")
+TWO_SYSTEMS = {"model": "llama2-7b", "hardware": [{"system": "dgx-h100", "gpus": [8, 16]},
+                                                  {"system": "dgx-a100", "gpus": [8, 16]}],
+               "task": {"kind": "pretrain", "seq_len": 2048, "global_batch": 64}}
+
+
+@pytest.mark.parametrize("grid", [{"dgx-h100": 20.0, "dgx-a100": 800.0}, {"dgx-h100": 800.0, "dgx-a100": 20.0}])
+def test_a_registered_objective_with_a_new_system_input_is_searched_by_training(
+    carbon: Objective, grid: dict[str, float]
+) -> None:
+    problem = with_grid(problem_from_dict(TWO_SYSTEMS), grid)
     out = solve(problem)
     model = Model(problem)
     c = candidates(model, enumerate_plans(problem))
     ok = admissible(model, c)
-    # written out by hand: wall W x rounded step s x g/J, in micrograms per step, rounded once
+    # written out by hand from the catalog: GPUs x W per GPU x g per kWh / (J per kWh) x rounded step s, in ug per
+    # step, rounded once
+    names = [o.system.name for o in problem.hardware]
+    watts = np.array([o.system.power_w_per_gpu for o in problem.hardware])[c.plans.hw]
+    g_per_kwh = np.array([grid[n] for n in names])[c.plans.hw]
     step_s = c.step_us / US
-    ug = np.rint(c.met.terms.gpus * c.met.power_w_per_gpu * step_s * CARBON_G_PER_J * 1e6).astype(np.int64)
+    ug = np.rint(c.met.terms.gpus * watts * g_per_kwh / J_PER_KWH * step_s * 1e6).astype(np.int64)
     idx = np.flatnonzero(ok)
     best = idx[np.lexsort((idx, ug[idx]))][0]
     assert out.objective == ug[best]
     assert out.candidates.plans.plan(out.top[0]) == c.plans.plan(int(best))
+    # the input decides: the plan runs on the system with the cleaner grid (20 vs 800 g/kWh outweighs any speed gap)
+    assert names[int(c.plans.hw[best])] == min(grid, key=grid.__getitem__)
 
 
 def test_a_registered_objective_is_searched_by_serving(carbon: Objective) -> None:
-    problem = load_problem(ROOT / "problems" / "serve-llama2-70b-dgx-h100.yaml")
-    problem = dataclasses.replace(problem, objective="carbon")
+    base = load_problem(ROOT / "problems" / "serve-llama2-70b-dgx-h100.yaml")
+    problem = with_grid(base, {o.system.name: 300.0 for o in base.hardware})
     model = ServingModel(problem)
     out = solve_serving(problem, model=model)
     c = out.candidates
-    r = c.rates()
-    ng = np.rint(np.asarray(r.watts * r.seconds_per_unit, dtype=np.float64) * CARBON_G_PER_J * 1e9)
+    watts = np.array([o.system.power_w_per_gpu for o in problem.hardware])[c.plans.hw] * c.plans.gpus
+    s_per_token = 1.0 / np.maximum(c.terms.output_tokens_per_s, 1e-30)
+    ng = np.rint(watts * s_per_token * 300.0 / J_PER_KWH * 1e9)
     ok = np.flatnonzero(serving_admissible(model, c))
     assert out.top[0] == ok[np.lexsort((ok, ng[ok]))][0]
     assert solve_result(problem, 1, 60.0, 1)["solver"]["objective_unit"] == "ng per output token"
-    assert isinstance(r, Rates)
+
+
+def test_rates_are_built_from_the_deployment_only() -> None:
+    """Rates carry the systems and the GPUs on each, never a priced quantity: a new catalog input reaches every
+    search without a change to the places that build them (the counts of docs/extending.md)."""
+    assert [f.name for f in dataclasses.fields(Rates)] == [
+        "seconds_per_unit", "systems", "parts", "total_units", "throughput_per_gpu"]
+    builders = sorted(str(p.relative_to(ROOT / "src" / "madmax_opt")) for p in (ROOT / "src").rglob("*.py")
+                      if re.search(r"\b(Rates|uniform_rates)\(", p.read_text(encoding="utf-8")))
+    # the searches that build them (no more: a new one is a place to check)
+    assert builders == ["model/objectives.py", "search/dlrm_search.py", "search/robust.py", "search/serving.py",
+                        "search/serving_space.py", "search/solver.py", "search/stage_compositions.py"]

@@ -27,7 +27,7 @@ from madmax_opt.model.hardware import HardwareOption, HardwareTable
 from madmax_opt.model.objectives import energy_mwh, run_cost_usd, usd_per_million_units
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.problem import Problem
-from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
+from madmax_opt.model.spec import RECOMPUTE_MODES, Plan, System
 from madmax_opt.model.training import (
     INVALID_REASONS,
     MEMORY_FIELDS,
@@ -120,6 +120,7 @@ class Metrics:
     price_per_gpu_hour: Arr
     power_w_per_gpu: Arr
     train_tokens: float | None
+    systems: tuple[System, ...]  # the problem's hardware options' systems (plans.hw indexes them)
 
     @cached_property
     def step_time_s(self) -> Arr:
@@ -158,6 +159,7 @@ def metrics(model: Model, plans: PlanArrays, terms: TrainingTerms | None = None)
         price_per_gpu_hour=model.table.price_per_gpu_hour[plans.hw],
         power_w_per_gpu=model.table.power_w_per_gpu[plans.hw],
         train_tokens=model.problem.training_task.train_tokens,
+        systems=tuple(o.system for o in model.problem.hardware),
     )
 
 

@@ -8,29 +8,73 @@ per unit of work; the uneven-stage search relies on that (a stage split changes 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal, get_args
 
 import numpy as np
 
-from madmax_opt.core.numeric import Arr
+from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.core.units import NS, SECONDS_PER_HOUR, US
+from madmax_opt.model.hardware_spec import System
 
 ObjectiveName = Literal["throughput", "cost", "time_to_train", "energy"]
 
 
 @dataclass(frozen=True)
 class Rates:
-    """Per candidate: what the objectives are computed from (arrays, SI units)."""
+    """Per candidate: what the objectives are computed from (arrays, SI units), and the one way they are built.
+
+    A deployment is described, not priced: the systems it may use and, per part of it, which system each candidate
+    runs that part on and on how many GPUs (one part for a uniform plan; one per pipeline stage or per hardware choice
+    of a mixed pipeline). Every catalog quantity of the deployment (price, wall power, or a new per-system input such
+    as grid carbon intensity) is a sum over its GPUs of a ``System`` field (``per_deployment``), so a new input is a
+    ``System`` field (model/spec.py, data/systems.yaml) and the objective that reads it, here: no search changes.
+    """
 
     seconds_per_unit: Arr  # wall seconds per token (or sample) of the whole deployment = 1 / throughput
-    gpus: Arr
-    usd_per_hour: Arr  # the whole deployment
-    watts: Arr  # wall power of the whole deployment (GPUs + host share: System.power_w_per_gpu)
+    systems: tuple[System, ...]  # what a part's index points at (a problem's hardware options' systems)
+    parts: tuple[tuple[IntArr, Arr], ...]  # per part: (index into systems, GPUs there) per candidate
     total_units: float | None = None  # task.train_tokens / task.train_samples (time_to_train)
     # serving searches the replica count itself, so its throughput is per GPU (else the largest deployment wins)
     throughput_per_gpu: bool = False
+
+    def per_deployment(self, per_gpu: Callable[[System], float]) -> Arr:
+        """Per candidate, the sum over its GPUs of ``per_gpu(system)`` (e.g. W per GPU -> W of the deployment)."""
+        col = np.array([per_gpu(s) for s in self.systems], dtype=np.float64)
+        total: Arr | None = None
+        for idx, gpus in self.parts:
+            term = col[idx] * gpus
+            total = term if total is None else total + term
+        assert total is not None, "a deployment has at least one part"
+        return total
+
+    @cached_property
+    def gpus(self) -> Arr:
+        total: Arr | None = None
+        for _, gpus in self.parts:
+            g = np.asarray(gpus, dtype=np.float64)
+            total = g if total is None else total + g
+        assert total is not None, "a deployment has at least one part"
+        return total
+
+    @cached_property
+    def usd_per_hour(self) -> Arr:
+        """The whole deployment's price (System.price_per_gpu_hour x GPUs)."""
+        return self.per_deployment(lambda s: s.price_per_gpu_hour)
+
+    @cached_property
+    def watts(self) -> Arr:
+        """Wall power of the whole deployment (GPUs + host share: System.power_w_per_gpu x GPUs)."""
+        return self.per_deployment(lambda s: s.power_w_per_gpu)
+
+
+def uniform_rates(seconds_per_unit: Arr, systems: Sequence[System], hw: IntArr, gpus: Arr,
+                  total_units: float | None = None, throughput_per_gpu: bool = False) -> Rates:
+    """Rates of candidates that each run on one system: ``systems[hw]`` x ``gpus`` GPUs."""
+    return Rates(seconds_per_unit, tuple(systems), ((np.asarray(hw, dtype=np.int64), np.asarray(gpus)),),
+                 total_units, throughput_per_gpu)
 
 
 @dataclass(frozen=True)
@@ -199,5 +243,6 @@ def objective_values(name: str, rates: Rates) -> Arr:
 
 __all__ = [
     "FLEET_OBJECTIVES", "OBJECTIVES", "FleetObjective", "FleetObjectiveName", "IntegerUnit", "Objective",
-    "ObjectiveName", "Rates", "energy_mwh", "objective", "objective_values", "run_cost_usd", "usd_per_million_units",
+    "ObjectiveName", "Rates", "energy_mwh", "objective", "objective_values", "run_cost_usd", "uniform_rates",
+    "usd_per_million_units",
 ]

@@ -6,16 +6,31 @@ Everything here is SI units (bytes, seconds, FLOP/s, bytes/s). Catalog names are
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from enum import IntEnum, StrEnum
-from typing import Annotated, Literal
+from enum import IntEnum
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from madmax_opt.core.units import SECONDS_PER_HOUR
+from madmax_opt.model.hardware_spec import (  # noqa: F401 (the catalog's shapes, re-exported: part of a problem)
+    FRAMEWORK_FAMILY,
+    FRAMEWORKS,
+    GPU,
+    Calibration,
+    FamilyCalibration,
+    Fraction,
+    Framework,
+    FrameworkCalibration,
+    FrameworkFit,
+    Precision,
+    ServingFrameworkName,
+    Strict,
+    System,
+    Tier,
+    TrainingFramework,
+)
 from madmax_opt.model.objectives import ObjectiveName
 
-Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32", "int8", "int4", "fp4"]
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 
@@ -26,177 +41,6 @@ class RC(IntEnum):
     NONE = RECOMPUTE_MODES.index("none")
     SELECTIVE = RECOMPUTE_MODES.index("selective")
     FULL = RECOMPUTE_MODES.index("full")
-
-Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
-
-
-class Strict(BaseModel):
-    """Base: unknown keys are errors, never silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-# --------------------------------------------------------------------------------------------- hardware
-
-
-class Calibration(Strict):
-    """Per-GPU-type efficiency factors (never per test case). ``source`` says where they come from."""
-
-    gemm_eff: Fraction = Field(description="fraction of peak FLOP/s reached by large bf16 GEMMs")
-    gemm_half_dim: float = Field(
-        ge=0.0, description="per-GPU GEMM dimension at which efficiency halves: eff = gemm_eff * d / (d + half)"
-    )
-    attn_eff: Fraction = Field(description="fraction of peak reached by fused/flash attention kernels")
-    hbm_eff: Fraction = Field(description="fraction of HBM bandwidth reached by memory-bound kernels")
-    layer_overhead_s: float = Field(
-        0.0, ge=0.0, description="fixed kernel-launch/framework time per transformer layer per micro-batch pass"
-    )
-    grouped_gemm_ratio: Fraction = Field(
-        0.61,
-        description="MoE grouped-GEMM efficiency relative to dense GEMMs; default from B200 measurements "
-        "(grouped 0.30 / dense 0.49 of peak, docs/reference/hardware.md)",
-    )
-    fp8_gemm_eff: Fraction | None = Field(
-        None, description="fraction of the FP8 peak reached by large FP8 GEMMs; default: gemm_eff"
-    )
-    mxfp8_gemm_ratio: Fraction = Field(
-        1.0, description="MXFP8 (block-scaled) GEMM throughput relative to per-tensor-scaled FP8 GEMMs"
-    )
-    prior_kind: Literal["datasheet", "fitted"] = Field(
-        "datasheet",
-        description="datasheet: initial values (moved by a framework family's pooled fit where the GPU has no fit "
-        "of its own); fitted: the prior is itself a fit on measured runs (the A100 sets) and is used as it is",
-    )
-    source: str
-
-    def value(self, name: str) -> float:
-        """A fitted field's value (fp8_gemm_eff unset follows gemm_eff)."""
-        v = getattr(self, name)
-        return float(self.gemm_eff if v is None else v)
-
-    def scaled(self, factors: Mapping[str, float]) -> Calibration:
-        """Moved by a fit's factors: value = own value x factor (capped at 1), layer_overhead_s + increment (s).
-        An unset fp8_gemm_eff without a factor of its own keeps following gemm_eff."""
-        update: dict[str, float] = {}
-        for name, f in factors.items():
-            own = self.value(name)
-            update[name] = max(0.0, own + f) if name == "layer_overhead_s" else min(1.0, own * f)
-        return self.model_copy(update=update)
-
-
-class TrainingFramework(StrEnum):
-    """The training frameworks the cost model prices. Compare ``stack.framework`` with these members, never with a
-    bare string: a misspelled member is an AttributeError (and a mypy error), a misspelled string a silent False."""
-
-    MEGATRON_CORE = "megatron-core"
-    TORCHTITAN = "torchtitan"
-    PYTORCH_FSDP = "pytorch-fsdp"
-
-
-# the problem file's field (a Literal keeps its values plain strings in records and dumps); tests/test_frameworks.py
-# checks that it names exactly the TrainingFramework members
-Framework = Literal["megatron-core", "torchtitan", "pytorch-fsdp"]
-FRAMEWORKS: tuple[str, ...] = tuple(f.value for f in TrainingFramework)
-# Software family of each training framework, whose pooled fit prices a GPU without a fit of its own: Megatron-Core
-# (Transformer Engine kernels, distributed optimizer) vs PyTorch-native FSDP (torchtitan: FSDP2; pytorch-fsdp: FSDP1
-# as in llm-foundry; eager PyTorch / torch.compile kernels and SDPA attention).
-FRAMEWORK_FAMILY: dict[str, str] = {
-    "megatron-core": "megatron", "torchtitan": "pytorch-fsdp", "pytorch-fsdp": "pytorch-fsdp"
-}
-# serving runtimes (inference tasks; default vllm there): priced by data/serving_calibration.yaml
-ServingFrameworkName = Literal["vllm", "tensorrt-llm", "sglang", "atom"]
-
-
-class FrameworkFit(Strict):
-    """How one (GPU, framework) calibration was fitted: the runs, their sources and the errors (fractions)."""
-
-    runs: int = Field(ge=0)
-    sources: list[str]
-    fitted: list[str] = Field(description="calibration fields fitted on the runs (the rest keep the GPU prior)")
-    in_sample_median_err: float = Field(ge=0.0)
-    loso_median_err: float | None = Field(None, ge=0.0, description="leave-one-source-out median |error|")
-    method: str
-
-
-class FrameworkCalibration(Strict):
-    """Fitted overrides of a GPU's calibration for one software framework, with the record of the fit."""
-
-    gemm_eff: Fraction | None = None
-    gemm_half_dim: float | None = Field(None, ge=0.0)
-    attn_eff: Fraction | None = None
-    hbm_eff: Fraction | None = None
-    layer_overhead_s: float | None = Field(None, ge=0.0)
-    fp8_gemm_eff: Fraction | None = None
-    mxfp8_gemm_ratio: Fraction | None = None
-    grouped_gemm_ratio: Fraction | None = None
-    fit: FrameworkFit
-
-    def overrides(self) -> dict[str, float]:
-        return {k: v for k, v in self.model_dump(exclude={"fit"}).items() if v is not None}
-
-
-class FamilyCalibration(Strict):
-    """A framework family's fit pooled over its GPUs and frameworks: factors on each GPU's datasheet prior."""
-
-    name: str
-    frameworks: list[Framework]
-    factors: dict[str, float] = Field(description="per fitted field: factor on the prior (layer_overhead_s: + s)")
-    fit: FrameworkFit
-
-
-class GPU(Strict):
-    name: str
-    description: str = ""
-    peak_flops: dict[Precision, PositiveFloat] = Field(description="dense peak FLOP/s per precision")
-    hbm_bytes: PositiveFloat
-    hbm_bw: PositiveFloat = Field(description="HBM bandwidth, bytes/s")
-    tdp_w: PositiveFloat
-    standard_system: str | None = Field(
-        None, description="catalog system that `hardware: {gpu: NAME}` stands for (its standard node)"
-    )
-    calibration: Calibration
-    frameworks: dict[Framework, FrameworkCalibration] = Field(
-        default_factory=dict, description="fitted calibration per software framework (measured runs)"
-    )
-    source: str
-
-
-class Tier(Strict):
-    """One level of the network: GPUs in one domain of this tier, per-GPU one-way bandwidth, latency."""
-
-    name: str
-    size: PositiveInt | None = Field(None, description="GPUs in one domain; None for the outermost tier")
-    bw: PositiveFloat = Field(description="one-direction bandwidth per GPU, bytes/s")
-    latency_s: float = Field(ge=0.0)
-    efficiency: Fraction = Field(description="achieved fraction of bw for large collectives (NCCL bus bw)")
-
-
-class System(Strict):
-    name: str
-    description: str = ""
-    gpu: str
-    gpus_per_node: PositiveInt
-    tiers: list[Tier] = Field(min_length=1, max_length=3)
-    price_per_gpu_hour: float = Field(ge=0.0, description="US$ per GPU-hour")
-    power_w_per_gpu: PositiveFloat = Field(description="wall power per GPU incl. host share, W")
-    source: str
-
-    @model_validator(mode="after")
-    def _tiers_nest(self) -> System:
-        sizes = [t.size for t in self.tiers]
-        if sizes[-1] is not None:
-            raise ValueError("the last tier must have size null (it spans the whole cluster)")
-        inner = [s for s in sizes[:-1]]
-        if any(s is None for s in inner):
-            raise ValueError("only the last tier may have size null")
-        prev = 1
-        for s in inner:
-            assert s is not None
-            if s % prev or s <= prev:
-                raise ValueError(f"tier sizes must nest (each a multiple of the previous), got {sizes}")
-            prev = s
-        return self
-
 
 # ----------------------------------------------------------------------------------------------- models
 

@@ -33,7 +33,7 @@ from madmax_opt.model.dlrm_embedding import (
     shards_from_plan,
 )
 from madmax_opt.model.dlrm_spec import DensePlan, DLRMPlan
-from madmax_opt.model.objectives import Rates, objective_values, usd_per_million_units
+from madmax_opt.model.objectives import Rates, objective_values, uniform_rates, usd_per_million_units
 from madmax_opt.model.problem import DLRMProblem
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.cpsat import options as cpsat_options
@@ -130,9 +130,8 @@ def _rates(problem: DLRMProblem, rec: dict[str, Any]) -> Rates:
     """The objective registry's inputs for one record (model/objectives.py; the unit of work is a sample)."""
     opt = next(o for o in problem.hardware
                if o.system.name == rec["hardware"]["system"] and o.gpus == rec["hardware"]["gpus"])
-    return Rates(np.array([1.0 / rec["samples_per_s"]]), np.array([float(opt.gpus)]),
-                 np.array([float(rec["cost_per_hour_usd"])]), np.array([opt.gpus * opt.system.power_w_per_gpu]),
-                 problem.task.train_samples)
+    return uniform_rates(np.array([1.0 / rec["samples_per_s"]]), [opt.system], np.zeros(1, dtype=np.int64),
+                         np.array([float(opt.gpus)]), problem.task.train_samples)
 
 
 def objective_value(problem: DLRMProblem, rec: dict[str, Any]) -> float:

@@ -22,12 +22,16 @@ from madmax_opt.model.problem import Problem
 
 def objective_value(problem: Problem, rec: Record) -> float:
     """The value the problem's objective minimises for one training record."""
-    power = {o.system.name: o.system.power_w_per_gpu for o in problem.hardware}
-    systems = str(rec["plan"].get("system") or rec["hardware"]["system"]).split("+")
-    gpus = float(rec["hardware"]["gpus"])
-    watts = float(np.mean([power.get(s, 0.0) for s in systems])) * gpus
-    rates = Rates(np.array([1.0 / rec["tokens_per_s"]]), np.array([gpus]), np.array([rec["cost_per_hour_usd"]]),
-                  np.array([watts]), problem.training_task.train_tokens)
+    systems = {o.system.name: o.system for o in problem.hardware}
+    plan = rec["plan"]
+    if plan.get("stage_systems"):  # a mixed pipeline: each stage's GPUs on its own system
+        names, per = list(plan["stage_systems"]), float(plan["dp"] * plan["tp"] * plan["cp"])
+    else:
+        names, per = [str(plan.get("system") or rec["hardware"]["system"])], float(rec["hardware"]["gpus"])
+    listed = tuple(systems[n] for n in dict.fromkeys(names))
+    index = {s.name: j for j, s in enumerate(listed)}
+    rates = Rates(np.array([1.0 / rec["tokens_per_s"]]), listed,
+                  tuple((np.array([index[n]]), np.array([per])) for n in names), problem.training_task.train_tokens)
     return float(objective_values(problem.objective, rates)[0])
 
 

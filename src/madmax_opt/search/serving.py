@@ -30,7 +30,7 @@ from madmax_opt.model.inference import (
     STEP_TERMS,
     ServingArrays,
 )
-from madmax_opt.model.objectives import Rates, objective_values
+from madmax_opt.model.objectives import objective_values, uniform_rates
 from madmax_opt.model.plan_settings import plan_text
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.serving_calibration import ServingCatalog, record_interval
@@ -261,13 +261,9 @@ def cross_check(
     for i, item in zip(outcome.top, records, strict=True):
         rec = item if isinstance(item, ServingRecord) else ServingRecord.model_validate(item)
         gpus = float(rec.hardware.gpus)
-        rates = Rates(  # from the record's own floats, not the integer columns
-            seconds_per_unit=np.array([1.0 / rec.output_tokens_per_s]),
-            gpus=np.array([gpus]),
-            usd_per_hour=np.array([rec.cost_per_hour_usd]),
-            watts=np.array([c.power_w_per_gpu[i] * gpus]),
-            throughput_per_gpu=True,
-        )
+        # from the record's own floats, not the integer columns
+        rates = uniform_rates(np.array([1.0 / rec.output_tokens_per_s]), c.systems, c.plans.hw[i:i + 1],
+                              np.array([gpus]), throughput_per_gpu=True)
         exact = float(objective_values(objective, rates)[0])
         rounded = c.objective(objective)[i] / per_value
         tol = 0.5 / per_value

@@ -35,7 +35,7 @@ from madmax_opt.model.inference import (
     memory_bytes,
     serving_workload,
 )
-from madmax_opt.model.objectives import Rates, usd_per_million_units
+from madmax_opt.model.objectives import Rates, uniform_rates, usd_per_million_units
 from madmax_opt.model.plan_settings import SHARED_DEGREES, training_only_degrees, training_only_settings
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.serving_calibration import (
@@ -45,7 +45,7 @@ from madmax_opt.model.serving_calibration import (
     calibration_columns,
     serving_framework,
 )
-from madmax_opt.model.spec import InferencePrecision, InferenceTask, Plan
+from madmax_opt.model.spec import InferencePrecision, InferenceTask, Plan, System
 from madmax_opt.search.assemble import IntObjective, Limit, admissible_mask, brute_force, cluster_limits
 from madmax_opt.search.objectives import integer_objective, serving_units
 
@@ -296,8 +296,7 @@ class ServingCandidates:
 
     plans: ServingArrays
     terms: InferenceTerms
-    price_per_gpu_hour: Arr
-    power_w_per_gpu: Arr
+    systems: tuple[System, ...]  # the problem's hardware options' systems (plans.hw indexes them)
     ttft_us: IntArr = field(init=False)
     tpot_us: IntArr = field(init=False)
     tokens_per_s: IntArr = field(init=False)  # whole deployment, floored
@@ -319,7 +318,7 @@ class ServingCandidates:
 
     @property
     def cost_per_hour(self) -> Arr:
-        return self.price_per_gpu_hour * self.plans.gpus
+        return self.rates().usd_per_hour
 
     @property
     def usd_per_million_tokens(self) -> Arr:
@@ -331,13 +330,8 @@ class ServingCandidates:
 
     def rates(self) -> Rates:
         """What every registered objective is computed from (model/objectives.py), per output token."""
-        return Rates(
-            seconds_per_unit=1.0 / np.maximum(self.terms.output_tokens_per_s, 1e-30),
-            gpus=self.plans.gpus.astype(np.float64),
-            usd_per_hour=self.cost_per_hour,
-            watts=self.power_w_per_gpu * self.plans.gpus,
-            throughput_per_gpu=True,
-        )
+        return uniform_rates(1.0 / np.maximum(self.terms.output_tokens_per_s, 1e-30), self.systems, self.plans.hw,
+                             self.plans.gpus.astype(np.float64), throughput_per_gpu=True)
 
     def int_objective(self, kind: str) -> IntObjective:
         return integer_objective(kind, self.rates(), serving_units(kind))
@@ -353,8 +347,7 @@ def _integer(x: Arr) -> IntArr:
 
 def candidates(model: ServingModel, plans: ServingArrays | None = None) -> ServingCandidates:
     plans = enumerate_serving(model) if plans is None else plans
-    t = model.table
-    return ServingCandidates(plans, model.terms(plans), t.price_per_gpu_hour[plans.hw], t.power_w_per_gpu[plans.hw])
+    return ServingCandidates(plans, model.terms(plans), tuple(o.system for o in model.problem.hardware))
 
 
 def _min_tokens_per_s(task: InferenceTask, model: ServingModel) -> int | None:

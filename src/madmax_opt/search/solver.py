@@ -32,7 +32,7 @@ from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import InfeasibleError, InternalError, ProblemError
 from madmax_opt.core.numeric import IntArr
 from madmax_opt.core.units import SECONDS_PER_HOUR, US
-from madmax_opt.model.objectives import Rates, run_cost_usd
+from madmax_opt.model.objectives import Rates, run_cost_usd, uniform_rates
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
@@ -77,8 +77,8 @@ class Candidates:
     def rates(self) -> Rates:
         """The registry's inputs at the rounded step time (model/objectives.py)."""
         t = self.met.terms
-        return Rates(self.step_us / US / t.tokens_per_step, t.gpus.astype(np.float64), self.met.cost_per_hour,
-                     t.gpus * self.met.power_w_per_gpu, self.met.train_tokens)
+        return uniform_rates(self.step_us / US / t.tokens_per_step, self.met.systems, self.plans.hw,
+                             t.gpus.astype(np.float64), self.met.train_tokens)
 
     def int_objective(self, kind: str) -> IntObjective:
         """Objective ``kind`` per step in integer units (us, nano-$, mJ; time_to_train: ms of the run)."""

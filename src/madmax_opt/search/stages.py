@@ -34,7 +34,6 @@ constraint); max_gpus and max_cost_per_hour exclude a base or composition. The s
 
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -45,7 +44,6 @@ from numpy.typing import NDArray
 from madmax_opt.analysis.evaluator import Model
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.units import US
-from madmax_opt.model.objectives import Rates
 from madmax_opt.model.pipeline import stage_in_flight
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan, min_stage_layers
@@ -53,15 +51,15 @@ from madmax_opt.model.step_time import INTEGER_TERMS, step_form
 from madmax_opt.model.training import invalid_codes, layer_costs, stage_costs
 from madmax_opt.search.cpsat import CpSatOptions, has_solution
 from madmax_opt.search.cpsat import run as cpsat_run
-from madmax_opt.search.objectives import rate_per_second, training_units
 from madmax_opt.search.space import enumerate_plans
 from madmax_opt.search.stage_bounds import shape_key, strong_bounds
+from madmax_opt.search.stage_compositions import Composition
+from madmax_opt.search.stage_compositions import compositions as _compositions
+from madmax_opt.search.stage_compositions import stage_supply as _stage_supply
 from madmax_opt.search.stage_limits import StepLimits, usd_per_hour
 
 if TYPE_CHECKING:  # imported where a CP-SAT model is built (0.4 s: it pulls in pandas)
     from ortools.sat.python import cp_model
-
-Composition = tuple[dict[int, int] | None, float]  # stages per hardware choice (None: not fixed), rate
 
 
 @dataclass(frozen=True)
@@ -312,51 +310,6 @@ def _solve_base(
     chosen = [int(live[j]) for j in range(len(x)) if solver.value(x[j])]
     status = "optimal" if st == cp_model.OPTIMAL else "feasible"
     return status, solver.objective_value / pv, chosen, len(x)
-
-
-def _stage_supply(model: Model, base: PlanArrays, hw_choices: list[int]) -> list[tuple[list[int], int]]:
-    """Per GPU type with a supply: (its hardware choices, how many stages of dp*tp*cp GPUs the supply holds)."""
-    if not model.problem.space.mixed_stages:
-        return []
-    per_stage = int(base.dp[0] * base.tp[0] * base.cp[0])
-    out = []
-    hw_by_gpu: dict[str, list[int]] = {}
-    for hw in hw_choices:
-        hw_by_gpu.setdefault(model.problem.hardware[hw].gpu.name, []).append(hw)
-    for gpu, hws in hw_by_gpu.items():
-        limits = [o.supply for o in model.problem.hardware if o.gpu.name == gpu and o.supply is not None]
-        if limits:
-            out.append((hws, min(limits) // per_stage))
-    return out
-
-
-def _compositions(
-    model: Model, base: PlanArrays, hws: list[int], supply: list[tuple[list[int], int]], objective: str,
-    priced: bool = False,
-) -> list[Composition]:
-    """(stages per hardware choice, objective units per us of step time), cheapest rate first. A single entry with
-    no fixed counts when the rate does not depend on where the stages run (one option, or time objectives) and,
-    when ``priced`` (a budget), neither does the $/h."""
-    pr = model.problem
-    p, per_stage = int(base.pp[0]), int(base.dp[0] * base.tp[0] * base.cp[0])
-    tokens = pr.training_task.global_batch * model.workload.seq_len
-    unit = training_units(objective, float(tokens))
-    price = np.array([pr.hardware[h].system.price_per_gpu_hour for h in hws])
-    power = np.array([pr.hardware[h].system.power_w_per_gpu for h in hws])
-    combos = [np.bincount(np.array(c, dtype=np.int64), minlength=len(hws))
-              for c in itertools.combinations_with_replacement(range(len(hws)), p)]
-    combos = [k for k in combos if all(sum(int(k[hws.index(h)]) for h in group) <= allowed for group, allowed in supply)]
-    if not combos:
-        return []
-    k = np.array(combos, dtype=np.float64)
-    gpus = np.full(len(k), float(p * per_stage))
-    rates = Rates(np.full(len(k), 1.0 / tokens), gpus, per_stage * k @ price, per_stage * k @ power,
-                  pr.training_task.train_tokens)
-    per_us = rate_per_second(objective, rates, unit) / US
-    if len(hws) == 1 or (np.all(per_us == per_us[0]) and not (priced and np.any(price != price[0]))):
-        return [(None, float(per_us[0]))]
-    order = np.lexsort((np.arange(len(k)), per_us))
-    return [({h: int(combos[i][j]) for j, h in enumerate(hws)}, float(per_us[i])) for i in order]
 
 
 def solve_uneven(
