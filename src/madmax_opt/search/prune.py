@@ -85,6 +85,7 @@ class _Passes:
 
     taken: list[NDArray[np.int64]]
     passes: list[tuple[NDArray[np.int64], TrainingTerms]]
+    pass_plans: list[PlanArrays]  # the plans of each pass (``plans.take`` of its indices)
     row: IntArr
     rows: int
     ok: NDArray[np.bool_]
@@ -102,46 +103,57 @@ def _rounds(model: Model, plans: PlanArrays, keep_best: int) -> _Passes:
     floor_s = np.full(n, np.inf)  # taken: step time less bubble (a lower bound for vpp > 1)
     taken: list[NDArray[np.int64]] = []  # plan indices per round, in round order
     passes: list[tuple[NDArray[np.int64], TrainingTerms]] = []  # (plan indices, terms) per model pass
+    pass_plans: list[PlanArrays] = []
     row = np.full(n, -1, dtype=np.int64)  # a taken plan's row in the passes, end to end
     rows = 0
+    by_round = np.argsort(rounds, kind="stable")  # each round's plans in index order (round r: cut r to r + 1)
+    cut = np.searchsorted(rounds[by_round], np.arange(last + 2))
+    maybe = np.zeros(n, dtype=bool)  # in the pass being built (cleared after it)
+    pos = np.zeros(n, dtype=np.int64)  # a plan's row in the current pass (read for its plans only)
+
+    def open_(q: int, or_maybe: bool = False) -> NDArray[np.int64]:
+        """Round q's plans whose parent is taken and fits (or may, in the pass being built), index order."""
+        m = by_round[cut[q] : cut[q + 1]]
+        u = up[m]
+        return m[(parent[m] < 0) | ok[u] | maybe[u]] if or_maybe else m[(parent[m] < 0) | ok[u]]
+
     r = 0
     while r <= last:
         vpp_round = has_vpp_round and r == last
-        idx = np.flatnonzero((rounds == r) & ((parent < 0) | ok[up]))
+        idx = open_(r)
         if vpp_round:  # bound by the vpp = 1 plans' best
             floor = np.where(parent[idx] >= 0, floor_s[up[idx]], -np.inf)
             idx = idx[floor <= _kth_best_s(plans, taken, passes, row, keep_best)[plans.hw[idx]]
                       + 2 * ROUNDING_TOLERANCE_S]
         batch, end = [idx], r + 1  # later vpp = 1 rounds join while the pass stays small (any may be dropped)
-        maybe = np.zeros(n, dtype=bool)
         maybe[idx] = True
         while not vpp_round and end <= last and not (has_vpp_round and end == last):
-            nxt = np.flatnonzero((rounds == end) & ((parent < 0) | ok[up] | maybe[up]))
+            nxt = open_(end, or_maybe=True)
             if sum(map(len, batch)) + len(nxt) > MERGE_PLANS:
                 break
             maybe[nxt] = True
             batch.append(nxt)
             end += 1
         every = np.concatenate(batch)
+        maybe[every] = False
         if len(every):
-            t = model.terms(plans.take(every))
-            fit = np.zeros(n, dtype=bool)
-            fit[every] = t.memory.total <= t.capacity_bytes
-            fl = np.full(n, np.inf)
-            fl[every] = t.step_time_s - t.time["bubble"]
-            pos = np.full(n, -1, dtype=np.int64)
+            pass_plans.append(plans.take(every))
+            t = model.terms(pass_plans[-1])
+            fit = t.memory.total <= t.capacity_bytes
+            fl = t.step_time_s - t.time["bubble"]
             pos[every] = np.arange(len(every))
             for q in range(r, end):  # what round q alone would have evaluated, once its earlier rounds are known
-                sel = np.flatnonzero((rounds == q) & ((parent < 0) | ok[up])) if q > r else idx
+                sel = open_(q) if q > r else idx
                 if len(sel) == 0:
                     continue
-                ok[sel], floor_s[sel] = fit[sel], fl[sel]
-                row[sel] = rows + pos[sel]
+                at = pos[sel]
+                ok[sel], floor_s[sel] = fit[at], fl[at]
+                row[sel] = rows + at
                 taken.append(sel)
             passes.append((every, t))
             rows += len(every)
         r = end
-    return _Passes(taken, passes, row, rows, ok, floor_s, rounds)
+    return _Passes(taken, passes, pass_plans, row, rows, ok, floor_s, rounds)
 
 
 def _kth_best_s(
@@ -160,6 +172,9 @@ def _kth_best_s(
     step = np.concatenate([t.step_time_s for _, t in passes])[at]
     valid = np.concatenate([t.invalid == 0 for _, t in passes])[at]
     hw, step = plans.hw[idx][valid], step[valid]
+    if k == 1:  # the least step time per option (a minimum is exact in any order)
+        np.minimum.at(best, hw, step)
+        return best
     by = np.lexsort((step, hw))  # by option, then step time
     hw, step = hw[by], step[by]
     first = np.searchsorted(hw, hw, side="left")  # each plan's option's first position
@@ -191,16 +206,18 @@ def _siblings(plans: PlanArrays, index: IntArr, layers: int) -> PlanArrays:
 
 
 def _batch_candidates(
-    model: Model, plans: PlanArrays, keep_best: int, lazy_vpp: bool
-) -> tuple[PlanArrays, TrainingTerms, IntArr, int]:
-    """``space_candidates`` of a batch of whole hardware options (in its round order), with each plan's round key
-    and the plans evaluated; ``lazy_vpp``: ``plans`` are the vpp = 1 plans of a default space, and the vpp > 1 plans
-    are built here, only those the vpp bound lets through (the same plans ``space_candidates`` evaluates)."""
+    model: Model, plans: PlanArrays, keep_best: int, lazy_vpp: bool, score: Score
+) -> tuple[PlanArrays, TrainingTerms | None, IntArr, int]:
+    """Every hardware option's ``keep_best`` best admissible plans among the ``space_candidates`` of a batch of
+    whole hardware options (in its round order), their terms and round keys, and the plans evaluated; ``lazy_vpp``:
+    ``plans`` are the vpp = 1 plans of a default space, and the vpp > 1 plans are built here, only those the vpp
+    bound lets through (the same plans ``space_candidates`` evaluates). Each model pass is scored where it lies
+    (``score`` is row by row) and only the rows kept are copied: the batch's candidates are never gathered."""
     ev = _rounds(model, plans, keep_best)
     order = np.concatenate(ev.taken) if ev.taken else np.zeros(0, dtype=np.int64)
-    all_terms = ev.passes[0][1] if len(ev.passes) == 1 else concat_chunks([t for _, t in ev.passes])
-    kept, terms = plans.take(order), take_rows(all_terms, ev.row[order])
-    key = np.where(kept.vpp > 1, LAST_ROUND, ev.rounds[order])
+    parts = [(p, t) for p, (_, t) in zip(ev.pass_plans, ev.passes, strict=True)]
+    rows = [ev.row[order]]  # each candidate's row in the parts end to end, in candidate order
+    keys = [np.where(plans.vpp[order] > 1, LAST_ROUND, ev.rounds[order])]
     evaluated = ev.rows
     if lazy_vpp:
         kth = _kth_best_s(plans, ev.taken, ev.passes, ev.row, keep_best)
@@ -208,11 +225,35 @@ def _batch_candidates(
         index = np.flatnonzero(bound)
         if len(index):
             more = _siblings(plans, index, model.problem.model.layers)
-            t = model.terms(more)
-            kept, terms = PlanArrays.concat([kept, more]), concat_chunks([terms, t])
-            key = np.concatenate([key, np.full(len(more), LAST_ROUND, dtype=np.int64)])
+            parts.append((more, model.terms(more)))
+            rows.append(evaluated + np.arange(len(more), dtype=np.int64))
+            keys.append(np.full(len(more), LAST_ROUND, dtype=np.int64))
             evaluated += len(more)
-    return kept, terms, key, evaluated
+    if not parts:
+        return plans.take(order), None, keys[0], evaluated
+    scored = [score(p, metrics(model, p, t)) for p, t in parts]
+    at = np.concatenate(rows)
+    obj, ok = np.concatenate([o for o, _ in scored])[at], np.concatenate([a for _, a in scored])[at]
+    hw_of = np.concatenate([p.hw for p, _ in parts])[at]
+    idx = np.flatnonzero(ok)
+    idx = idx[np.lexsort((idx, obj[idx], hw_of[idx]))]  # by option, objective, position
+    hw = hw_of[idx]
+    top = np.sort(idx[np.arange(len(idx)) - np.searchsorted(hw, hw) < keep_best])
+    want = at[top]  # rows of the kept plans, in candidate order
+    ends = np.cumsum([len(p) for p, _ in parts])
+    part = np.searchsorted(ends, want, side="right")
+    pieces = []  # (positions in ``want``, plans, terms) per part holding some
+    for j in np.unique(part).tolist():
+        pos = np.flatnonzero(part == j)
+        local = want[pos] - (ends[j] - len(parts[j][0]))
+        pieces.append((pos, parts[j][0].take(local), take_rows(parts[j][1], local)))
+    if not pieces:
+        return plans.take(order[:0]), None, keys[0][:0], evaluated
+    back = np.argsort(np.concatenate([pos for pos, _, _ in pieces]), kind="stable")
+    kept = PlanArrays.concat([p for _, p, _ in pieces]).take(back)
+    terms = take_rows(concat_chunks([t for _, _, t in pieces]), back) if len(pieces) > 1 else \
+        take_rows(pieces[0][2], back)
+    return kept, terms, np.concatenate(keys)[top], evaluated
 
 
 def best_candidates(model: Model, keep_best: int, score: Score) -> tuple[PlanArrays, Metrics, int]:
@@ -241,16 +282,12 @@ def best_candidates(model: Model, keep_best: int, score: Score) -> tuple[PlanArr
         batch.clear()
         if together is None or not len(together):  # options whose space is empty (tp 3 on 8 GPUs) add nothing
             return
-        kept, t, key, n = _batch_candidates(model, together, keep_best, lazy)
+        kept, t, key, n = _batch_candidates(model, together, keep_best, lazy, score)
         evaluated += n
-        obj, ok = score(kept, metrics(model, kept, t))
-        idx = np.flatnonzero(ok)
-        idx = idx[np.lexsort((idx, obj[idx], kept.hw[idx]))]  # by option, objective, position
-        hw = kept.hw[idx]
-        top = np.sort(idx[np.arange(len(idx)) - np.searchsorted(hw, hw) < keep_best])
-        plans.append(kept.take(top))
-        terms.append(take_rows(t, top))
-        keys.append(key[top])
+        if t is not None and len(kept):
+            plans.append(kept)
+            terms.append(t)
+            keys.append(key)
 
     for hw in range(len(problem.hardware)):
         batch.append(enumerate_plans(problem, options=[hw], vpp_one=lazy))
