@@ -13,8 +13,8 @@ import pytest
 from cli_helpers import run_main
 from layer_sample import cases, costs
 from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.model import layer_costs
 from madmax_opt.model import ops as ops_module
-from madmax_opt.model import training
 from madmax_opt.model.hardware import HardwareTable
 from madmax_opt.model.ops import LayerOps, Op, layer_ops
 from madmax_opt.model.plan import PlanArrays
@@ -154,7 +154,7 @@ def test_a_new_effect_is_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
         row = Op("new kernel", "fwd", "compute", "hbm", "new", lambda: extra * 0.0, lambda: extra * base.hbm_bw, extra)
         return replace(base, rows=(*base.rows, row))
 
-    monkeypatch.setattr(training, "layer_ops", with_row)
+    monkeypatch.setattr(layer_costs, "layer_ops", with_row)  # the op table layer_costs reads
     after = costs(problem, plans)
     assert after.time["compute"][0] == pytest.approx(before.time["compute"][0] + 1e-4, rel=1e-12)
     assert after.time["recompute"][0] == before.time["recompute"][0]  # a fwd row; recompute rows are their own

@@ -23,6 +23,7 @@ from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.intervals import Interval
 from madmax_opt.core.numeric import Arr
 from madmax_opt.core.units import SECONDS_PER_HOUR
+from madmax_opt.model.groups import Groups
 from madmax_opt.model.hardware import HardwareOption, HardwareTable
 from madmax_opt.model.objectives import energy_mwh, run_cost_usd, usd_per_million_units
 from madmax_opt.model.plan import PlanArrays
@@ -340,7 +341,7 @@ def staged_record(model: Model, plan: Plan) -> TrainingRecord:
 
 def _mixed_hardware(model: Model, plan: Plan, stage_hw: list[int], rec: TrainingRecord) -> None:
     """Hardware, price and supply of a pipeline whose stages run on different systems."""
-    per_stage = plan.dp * plan.tp * plan.cp
+    per_stage = int(Groups.of_plan(plan).stage)
     options = [model.problem.hardware[i] for i in stage_hw]
     hourly = sum(o.system.price_per_gpu_hour * per_stage for o in options)
     use: dict[str, int] = {}

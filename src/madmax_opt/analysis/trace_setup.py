@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 from madmax_opt.analysis.evaluator import Model, evaluate
 from madmax_opt.analysis.records import TrainingRecord
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.model.groups import Groups
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.memory import WEIGHT_BYTES
 from madmax_opt.model.plan import PlanArrays
@@ -316,8 +317,9 @@ def setup(model: Model, plan: Plan) -> Setup:
     comm_stream = {k: i + 1 for i, k in enumerate(used)}
     attn = _attn_share(model)
     names = _collective_names(plan)
-    spans = {"tp": plan.tp, "cp": plan.tp * plan.cp, "ep": plan.tp * plan.cp * plan.ep,
-             AG: plan.tp * plan.cp * plan.dp, DP: plan.tp * plan.cp * plan.dp, PP: 2 * plan.tp * plan.cp * plan.dp}
+    g = Groups.of_plan(plan)  # rank spans: tp, cp (tp x cp), ep (tp x cp x ep), a stage (dp x tp x cp), two stages
+    spans = {"tp": plan.tp, "cp": plan.tp * plan.cp, "ep": int(g.expert_dp_stride), AG: int(g.stage),
+             DP: int(g.stage), PP: 2 * int(g.stage)}
     works = []
     for s, w in enumerate(work):
         full = w.full_recompute

@@ -5,6 +5,7 @@ Megatron-Core rank order tp-cp-ep-dp-pp (``megatron/core/parallel_state.py``, Ra
     context parallel       cp
     data parallel          dp
     gradient (and ZeRO)    dp * cp                  (gradients are reduced, and ZeRO shards, over dp x cp)
+    pipeline stage         dp * tp * cp             (the GPUs of one stage; the p2p stride between stages)
     expert parallel        ep                       (inside dp x cp, stride tp * cp)
     expert data parallel   dp * cp / ep             (stride tp * cp * ep)
     pipeline parallel      pp
@@ -50,6 +51,16 @@ class Groups(Generic[N]):
     def gradient(self) -> N:
         """dp * cp: the group gradients are reduced over (and ZeRO / FSDP shards over)."""
         return self.dp * self.cp
+
+    @property
+    def stage(self) -> N:
+        """dp * tp * cp: the GPUs of one pipeline stage (and the rank stride between neighbouring stages)."""
+        return self.dp * self.tp * self.cp
+
+    @property
+    def expert_stride(self) -> N:
+        """tp * cp: the rank stride of the expert-parallel group (its ranks are consecutive inside dp x cp)."""
+        return self.tp * self.cp
 
     @property
     def expert_dp(self) -> N:

@@ -78,7 +78,8 @@ def layer_costs(
     wl: TransformerWorkload, task: Task, stack: Stack, table: HardwareTable, plans: PlanArrays
 ) -> LayerCosts:
     """Costs of one layer (and the embedding/head extras) for every plan in ``plans`` (vectorised)."""
-    dp, tp, pp, cp, vpp, mbs = (_f(x) for x in (plans.dp, plans.tp, plans.pp, plans.cp, plans.vpp, plans.mbs))
+    dp, tp, pp, vpp, mbs = (_f(x) for x in (plans.dp, plans.tp, plans.pp, plans.vpp, plans.mbs))
+    groups = Groups.of(plans)
     rc, sp, hw = plans.recompute, plans.sp, plans.hw
     low = task.precision in LOW_PRECISION_GEMMS
     ops = layer_ops(wl, task, stack, table, plans)  # the op table (model/ops.py): every compute and comm op
@@ -130,7 +131,7 @@ def layer_costs(
     split = (sp > 0) | ((tp > 1) & stack.pp_scatter_gather)
     act_full = tokens * h * ACT_BYTES
     regather = np.where(split & (sp == 0), all_gather_s(act_full, tp, np.ones_like(tp), tiers), 0.0)
-    p2p_each = p2p_s(act_full / np.where(split, tp, 1.0), tp * cp * dp, tiers, pp) + regather
+    p2p_each = p2p_s(act_full / np.where(split, tp, 1.0), groups.stage, tiers, pp) + regather
     pp_comm = np.where(pp > 1, 2.0 * vpp * p2p_each, 0.0)
 
     # ---- parameters and activations ------------------------------------------------------------------
@@ -173,7 +174,7 @@ def layer_costs(
         pp_comm_s=pp_comm,
         emb_trainable=1.0 if wl.trains_embedding else 0.0,
         grad_bytes=4.0 if stack.grad_reduce_dtype == "fp32" else 2.0,
-        dp_group=Groups.of(plans).gradient,  # gradients are reduced (and ZeRO shards) over dp x cp
+        dp_group=groups.gradient,  # gradients are reduced (and ZeRO shards) over dp x cp
         zero3_layer_buffers=np.where(plans.zero >= 3, 2.0 * 2.0 * (wl.params_per_layer / tp + ex.params), 0.0),
         # Megatron-Core + TE caches each weight's FP8 copy and its transpose for the step; FSDP2 / torchao casts on
         # the fly and keeps no copy (torchao Float8Linear); FP8 primary weights (stack.fp8_params) replace the bf16

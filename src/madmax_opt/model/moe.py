@@ -50,7 +50,7 @@ def expert_costs(
 ) -> ExpertCosts:
     """Routed-expert costs for every plan (zeros for dense models)."""
     zeros = np.zeros_like(tokens)
-    tp, cp, ep = groups.tp, groups.cp, groups.ep
+    tp, ep = groups.tp, groups.ep
     if not wl.moe:
         return ExpertCosts(zeros, zeros, zeros, groups.gradient, tp, zeros, zeros, zeros)
     copies = tokens * wl.top_k * wl.expert_load_factor
@@ -66,7 +66,7 @@ def expert_costs(
         # grouped GEMMs run below dense-GEMM efficiency (B200: 0.30 vs 0.49 of peak, hardware.md)
         fwd = fwd + gemm_time_s(g_flops, dim, peak, gemm_eff * grouped_ratio, half_dim)
     a2a_bytes = copies * wl.model.hidden * ACT_BYTES / sp_div
-    a2a = np.where(ep > 1, all_to_all_s(a2a_bytes, ep, tp * cp, tiers), 0.0)
+    a2a = np.where(ep > 1, all_to_all_s(a2a_bytes, ep, groups.expert_stride, tiers), 0.0)
     return ExpertCosts(
         fwd_gemm_s=fwd,
         a2a_each_s=a2a,

@@ -205,7 +205,8 @@ def layer_ops(
             cast_fwd = cast_fwd + cast_time_s(tokens * k_cast, task.precision, hbm_bw)
             cast_bwd = cast_bwd + cast_time_s(tokens * n_cast, task.precision, hbm_bw)
             cast_elements.append((k_cast, n_cast))
-    ex = expert_costs(wl, tokens, Groups.of(plans), sp_div, tiers, mm_peak, mm_eff, half, table.grouped_gemm_ratio[hw])
+    groups = Groups.of(plans)
+    ex = expert_costs(wl, tokens, groups, sp_div, tiers, mm_peak, mm_eff, half, table.grouped_gemm_ratio[hw])
     for pass_ in ("fwd", "bwd-input", "bwd-weight"):
         for name, flops_of, bytes_of, t_gemm in gemms:
             row(name, pass_, "compute", "gemm", "gemm", flops_of, bytes_of, t_gemm)
@@ -326,7 +327,7 @@ def layer_ops(
     row("cp kv + dkv all-gather", "bwd-input", "cp_comm", "collective", "cp", none, lambda: 2.0 * kv_bytes * cp_on,
         2.0 * cp_fwd, **cp_coll)
     if wl.moe:
-        ep_coll = {"ranks": ep, "stride": tp * cp}
+        ep_coll = {"ranks": ep, "stride": groups.expert_stride}
         def a2a_bytes() -> Arr:
             return 2.0 * ex.a2a_bytes * np.where(ep > 1, 1.0, 0.0)
 

@@ -10,6 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from madmax_opt.core.errors import ProblemError
+from madmax_opt.model.groups import Groups
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.plan import KNOBS, PlanArrays
 from madmax_opt.model.problem import Problem
@@ -254,7 +255,8 @@ def empty_space_reason(problem: Problem) -> str:
                 continue
             shaped = True
             vpp_ok |= pp > 1 or min(kv["vpp"] or [1]) == 1
-            ep_ok |= any((dp * cp) % e == 0 for e in kv["ep"])
+            gradient = int(Groups(dp=float(dp), tp=float(tp), pp=float(pp), cp=float(cp), ep=1.0).gradient)
+            ep_ok |= any(gradient % e == 0 for e in kv["ep"])
     sizes = ", ".join(str(o.gpus) for o in problem.hardware)
     if not shaped:
         return f"no allowed dp*tp*pp*cp equals the cluster size(s) {sizes}"

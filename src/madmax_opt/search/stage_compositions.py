@@ -11,6 +11,7 @@ import numpy as np
 
 from madmax_opt.analysis.evaluator import Model
 from madmax_opt.core.units import US
+from madmax_opt.model.groups import Groups
 from madmax_opt.model.objectives import Rates
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.search.objectives import rate_per_second, training_units
@@ -22,7 +23,7 @@ def stage_supply(model: Model, base: PlanArrays, hw_choices: list[int]) -> list[
     """Per GPU type with a supply: (its hardware choices, how many stages of dp*tp*cp GPUs the supply holds)."""
     if not model.problem.space.mixed_stages:
         return []
-    per_stage = int(base.dp[0] * base.tp[0] * base.cp[0])
+    per_stage = int(Groups.of(base).stage[0])
     out = []
     hw_by_gpu: dict[str, list[int]] = {}
     for hw in hw_choices:
@@ -42,7 +43,7 @@ def compositions(
     no fixed counts when the rate does not depend on where the stages run (one option, or time objectives) and,
     when ``priced`` (a budget), neither does the $/h."""
     pr = model.problem
-    p, per_stage = int(base.pp[0]), int(base.dp[0] * base.tp[0] * base.cp[0])
+    p, per_stage = int(base.pp[0]), int(Groups.of(base).stage[0])
     tokens = pr.training_task.global_batch * model.workload.seq_len
     unit = training_units(objective, float(tokens))
     systems = tuple(pr.hardware[h].system for h in hws)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from madmax_opt.analysis.evaluator import Model
 from madmax_opt.core.units import SECONDS_PER_HOUR, US
+from madmax_opt.model.groups import Groups
 from madmax_opt.model.objectives import run_cost_usd
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import Constraints, Task
@@ -114,6 +115,6 @@ def usd_per_hour(model: Model, base: PlanArrays, hws: list[int], counts: dict[in
     pr = model.problem
     if not pr.space.mixed_stages:
         return float(model.table.price_per_gpu_hour[int(base.hw[0])] * base.gpus[0])
-    per_stage = int(base.dp[0] * base.tp[0] * base.cp[0])
+    per_stage = int(Groups.of(base).stage[0])
     stages = counts or {hws[0]: int(base.pp[0])}
     return float(sum(pr.hardware[h].system.price_per_gpu_hour * per_stage * k for h, k in stages.items()))
