@@ -32,6 +32,7 @@ from madmax_opt.search.serving_space import admissible as serving_admissible
 from madmax_opt.search.solver import admissible, candidates, solve
 from madmax_opt.search.space import enumerate_plans
 from madmax_opt.studies.bench_solver import KNOBS
+from madmax_opt.studies.sensitivity import optimum_unchanged
 from madmax_opt.studies.sweep_results import CSV_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,3 +140,14 @@ def test_rates_are_built_from_the_deployment_only() -> None:
     # the searches that build them (no more: a new one is a place to check)
     assert builders == ["model/objectives.py", "search/dlrm_search.py", "search/robust.py", "search/serving.py",
                         "search/serving_space.py", "search/solver.py", "search/stage_compositions.py"]
+
+
+def test_what_an_objective_reads_is_asked_of_its_formula(carbon: Objective) -> None:
+    """Sensitivity re-solves a power or price variant only where the objective reads that field: energy and the
+    registered carbon read the power, cost the price, the time objectives neither (the table by hand)."""
+    base = with_grid(problem_from_dict(TWO_SYSTEMS), {"dgx-h100": 300.0, "dgx-a100": 300.0})
+    reads = {name: (not optimum_unchanged(dataclasses.replace(base, objective=name), "power"),
+                    not optimum_unchanged(dataclasses.replace(base, objective=name), "price"))
+             for name in registry.OBJECTIVES}
+    assert reads == {"throughput": (False, False), "cost": (False, True), "time_to_train": (False, False),
+                     "energy": (True, False), "carbon": (True, False)}

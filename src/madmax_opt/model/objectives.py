@@ -236,6 +236,20 @@ def objective(name: str) -> Objective:
     return OBJECTIVES[name]
 
 
+def reads_system_field(name: str, systems: Sequence[System], field: str) -> bool:
+    """Whether objective ``name`` depends on the ``System`` field ``field`` of ``systems``: its value on one GPU of
+    each system, probed at the field's value and at twice it plus one (a registered objective says no more than its
+    formula, so this asks the formula)."""
+    def value(ss: tuple[System, ...]) -> Arr:
+        n = len(ss)
+        rates = Rates(np.ones(n), ss, ((np.arange(n), np.ones(n)),), total_units=1.0)
+        return objective_values(name, rates)
+
+    now = tuple(systems)
+    moved = tuple(s.model_copy(update={field: getattr(s, field) * 2.0 + 1.0}) for s in now)
+    return not np.array_equal(value(now), value(moved))
+
+
 def objective_values(name: str, rates: Rates) -> Arr:
     """The value ``name`` minimises, per candidate (float, in the objective's unit)."""
     return np.asarray(objective(name).value(rates), dtype=np.float64)
@@ -243,6 +257,7 @@ def objective_values(name: str, rates: Rates) -> Arr:
 
 __all__ = [
     "FLEET_OBJECTIVES", "OBJECTIVES", "FleetObjective", "FleetObjectiveName", "IntegerUnit", "Objective",
-    "ObjectiveName", "Rates", "energy_mwh", "objective", "objective_values", "run_cost_usd", "uniform_rates",
+    "ObjectiveName", "Rates", "energy_mwh", "objective", "objective_values", "reads_system_field", "run_cost_usd",
+    "uniform_rates",
     "usd_per_million_units",
 ]

@@ -32,6 +32,7 @@ from madmax_opt.io import calibration
 from madmax_opt.io.derive import HARDWARE_PARAMETERS, PARAMETERS, derive_variant, parameter_value
 from madmax_opt.io.yaml_files import shorten
 from madmax_opt.model.hardware import HardwareOption
+from madmax_opt.model.objectives import reads_system_field
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import GPU, Plan, System
@@ -235,12 +236,16 @@ def _solve_variant(
 
 def optimum_unchanged(problem: Problem, param: str) -> bool:
     """Whether the base optimum's plan is provably the variant's: the parameter enters no time term, no validity
-    rule and no constraint (power, or price without a cost objective or budget), so every candidate keeps its
-    integer objective and the solver its choice; only the record's cost / energy fields change."""
+    rule, no constraint (power; price without a budget) and not the objective (asked of the registry's formula:
+    energy reads the power, cost the price), so every candidate keeps its integer objective and the solver its
+    choice; only the record's cost / energy fields change."""
+    field = {"power": "power_w_per_gpu", "price": "price_per_gpu_hour"}.get(param)
+    if field is None:
+        return False
     cons = problem.constraints
-    unused_price = problem.objective != "cost" and cons.max_cost_per_hour is None and cons.budget_usd is None
-    unused_power = problem.objective != "energy"  # the energy objective reads the power (model/objectives.py)
-    return (param == "power" and unused_power) or (param == "price" and unused_price)
+    if param == "price" and (cons.max_cost_per_hour is not None or cons.budget_usd is not None):
+        return False
+    return not reads_system_field(problem.objective, [o.system for o in problem.hardware], field)
 
 
 def throughput(rec: Record) -> float:
