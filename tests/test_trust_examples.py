@@ -146,3 +146,30 @@ def test_h200_serves_mixtral_no_worse_than_h100(tmp_path: Path) -> None:
         return float(out["best"]["output_tokens_per_s"])
 
     assert best("h200-sxm") >= best("h100-sxm")
+
+
+def test_h200_ahead_of_h100_where_both_were_measured(tmp_path: Path) -> None:
+    """InferenceX measured gpt-oss-120b under vLLM on both GPUs with the same plan three times; H200 carried more
+    output tokens/s per GPU each time. The model keeps that order on those plans."""
+    runs = [r for r in yaml.safe_load((resources.files("madmax_opt") / "data" / "validation" / "modern"
+                                       / "inferencex.yaml").read_text())
+            if r["model_key"] == "gptoss" and r["framework_key"] == "vllm" and not r["disagg"]]
+    matched: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in runs:
+        key = (r["precision"], r["isl"], r["osl"], r["concurrency"], r["tp"], r["ep"], r["dp_attention"], r["mtp"])
+        matched.setdefault(key, {})[r["gpu"]] = r
+    pairs = [v for v in matched.values() if {"h100", "h200"} <= set(v)]
+    assert len(pairs) == 3
+    for v in pairs:
+        h200, h100 = v["h200"], v["h100"]
+        assert h200["metrics"]["output_tok_s_per_gpu"] > h100["metrics"]["output_tok_s_per_gpu"]  # the data
+        priced: dict[str, float] = {}
+        for gpu in ("h200-sxm", "h100-sxm"):
+            (rec,) = cli_json(tmp_path, "evaluate", {
+                "model": "gpt-oss-120b", "hardware": {"gpu": gpu, "gpus": [h200["tp"]]},
+                "task": {"kind": "inference", "prompt_len": h200["isl"], "output_len": h200["osl"],
+                         "precision": h200["precision"]}, "stack": {"framework": "vllm"}},
+                [{"dp": 1, "tp": h200["tp"], "ep": h200["ep"], "batch": h200["concurrency"],
+                  "precision": h200["precision"]}])
+            priced[gpu] = rec["output_tokens_per_s_per_gpu"]
+        assert priced["h200-sxm"] >= priced["h100-sxm"]
