@@ -129,3 +129,49 @@ def test_sglang_server_args_resolve_and_check_the_emitted_server() -> None:
     server["args"] += ["--dp-size", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "127.0.0.1:5000"]
     failure = sglang(row)
     assert failure is not None and "multi-node data-parallel" in failure
+
+
+def _deepseek_row(fmt: str, plan: Any) -> dict[str, Any]:
+    """An emitted DeepSeek-V3 server (FP8 weights as shipped) with the catalog's config.json and, priced by hand,
+    the shape vLLM must build: 61 layers, 128 heads and KV heads, hidden 7168, vocab 129280, the MLA latent of
+    512 + 64 values per token and layer."""
+    from madmax_opt.io.catalog import models
+    from madmax_opt.launch.emit import emit_plan
+    from madmax_opt.launch.hf_config import hf_config
+    from test_emit_serving import serving
+
+    e = emit_plan(serving("deepseek-v3", gpu="h200-sxm", prompt_len=512, output_len=128), plan, fmt)
+    priced = {"layers": 61, "hidden": 7168, "heads": 128, "kv_heads": 128, "vocab": 129280, "mla_kv_dim": 576,
+              "max_model_len": 640, "precision": "fp8", "tp": plan.tp, "pp": plan.pp, "dp": plan.dp}
+    return {"emitted": e.model_dump(mode="json"), "priced": priced, "hf_config": hf_config(models()["deepseek-v3"])}
+
+
+@pytest.mark.slow
+def test_vllm_engine_builds_the_priced_deepseek_v3_from_the_catalog_config() -> None:
+    """create_engine_config on DeepSeek-V3's config.json (DeepseekV3ForCausalLM, FP8 block-scaled): two
+    expert-parallel servers of tp 8 build the priced model, MLA latent included; a kv_lora_rank other than the
+    catalog's latent is caught."""
+    if not importable("vllm"):
+        pytest.skip("vLLM is not importable here")
+    from madmax_opt.search.serving_space import ServingPlan
+
+    row = _deepseek_row("vllm", ServingPlan(dp=2, tp=8, ep=8, batch=64, precision="fp8"))
+    assert vllm_engine(row) is None
+    failure = vllm_engine({**row, "hf_config": {**row["hf_config"], "kv_lora_rank": 256}})
+    assert failure is not None and "mla_kv_dim = 320, priced 576" in failure
+
+
+@pytest.mark.slow
+def test_sglang_resolves_and_checks_the_emitted_deepseek_v3_server() -> None:
+    """SGLang's resolution and check_server_args on an emitted DeepSeek-V3 server of tp 8 (its config.json from
+    the catalog); a --context-length above the config's 163840 positions is refused by SGLang."""
+    if not importable("sglang"):
+        pytest.skip("SGLang (with torch 2.14.1 and torchvision) is not importable here")
+    from madmax_opt.search.serving_space import ServingPlan
+
+    row = _deepseek_row("sglang", ServingPlan(dp=1, tp=8, batch=32, precision="fp8"))
+    assert sglang(row) is None
+    server = next(c for c in row["emitted"]["commands"] if "--tp-size" in c["args"])
+    server["args"][server["args"].index("--context-length") + 1] = "163841"
+    failure = sglang(row)
+    assert failure is not None and "163840" in failure

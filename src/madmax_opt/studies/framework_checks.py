@@ -32,7 +32,11 @@ What runs (nothing of the frameworks is copied here; file and commit cited per c
   second venv with torch 2.14.1 + torchvision 0.29.1 (its resolution imports torchvision's compiled ops).
 Measured on the examples' top-5 plans (2026-12-03): vllm-engine 15 of 15, sglang 15 of 15 (the 5 DeepSeek-V3
 servers not built: no config.json from the catalog for MLA); before the context rule 10 of 25 of each failed on
-requests longer than Llama-2's 4096-token context.
+requests longer than Llama-2's 4096-token context. 2026-12-07, with DeepSeek-V3's config.json: vllm 25 of 25,
+vllm-engine 25 of 25, sglang 30 of 30 (the 5 DeepSeek-V3 servers pass; vLLM's 5 DeepSeek-V3 plans are refused by
+the emitter). The venvs: vLLM 0.11.0 --no-deps on CPU torch 2.13 with its pure-Python requirements and ray (multi-
+node replicas run on Ray); SGLang 0.5.23 --no-deps on torch 2.14.1 + torchvision 0.29.1 and the nvidia-* / cuda-*
+wheels torch needs to import, transformers 5.19.0 (SGLang's pin), dill, gguf, IPython.
 
 Stubbed, because this machine has no GPU (said in each checker): the world size and rank (``WORLD_SIZE`` from the
 configuration's GPU count, rank 0), the device's compute capability (from the system's GPU generation), and the
@@ -246,6 +250,9 @@ def vllm(e: dict[str, Any]) -> str | None:
     return guarded(check)
 
 
+# the serving node's host memory, which vLLM's CacheConfig.verify_with_parallel_config (config/cache.py) weighs the
+# CPU swap space (4 GiB per TP rank) against: 2 TB (NVIDIA DGX H100 / H200 / B200 datasheets), not this machine's
+HOST_MEMORY_BYTES = 2 * 1000**4
 # torch dtype vLLM computes in by the priced weight precision (fp8 weights: bf16 activations, quantization fp8)
 PRICED_DTYPE = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "fp8": ("bfloat16", "fp8")}
 
@@ -254,20 +261,24 @@ def vllm_engine(r: dict[str, Any]) -> str | None:
     """vLLM 0.11.0's ``EngineArgs.create_engine_config`` (engine/arg_utils.py) on each ``vllm serve`` command, with
     the checkpoint replaced by a local directory holding the catalog model's config.json (``r["hf_config"]``; no
     hub), then the model and parallel config vLLM built compared with what was priced (``r["priced"]``): layers,
-    attention and KV heads, hidden, vocabulary, max_model_len, dtype / quantization, tp, pp, dp. Stubbed as
-    :func:`vllm`. Rows without a config.json are not checked here (their reason is ``hf_config_refused``)."""
+    attention and KV heads, hidden, vocabulary, max_model_len, dtype / quantization, tp, pp, dp, and for an MLA
+    model the cached latent per token and layer (vLLM's KV heads x head size under MLA). Stubbed as
+    :func:`vllm`, and the host memory that the swap-space check reads is the serving node's (HOST_MEMORY_BYTES).
+    Rows without a config.json are not checked here (their reason is ``hf_config_refused``)."""
     import tempfile
 
     import_module("vllm.platforms").current_platform.device_type = "cuda"
     utils = import_module("vllm.utils")
     serve = import_module("vllm.entrypoints.cli.serve")
     engine_args = import_module("vllm.engine.arg_utils")
+    cache = import_module("vllm.config.cache")
     cmds = [c for c in r["emitted"]["commands"] if c["program"][:2] == ["vllm", "serve"]]
     p = r["priced"]
 
     def check() -> None:
-        with tempfile.TemporaryDirectory() as d:
+        with tempfile.TemporaryDirectory() as d, _patched(cache, "get_cpu_memory", lambda: HOST_MEMORY_BYTES):
             Path(d, "config.json").write_text(json.dumps(r["hf_config"]), encoding="utf-8")
+            dp = 0  # the deployment's replicas: each front-end server's data-parallel size (headless ones join one)
             for cmd in cmds:
                 parser = utils.FlexibleArgumentParser(description="vLLM CLI")
                 sub = serve.ServeSubcommand()
@@ -277,21 +288,25 @@ def vllm_engine(r: dict[str, Any]) -> str | None:
                     sub.validate(args)
                     args.model = args.model_tag
                     config = engine_args.AsyncEngineArgs.from_cli_args(args).create_engine_config()
-                _compare_engine(config, p, disaggregated="--kv-transfer-config" in cmd["args"])
+                _compare_engine(config, p)
+                dp += 0 if args.headless else config.parallel_config.data_parallel_size
+            if dp != p["dp"]:
+                raise AssertionError(f"vLLM built dp = {dp} over the servers, priced {p['dp']}")
 
     return guarded(check)
 
 
-def _compare_engine(config: Any, p: dict[str, Any], disaggregated: bool) -> None:
-    """AssertionError naming the first field where vLLM's engine config differs from the priced plan."""
+def _compare_engine(config: Any, p: dict[str, Any]) -> None:
+    """AssertionError naming the first field where one server's engine config differs from the priced plan."""
     mc, pc = config.model_config, config.parallel_config
     dtype, quantization = PRICED_DTYPE.get(p["precision"], (None, None))
     built = {"layers": mc.hf_text_config.num_hidden_layers, "heads": mc.get_num_attention_heads(pc) * p["tp"],
              "kv_heads": mc.get_total_num_kv_heads(), "hidden": mc.get_hidden_size(), "vocab": mc.get_vocab_size(),
-             "max_model_len": mc.max_model_len, "tp": pc.tensor_parallel_size, "pp": pc.pipeline_parallel_size,
-             "dp": p["dp"] if disaggregated else pc.data_parallel_size}  # disaggregated: dp split over roles
+             "max_model_len": mc.max_model_len, "tp": pc.tensor_parallel_size, "pp": pc.pipeline_parallel_size}
     if dtype is not None:
         built |= {"dtype": str(mc.dtype).removeprefix("torch."), "quantization": mc.quantization}
+    if p.get("mla_kv_dim") is not None:  # MLA caches one latent "head" of kv_lora_rank + qk_rope_head_dim per token
+        built["mla_kv_dim"] = mc.get_num_kv_heads(pc) * mc.get_head_size() if mc.use_mla else None
     priced = {**{k: p[k] for k in built if k in p}, "dtype": dtype, "quantization": quantization}
     for k, v in built.items():
         if v != priced[k]:

@@ -52,7 +52,8 @@ def priced(problem: Problem, plan: dict[str, Any]) -> dict[str, Any]:
     m = problem.model
     cfg = hf_config(m)
     return {"priced": {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads or m.heads,
-                       "vocab": m.vocab, "max_model_len": max(r.prompt_len + r.output_len for r in task.requests()),
+                       "vocab": m.vocab, "mla_kv_dim": m.mla_kv_dim,
+                       "max_model_len": max(r.prompt_len + r.output_len for r in task.requests()),
                        "precision": str(plan.get("precision") or task.precisions()[0]),
                        "tp": plan.get("tp", 1), "pp": plan.get("pp", 1), "dp": plan.get("dp", 1)},
             "hf_config": cfg if isinstance(cfg, dict) else None, "hf_config_refused": None if isinstance(cfg, dict)
