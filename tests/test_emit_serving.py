@@ -456,3 +456,29 @@ def test_requests_beyond_the_checkpoint_context_are_refused(fmt: str, flag: str,
     bad = ok.model_copy(update={"commands": [c.model_copy(update={"args": args}) if c is cmd else c
                                              for c in ok.commands]})
     assert rule in serving_violations(bad)
+
+
+@pytest.mark.parametrize(("model", "plan"), [("llama2-70b", ServingPlan(dp=1, tp=4, batch=8)),  # TensorRT backend
+                                             ("mixtral-8x7b", ServingPlan(dp=1, tp=2, ep=2, batch=8))])  # PyTorch
+def test_trtllm_max_seq_len_beyond_the_context_is_noted_not_refused(model: str, plan: ServingPlan) -> None:
+    """TensorRT-LLM starts with a --max_seq_len above the checkpoint's max_position_embeddings (Llama-2-70B 4096,
+    Mixtral-8x7B 32768): the PyTorch backend lowers it with a warning (model_engine.py _init_max_seq_len), the
+    TensorRT backend builds for it with a warning. So emit writes the configuration with a note naming rule
+    trtllm.max-seq-len; within the context there is no note; a longer --max_seq_len written by hand without the
+    note is caught by the rule's checker."""
+    context = {"llama2-70b": 4096, "mixtral-8x7b": 32768}[model]
+    ok = emit_plan(serving(model, prompt_len=context - 96, output_len=96), plan, "trtllm")
+    assert ok.checkpoint_context == context and serving_violations(ok) == []
+    assert not any("trtllm.max-seq-len" in n for n in ok.notes)
+    long = emit_plan(serving(model, prompt_len=context - 96, output_len=97), plan, "trtllm")
+    server = next(c for c in long.commands if "--max_seq_len" in c.args)
+    assert server.args[server.args.index("--max_seq_len") + 1] == str(context + 1)
+    assert [n for n in long.notes if "rule trtllm.max-seq-len" in n] == [
+        f"--max_seq_len {context + 1} is above {catalog.models()[model].hf_id}'s context of {context} tokens and "
+        f"TensorRT-LLM starts anyway - {cite('trtllm.max-seq-len')}"]
+    assert serving_violations(long) == []
+    args = list(server.args)
+    args[args.index("--max_seq_len") + 1] = str(context + 1)
+    bad = ok.model_copy(update={"commands": [c.model_copy(update={"args": args}) if "--max_seq_len" in c.args
+                                             else c for c in ok.commands]})
+    assert serving_violations(bad) == ["trtllm.max-seq-len"]

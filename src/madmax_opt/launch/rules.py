@@ -26,7 +26,9 @@ class Rule(Strict):
     line: int = Field(gt=0)
     commit: str | None = Field(None, description="where the file was read at another commit than the pin")
     requires: str
-    emit: Literal["satisfy", "refuse"]
+    emit: Literal["satisfy", "refuse", "note"] = Field(description="satisfy: emit meets it; refuse: emit refuses "
+                                                       "a plan that would break it; note: the framework accepts it "
+                                                       "(a warning), emit says so in a note naming the rule")
 
 
 class FrameworkRules(Strict):

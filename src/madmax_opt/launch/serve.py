@@ -38,7 +38,13 @@ from madmax_opt.launch.common import (
 )
 from madmax_opt.launch.flagsets import flagset
 from madmax_opt.launch.rules import cite, rule_refusal
-from madmax_opt.launch.serving_rules import CHECKPOINT_METHOD, CHECKPOINT_RULES, CONTEXT_RULES, loads
+from madmax_opt.launch.serving_rules import (
+    CHECKPOINT_METHOD,
+    CHECKPOINT_RULES,
+    CONTEXT_NOTE_RULE,
+    CONTEXT_RULES,
+    loads,
+)
 from madmax_opt.launch.startup import positions_of
 from madmax_opt.model.family_name import serving_task
 from madmax_opt.model.inference import DEFAULT_KV_PRECISION
@@ -118,10 +124,18 @@ class Serving:
         elif fmt != "trtllm" and self.precision in ("int8", "int4", "fp4") and (
                 self.ctx.checkpoint is not None or m.hf_id is None):  # a catalog checkpoint was checked above
             notes = [*(notes or []), PREQUANTIZED]
+        if fmt == "trtllm" and self.context is not None and self.max_len > self.context:
+            notes = [*(notes or []), context_note(self.max_len, self.context, str(m.hf_id))]
         return Emitted(format=fmt, framework=fs.framework, version=fs.version, kind="serving",
                        system=self.ctx.option.system.name, gpus=gpus, nodes=nodes, gpus_per_node=min(gpus, gpn),
                        commands=commands, files=files or {}, notes=notes or [],
                        checkpoint_precision=self.ctx.checkpoint_precision, checkpoint_context=self.context)
+
+
+def context_note(max_len: int, context: int, checkpoint: str) -> str:
+    """TensorRT-LLM's answer to a --max_seq_len above the checkpoint's context: accepted with a warning."""
+    return (f"--max_seq_len {max_len} is above {checkpoint}'s context of {context} tokens and TensorRT-LLM starts "
+            f"anyway - {cite(CONTEXT_NOTE_RULE)}")
 
 
 def precision_from(weights: Mapping[str, tuple[str, str | None]], dtype: str, quantization: str | None) -> str:

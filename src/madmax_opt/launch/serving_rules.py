@@ -58,6 +58,7 @@ ONLINE = ("fp8",)  # methods vLLM and SGLang apply to unquantized weights at loa
 SGLANG_COMPATIBLE = {("modelopt_fp4", "fp8")}  # model_config.py line 2046: MoE experts of an FP8 checkpoint requantized
 CHECKPOINT_RULES = {"vllm": "vllm.checkpoint-quantization", "sglang": "sglang.checkpoint-quantization"}
 CONTEXT_RULES = {"vllm": "vllm.max-model-len", "sglang": "sglang.context-length"}
+CONTEXT_NOTE_RULE = "trtllm.max-seq-len"  # TensorRT-LLM accepts a longer max_seq_len with a warning: a note
 
 
 def within_context(e: Emitted, length: str | bool | None) -> bool:
@@ -222,8 +223,14 @@ def _trtllm_checks() -> dict[str, Check]:
             "--extra_llm_api_options")), "")]
         return all(c.num("--ep_size") == c.num("--tp_size") for c in adp)
 
+    def max_seq_len(e: Emitted, cmds: list[Started]) -> bool:
+        """Every server's --max_seq_len within the checkpoint's context, or the notes say it is not (naming the
+        rule): TensorRT-LLM starts either way, the note tells what it does with the longer length."""
+        noted = any(f"rule {CONTEXT_NOTE_RULE}" in n for n in e.notes)
+        return noted or all(within_context(e, c.flags.get("--max_seq_len")) for c in cmds)
+
     return {"trtllm.mpi-world": mpi_world, "trtllm.moe-world": moe_world, "trtllm.disagg-instances": disagg_instances,
-            "trtllm.attention-dp": attention_dp}
+            "trtllm.attention-dp": attention_dp, CONTEXT_NOTE_RULE: max_seq_len}
 
 
 SERVING_CHECKS: dict[str, dict[str, Check]] = {"vllm": _vllm_checks(), "sglang": _sglang_checks(),
