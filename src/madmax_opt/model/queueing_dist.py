@@ -58,10 +58,11 @@ def distributions(st: ServiceTable, rate_per_replica: Arr) -> Distributions:
 
     # 1. mean field: n = lambda m_mean t(n) / (1 - lambda P), bisection on [0, c]
     lo, hi = np.zeros_like(lam_s), c.astype(np.float64).copy()
+    arrivals, not_prefill = lam_s * m_mean, 1.0 - busy_prefill  # (the same products, in the same order)
     for _ in range(qm.BISECT_STEPS):
         mid = 0.5 * (lo + hi)
         t_mid, _ = st.decode_s(np.maximum(mid, 1.0))
-        grow = lam_s * m_mean * t_mid / (1.0 - busy_prefill) > mid
+        grow = arrivals * t_mid / not_prefill > mid
         lo, hi = np.where(grow, mid, lo), np.where(grow, hi, mid)
     n = 0.5 * (lo + hi)
     p_idle = np.exp(-n)  # Poisson occupancy (M/G/infinity) below the cap
@@ -72,7 +73,7 @@ def distributions(st: ServiceTable, rate_per_replica: Arr) -> Distributions:
     # 3. queue: a request that waits meets a saturated replica (c slots turning over at lambda_max in all); the
     # delay probability is taken insensitive to the holding-time law: M/M/c Erlang C at c slots, offered load
     # c lambda / lambda_max (the M/G/c "Erlang C" approximation, Tijms 2003 sec. 9.2; Whitt 1993)
-    t_cap, _ = st.decode_s(c)
+    t_cap = st.decode_at_cap_s()
     wait_p = np.where(stable, erlang_c(c, c * lam_s / lam_max), 1.0)
     mo = np.maximum(st.outputs - 1.0, 0.0)
     # a waiting request is served by a saturated replica: every freed slot is refilled at once, so a slot turns over

@@ -5,7 +5,7 @@ the M/G/c wait-tail rate, quantile bisection and the plan-independent quadrature
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,28 +31,39 @@ def normal_cdf(z: Arr) -> Arr:
 
 
 def row_sum(x: Arr) -> Arr:
-    """Sum of each row (all trailing axes) in index order: independent of the padding other plans force."""
-    return np.asarray(np.cumsum(x.reshape(len(x), -1), axis=1)[:, -1])
+    """Sum of each row (all trailing axes) in index order, s_k = s_(k-1) + x_k: independent of the padding other
+    plans force. Summed down the columns of the transposed rows (a reduction over the outer axis of a C-ordered
+    array adds whole rows in order, the cumulative sum's last column, bit for bit: tests/test_queueing_speed.py)."""
+    flat = x.reshape(len(x), -1)
+    if len(flat) < 2:  # one row: the outer axis would be the contiguous one (pairwise summation)
+        return np.asarray(np.cumsum(flat, axis=1)[:, -1])
+    return _down_sum(np.ascontiguousarray(flat.T))
 
 
-def _lump_tail(pmf: Arr, cut: NDArray[np.int64]) -> Arr:
-    """Zero each row's columns from ``cut`` on and add the missing mass to column cut - 1 (sequential sums, so a
-    row's values do not depend on the array's width, i.e. on the other plans evaluated with it)."""
-    cols = np.arange(pmf.shape[1])[None, :]
-    kept = np.where(cols < cut[:, None], pmf, 0.0)
-    missing = np.maximum(1.0 - np.cumsum(kept, axis=1)[:, -1], 0.0)
-    kept[np.arange(len(cut)), cut - 1] += missing
-    return kept
+def _down_sum(cols: Arr) -> Arr:
+    """(K, N) -> (N,): each column summed in row order (N >= 2: a reduction over the outer axis, row by row)."""
+    return np.asarray(np.add.reduce(cols, axis=0))
+
+
+def _lump_tail_t(pmf_t: Arr, cut: NDArray[np.int64]) -> Arr:
+    """(terms, N) probabilities, transposed: zero each row's terms from ``cut`` on and add the missing mass to term
+    cut - 1 (sequential sums, so a row's values do not depend on the array's width, i.e. on the other plans
+    evaluated with it); returns (N, terms) (a transposed view)."""
+    kept = np.where(np.arange(pmf_t.shape[0])[:, None] < cut[None, :], pmf_t, 0.0)
+    total = _down_sum(kept) if kept.shape[1] >= 2 else np.cumsum(kept[:, 0])[-1:]
+    kept[cut - 1, np.arange(len(cut))] += np.maximum(1.0 - total, 0.0)
+    return kept.T
 
 
 def poisson_pmf(mean: Arr, terms: int, cut: NDArray[np.int64] | None = None) -> Arr:
     """(N, terms) Poisson probabilities of 0 .. terms-1 (recursive: p_k = p_{k-1} mean / k); the tail from
-    ``cut`` (per row; default: terms) is lumped into column cut - 1."""
-    out = np.empty((len(mean), terms))
-    out[:, 0] = np.exp(-mean)
+    ``cut`` (per row; default: terms) is lumped into column cut - 1. Built as (terms, N): each recursion step is
+    one contiguous row."""
+    out = np.empty((terms, len(mean)))
+    out[0] = np.exp(-mean)
     for k in range(1, terms):
-        out[:, k] = out[:, k - 1] * mean / k
-    return _lump_tail(out, np.full(len(mean), terms, dtype=np.int64) if cut is None else cut)
+        out[k] = out[k - 1] * mean / k
+    return _lump_tail_t(out, np.full(len(mean), terms, dtype=np.int64) if cut is None else cut)
 
 
 def negative_binomial_pmf(mean: Arr, var: Arr, terms: int, cut: NDArray[np.int64] | None = None) -> Arr:
@@ -61,11 +72,19 @@ def negative_binomial_pmf(mean: Arr, var: Arr, terms: int, cut: NDArray[np.int64
     over = var > mean * (1.0 + 1e-9)
     p = np.where(over, mean / np.where(over, var, 1.0), 1.0)
     r = np.where(over, mean * p / np.maximum(1.0 - p, 1e-300), 1.0)
-    nb = np.empty((len(mean), terms))
-    nb[:, 0] = np.exp(r * np.log(np.where(over, p, 1.0)))
+    nb = np.empty((terms, len(mean)))
+    nb[0] = np.exp(r * np.log(np.where(over, p, 1.0)))
     for k in range(1, terms):
-        nb[:, k] = nb[:, k - 1] * (k - 1 + r) / k * (1.0 - p)
-    return np.where(over[:, None], _lump_tail(nb, cut), poisson_pmf(mean, terms, cut))
+        nb[k] = nb[k - 1] * (k - 1 + r) / k * (1.0 - p)
+    return np.where(over[:, None], _lump_tail_t(nb, cut), poisson_pmf(mean, terms, cut))
+
+
+@lru_cache(maxsize=64)
+def _log_factorials(top: int) -> Arr:
+    """ln k! for k = 0 .. top (read-only), kept per ``top``: the same computation as before, once per size."""
+    out = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, top + 1)))])
+    out.setflags(write=False)
+    return out
 
 
 def erlang_c(servers: Arr, load: Arr) -> Arr:
@@ -82,7 +101,7 @@ def erlang_c(servers: Arr, load: Arr) -> Arr:
     span = np.minimum(np.ceil(np.maximum(c - a, 0.0) + 13.0 * np.sqrt(np.maximum(a, 1.0)) + 10.0), c + 1)
     steps = np.arange(int(np.max(span)))
     k = c[:, None] - steps[None, :]
-    log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, int(np.max(c)) + 1)))])  # ln k!
+    log_fact = _log_factorials(int(np.max(c)))  # ln k!, k = 0 .. max c
     log_terms = np.where(steps[None, :] < span[:, None],
                          k * np.log(np.maximum(a, 1e-300))[:, None] - log_fact[np.maximum(k, 0)], -np.inf)  # ln a^k/k!
     top = np.max(log_terms, axis=1)
@@ -131,11 +150,18 @@ def percentile_columns(bisect: Callable[[Arr], Arr], ps: list[int], n: int) -> A
     return out
 
 
+# 8-point Gauss-Laguerre rule (numpy.polynomial.laguerre.laggauss(8), written out so that a solve does not import
+# numpy.polynomial; tests/test_queueing_speed.py checks them against it and against int x^k e^-x dx = k!, k <= 15)
+_LAGUERRE_NODES = (0.17027963230510093, 0.90370177679938, 2.251086629866131, 4.266700170287659, 7.0459054023934655,
+                   10.758516010180996, 15.740678641278004, 22.863131736889265)
+_LAGUERRE_WEIGHTS = (0.36918858934163495, 0.4187867808143447, 0.17579498663717255, 0.033343492261215794,
+                     0.0027945362352256834, 9.076508773358139e-05, 8.48574671627257e-07, 1.0480011748715153e-09)
+
+
 @cache
 def laguerre_nodes() -> tuple[Arr, Arr]:
-    """8-point Gauss-Laguerre nodes and weights (computed once)."""
-    xi, wq = np.polynomial.laguerre.laggauss(8)
-    return np.asarray(xi), np.asarray(wq)
+    """8-point Gauss-Laguerre nodes and weights."""
+    return np.array(_LAGUERRE_NODES), np.array(_LAGUERRE_WEIGHTS)
 
 
 def kernel_integrals(outputs: Arr) -> tuple[Arr, Arr]:

@@ -46,29 +46,44 @@ class ServiceTable:
         return float(np.sum(self.shares * (self.outputs - 1.0)))
 
     @cached_property
-    def _segments(self) -> tuple[Arr, Arr, Arr, NDArray[np.int64]]:
-        """The grid flattened, the slope of each grid interval (N, G - 1) and each row's offset into the flat
-        grid: computed once per table (``decode_s`` runs in every step of the model's bisections)."""
+    def _segments(self) -> tuple[Arr, Arr, Arr, NDArray[np.int64], Arr, Arr, NDArray[np.int64]]:
+        """The grid flattened, the slope of each grid interval (N, G - 1), each row's offset into the flat grid,
+        the grid's ends and the row numbers: computed once per table (``decode_s`` runs in every step of the
+        model's bisections)."""
         g, t = self.n_grid, self.t_grid
         dn = g[:, 1:] - g[:, :-1]
         slopes = np.where(dn > 0, (t[:, 1:] - t[:, :-1]) / np.where(dn > 0, dn, 1.0), 0.0)
-        return np.ravel(g), np.ravel(t), np.ravel(slopes), np.arange(len(g), dtype=np.int64) * (g.shape[1] - 1)
+        rows = np.arange(len(g), dtype=np.int64)
+        return (np.ravel(g), np.ravel(t), np.ravel(slopes), rows * (g.shape[1] - 1), np.ascontiguousarray(g[:, 0]),
+                np.ascontiguousarray(g[:, -1]), rows)
 
     def decode_s(self, n: Arr) -> tuple[Arr, Arr]:
         """t_dec(n) by linear interpolation on the grid (n >= 1; clamped to the grid) and its slope d t / d n."""
         g = self.n_grid
-        flat_g, flat_t, slopes, row0 = self._segments
-        n = np.minimum(np.maximum(n, g[:, 0]), g[:, -1])
-        idx = np.minimum(np.maximum(np.sum(g <= n[:, None], axis=1) - 1, 0), g.shape[1] - 2)
+        flat_g, flat_t, slopes, row0, g_first, g_last, rows = self._segments
+        n = np.minimum(np.maximum(n, g_first), g_last)
+        idx = np.minimum(np.maximum((g <= n[:, None]).sum(axis=1) - 1, 0), g.shape[1] - 2)
         seg = row0 + idx  # interval idx of each row; its left grid point is at seg + row in the flat grid
-        left = seg + np.arange(len(n))
+        left = seg + rows
         slope = slopes[seg]
         return flat_t[left] + slope * (n - flat_g[left]), slope
 
-    def max_rate_per_replica(self) -> Arr:
-        """lambda_max = c / ((E[o] - 1) t_dec(c) + c P): the rate at which the c slots are always busy."""
+    @cached_property
+    def _limits(self) -> tuple[Arr, Arr]:
+        """t_dec(c) and lambda_max, computed once per table (read-only)."""
         t_c, _ = self.decode_s(self.cap)
-        return self.cap / (self.mean_decode_iterations * t_c + self.cap * self.prefill_s)
+        rate = self.cap / (self.mean_decode_iterations * t_c + self.cap * self.prefill_s)
+        t_c.setflags(write=False)
+        rate.setflags(write=False)
+        return t_c, rate
+
+    def decode_at_cap_s(self) -> Arr:
+        """t_dec(c), the decode round of a full batch (read-only)."""
+        return self._limits[0]
+
+    def max_rate_per_replica(self) -> Arr:
+        """lambda_max = c / ((E[o] - 1) t_dec(c) + c P): the rate at which the c slots are always busy (read-only)."""
+        return self._limits[1]
 
 
 @dataclass(frozen=True)
