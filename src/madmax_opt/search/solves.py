@@ -135,9 +135,15 @@ def _training_options(problem: Problem, outcome: Any) -> list[dict[str, Any]]:
         except (InfeasibleError, ProblemError) as exc:
             return str(exc)
 
-    return compare_systems(problem, c.objective(problem.objective), brute_force_order(model, c, problem.objective),
-                           c.plans.hw, outcome.objective, lambda i: dict(to_records(model, c.plans.take([i]))[0]),
-                           why_not)
+    order = brute_force_order(model, c, problem.objective)
+    names = [o.system.name for o in problem.hardware]
+    first: dict[str, int] = {}  # each system's best (compare_systems' rule), its records made in one evaluation
+    for i, h in zip(order.tolist(), c.plans.hw[order].tolist(), strict=True):
+        first.setdefault(names[h], int(i))
+    at = list(first.values())
+    records = dict(zip(at, to_records(model, c.plans.take(at)), strict=True)) if at else {}
+    return compare_systems(problem, c.objective(problem.objective), order, c.plans.hw, outcome.objective,
+                           lambda i: dict(records[i]), why_not)
 
 
 def _serving_options(problem: Problem, result: dict[str, Any]) -> list[dict[str, Any]]:
