@@ -88,11 +88,17 @@ def test_serving_framework_names_and_one_line_errors() -> None:
 
 
 def test_records_name_the_calibration_that_priced_them() -> None:
-    rec = record(serve(framework="tensorrt-llm", gpus=8), tp=8, batch=8)
+    rec = record(serve("h200-sxm", framework="tensorrt-llm", gpus=8), tp=8, batch=8)
     cal = rec["calibration"]
-    fitted = next(e for e in serving_catalog().entries if (e.gpu, e.framework) == ("h100-sxm", "tensorrt-llm"))
-    assert cal["status"] == "calibrated" and cal["runs"] == fitted.fit.runs > 0
+    fitted = next(e for e in serving_catalog().entries if (e.gpu, e.framework) == ("h200-sxm", "tensorrt-llm"))
+    assert cal["status"] == "calibrated" and cal["runs"] == fitted.fit.runs > 0 and cal["level"] == "calibrated"
     assert cal["loso_median_err"] == fitted.fit.loso_median_err
+    # H100 TensorRT-LLM is priced by its own fit but recorded uncalibrated: its three DeepSeek-R1 InferenceX points
+    # are off by more than 30 % held out (fit.kfold_by_group), though its 51 runs are not
+    rec = record(serve(framework="tensorrt-llm", gpus=8), tp=8, batch=8)
+    h100 = next(e for e in serving_catalog().entries if (e.gpu, e.framework) == ("h100-sxm", "tensorrt-llm"))
+    assert h100.fit.kfold_by_group["inferencex.yaml"] > 0.30 >= (h100.fit.kfold_median_err or 1.0)
+    assert rec["calibration"]["status"] == "uncalibrated" and rec["calibration"]["level"] == "calibrated"
     # GB300 has no serving runs: the Blackwell family's hardware efficiencies with TensorRT-LLM's runtime fit
     rec = record(serve("gb300", 4, framework="tensorrt-llm"), tp=4, batch=8)
     assert rec["calibration"]["status"] == "uncalibrated" and rec["calibration"]["level"] == "family:blackwell"
@@ -144,8 +150,8 @@ def test_catalog_fit_records_match_the_data() -> None:
         errors = [c.error(e.params) for c in runs]
         assert float(np.median(np.abs(errors))) == pytest.approx(e.fit.in_sample_median_err, abs=0.005)
         assert np.log1p(errors) == pytest.approx(e.fit.residuals, abs=0.01)  # params stored to 4 digits
-        assert e.fit.status == ("uncalibrated" if max(e.fit.in_sample_median_err or 0.0, e.fit.kfold_median_err
-                                                      or 0.0) > 0.30 else "calibrated")
+        worst = max(e.fit.in_sample_median_err or 0.0, e.fit.kfold_median_err or 0.0, *e.fit.kfold_by_group.values())
+        assert e.fit.status == ("uncalibrated" if worst > 0.30 else "calibrated")
 
 
 @pytest.mark.slow

@@ -150,7 +150,7 @@ def simulate_serving(sw: ServingWorkload, task: InferenceTask, stack: Stack, tab
             return 0.0
         return float(p2p_s(tokens * m.hidden * ACT_BYTES * one, dev.tp, dev.tiers, dev.pp)[0])
 
-    dec_ops = _layer_ops(_scalars(layer_pass_s(sw, dev, micro * one, ctx * one, micro * ctx * one, group)))
+    dec_ops = _layer_ops(_scalars(layer_pass_s(sw, dev, micro * one, ctx * one, micro * ctx * one, group, decode=True)))
     dec_head = float(head_pass_s(sw, dev, micro * one)[0])
     b = _Builder(layers)
     free = [0.0] * pp  # when each stage's compute is free

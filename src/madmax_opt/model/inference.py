@@ -90,11 +90,13 @@ class Device:
 
 
 def layer_pass_s(
-    sw: ServingWorkload, dev: Device, tokens: Arr, keys: Arr, kv_tokens: Arr, kv_reads: Arr | float = 1.0
+    sw: ServingWorkload, dev: Device, tokens: Arr, keys: Arr, kv_tokens: Arr, kv_reads: Arr | float = 1.0,
+    decode: bool = False,
 ) -> dict[str, Arr]:
     """One transformer layer on one GPU for ``tokens`` tokens attending ``keys`` keys each; ``kv_tokens`` K/V
-    entries are read from (decode) or written to (prefill) the cache, each ``kv_reads`` times. Returns the
-    additive terms."""
+    entries are read from (decode) or written to (prefill) the cache, each ``kv_reads`` times; ``decode``: the
+    attention FLOPs of a decode step (MLA's absorbed form, ``ServingWorkload.decode_attn_flops_per_key``). Returns
+    the additive terms."""
     m = sw.model
     tp = dev.tp
     gemm = np.zeros_like(tokens)
@@ -110,7 +112,7 @@ def layer_pass_s(
         io_bytes = tokens * (sharded + other) * ACT_BYTES  # input + output activations of the local shard
         memory = memory_bound_time_s(g.params / tp * dev.weight_bytes + io_bytes, dev.hbm_bw)
         gemm = gemm + roofline_s(compute, memory)
-    attn_flops = tokens * keys * sw.attn_flops_per_key / tp
+    attn_flops = tokens * keys * (sw.decode_attn_flops_per_key if decode else sw.attn_flops_per_key) / tp
     kv_layer_bytes = kv_values_per_gpu(m, tp) * dev.kv_bytes  # one token, one layer, one GPU
     attention = roofline_s(
         attn_flops / (dev.peak16_flops * dev.attn_eff),
@@ -325,7 +327,7 @@ def inference_terms(
     # speculative decoding (MTP / EAGLE, d draft tokens): a round verifies 1 + d tokens per sequence, reading each
     # sequence's KV once, after d passes of the one-layer draft module (DeepSeek-V3 report Sec. 2.2 MTP)
     d = float(task.speculative_tokens)
-    lay = layer_pass_s(sw, dev, micro * (1.0 + d), context, micro * context, group)
+    lay = layer_pass_s(sw, dev, micro * (1.0 + d), context, micro * context, group, decode=True)
     # attention DP (ep > tp): the ep / tp replicas sharing an expert pool wait for the one with the most KV
     straggle = dp_straggler_factor(sw, np.where(dev.ep > tp, dev.ep / tp, 1.0), micro)
     lay["attention"] = lay["attention"] * straggle
@@ -346,7 +348,7 @@ def inference_terms(
     decode_s = np.maximum(n_micro * bottleneck, whole)
     step["draft"] = np.zeros_like(decode_s)
     if d > 0:
-        draft_layer = layer_pass_s(sw, dev, micro, context, micro * context, group)
+        draft_layer = layer_pass_s(sw, dev, micro, context, micro * context, group, decode=True)
         draft_layer["attention"] = draft_layer["attention"] * straggle
         step["draft"] = d * n_micro * (np.sum(list(draft_layer.values()), axis=0) + head_pass_s(sw, dev, micro))
         decode_s = decode_s + step["draft"]

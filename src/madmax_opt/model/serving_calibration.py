@@ -77,7 +77,20 @@ class FitRecord(_Strict):
         None, description="median |error| of these runs as held-out points (5 folds, each refitted without it)"
     )
     status: Literal["calibrated", "uncalibrated"] = Field(
-        "calibrated", description="uncalibrated: the in-sample or held-out-point median |error| exceeds 30 %"
+        "calibrated", description="uncalibrated: the in-sample or held-out-point (5-fold) median |error| exceeds 30 "
+        "%, over all its runs or over the runs of one of its sources or data sets (kfold_by_group)"
+    )
+    kfold_by_group: dict[str, float] = Field(
+        default_factory=dict, description="held-out-point (5-fold) median |error| of the pair's runs per source and "
+        "per data set (inference.yaml, inferencex.yaml)"
+    )
+    fallback_kfold_median_err: float | None = Field(
+        None, description="held-out-point (5-fold) median |error| of the same runs priced by the fallback (the "
+        "composition of the GPU's or its family's and the framework's pooled fits, as for a pair without runs)"
+    )
+    priced_by: Literal["pair", "fallback"] = Field(
+        "pair", description="fallback: an uncalibrated pair whose fallback is better held out is priced by the "
+        "fallback, not by these parameters (which stay in the record)"
     )
     residuals: list[float] = Field(
         default_factory=list, description="ln(predicted / measured) of each run in sample (error bars)"
@@ -174,11 +187,11 @@ class ServingCatalog(_Strict):
 
     def resolve(self, gpu: str, framework: str) -> tuple[ServingParams, str, FitRecord | None]:
         """(parameters, level, fit) for a GPU and framework (``resolve_params``); the fit record is the pair's, else
-        the framework's pooled one."""
+        the framework's pooled one. A pair whose record says ``priced_by: fallback`` is priced as a pair without
+        runs (its fallback level) and keeps its own (uncalibrated) record."""
         by_key = {(e.gpu, e.framework): e for e in self.entries}
-        params, level = resolve_params(
-            gpu, framework, {k: e.params for k, e in by_key.items()}, self.prior, self.gpu_family_of().get(gpu)
-        )
+        pricing = {k: e.params for k, e in by_key.items() if e.fit.priced_by == "pair"}
+        params, level = resolve_params(gpu, framework, pricing, self.prior, self.gpu_family_of().get(gpu))
         entry = by_key.get((gpu, framework)) or by_key.get((ANY, framework))
         return params, level, entry.fit if entry is not None else None
 

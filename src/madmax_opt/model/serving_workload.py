@@ -154,8 +154,19 @@ class ServingWorkload:
 
     @property
     def attn_flops_per_key(self) -> float:
-        """QK^T + AV FLOPs of one query token against one key, all heads: 4 a d_h (workload, per key)."""
+        """QK^T + AV FLOPs of one query token against one key, all heads, in prefill: 4 a d_h (workload, per key);
+        MLA: the decompressed multi-head form, 2 a (d_nope + d_rope + d_v) (``mla_attn_flops_per_key``)."""
+        if self.model.mla_kv_dim is not None:
+            return mla_attn_flops_per_key(self.model, decode=False)
         return self.wl.attn_flops_per_token / self.wl.seq_len
+
+    @property
+    def decode_attn_flops_per_key(self) -> float:
+        """The same in decode: as in prefill, except MLA's absorbed form over the cached latent
+        (``mla_attn_flops_per_key``)."""
+        if self.model.mla_kv_dim is not None:
+            return mla_attn_flops_per_key(self.model, decode=True)
+        return self.attn_flops_per_key
 
     @property
     def mean_output(self) -> float:
@@ -190,6 +201,26 @@ def serving_workload(model: TransformerModel, task: InferenceTask, stack: Stack)
     wl = lower(model, Task(kind="pretrain", seq_len=longest, global_batch=1), stack)  # shapes only
     weights = np.array([r.weight for r in reqs], dtype=np.float64)
     return ServingWorkload(wl=wl, requests=reqs, share=weights / weights.sum())
+
+
+# DeepSeek-V2 / V3 MLA head widths (config.json of deepseek-ai/DeepSeek-V3 and DeepSeek-R1-0528: qk_nope_head_dim
+# 128, qk_rope_head_dim 64, v_head_dim 128, kv_lora_rank 512; the catalog's mla_kv_dim 576 = kv_lora_rank + rope)
+MLA_QK_NOPE_DIM, MLA_ROPE_DIM, MLA_V_DIM = 128, 64, 128
+
+
+def mla_attn_flops_per_key(model: TransformerModel, *, decode: bool) -> float:
+    """Attention FLOPs of one query token against one key, all heads a, for MLA (DeepSeek-V2, arXiv 2405.04434,
+    Sec. 2.1.2-2.1.3). Prefill runs the decompressed multi-head form: QK^T over d_nope + d_rope = 192 and AV over
+    d_v = 128 per head, 2 a (192 + 128). Decode runs the absorbed form (W_UK into the query, W_UV after the
+    attention), each head attending the cached latent directly: QK^T over the latent and rope key (mla_kv_dim =
+    576) and AV over the latent (kv_lora_rank = 512), 2 a (576 + 512): 9.7x the MHA-of-head-dim-56 count, which
+    makes MLA decode attention compute-bound (FlashMLA README: 'computation-bound' configurations at up to 580 - 660
+    TFLOPS on H800)."""
+    assert model.mla_kv_dim is not None
+    heads = float(model.heads)
+    if decode:
+        return 2.0 * heads * (model.mla_kv_dim + model.mla_kv_dim - MLA_ROPE_DIM)
+    return 2.0 * heads * (MLA_QK_NOPE_DIM + MLA_ROPE_DIM + MLA_V_DIM)
 
 
 def kv_bytes_per_token(model: TransformerModel, kv_bytes_per_value: float) -> float:

@@ -97,18 +97,19 @@ def inferencex_lines(ev: Evaluation | None = None) -> list[str]:
         "## Per (GPU, framework)",
         "",
     ]
-    def status(pair: tuple[str, str]) -> str:  # as the catalog records it (serving_fit.catalog_entries)
-        ids = [c.case.id for c in ev.cases if c.case.pair == pair]
-        worst = max(ev.median(ev.in_sample, ids), ev.median(ev.kfold, ids))
-        return "uncalibrated" if worst > UNCALIBRATED_ABOVE else "calibrated"
-
-    records = {pair: status(pair) for pair in {p.pair for p in points.values()}}
+    records = {pair: status_label(ev, pair) for pair in {p.pair for p in points.values()}}
     lines += _table(ev, points, "GPU / framework", lambda p: f"{p.gpu} / {p.framework} ({records[p.pair]})")
     lines += [
         "",
-        f"A pair whose in-sample or 5-fold (held-out points) median exceeds {UNCALIBRATED_ABOVE:.0%} is recorded "
-        "`uncalibrated` in "
-        "`data/serving_calibration.yaml` (its `fit.status`), and evaluate/solve records say so.",
+        f"Rule (`serving_fit.decide`): a pair whose median |error| over its runs (inference.yaml and InferenceX), in "
+        f"sample or held out (5-fold, its own fit refitted without the fold), exceeds {UNCALIBRATED_ABOVE:.0%} over "
+        "all its runs or over the runs of any one of its sources or data sets is recorded `uncalibrated` in "
+        "`data/serving_calibration.yaml` (`fit.status`, with `kfold_by_group`), and evaluate/solve records say so. "
+        "An uncalibrated pair is priced by its fallback (the level of a pair without runs: its GPU's or family's "
+        "and its framework's pooled fits composed) when the fallback's 5-fold median over the same runs is lower "
+        "(`fit.priced_by: fallback`); its rows above are then the fallback's.",
+        "",
+        *decision_lines(ev),
         "",
         "## Per source, GPU, framework and serving feature",
         "",
@@ -143,6 +144,29 @@ def inferencex_lines(ev: Evaluation | None = None) -> list[str]:
 
 
 WORST = 10
+
+
+def status_label(ev: Evaluation, pair: tuple[str, str]) -> str:
+    """The pair's status as the catalog records it (``serving_fit.decide``), and its pricing level if not its own."""
+    d = ev.decisions.get(pair)
+    if d is None:
+        return "uncalibrated"
+    return d.status + (f", priced by {d.fallback_level}" if d.priced_by == "fallback" else "")
+
+
+def decision_lines(ev: Evaluation) -> list[str]:
+    """The uncalibrated pairs: the medians that made them so and what prices them."""
+    lines = ["| uncalibrated pair | cases | own fit in-sample | own fit 5-fold | worst 5-fold group | fallback 5-fold "
+             "| priced by |", "|---|---|---|---|---|---|---|"]
+    for (gpu, fw), d in sorted(ev.decisions.items()):
+        if d.status != "uncalibrated":
+            continue
+        runs = sum(1 for c in ev.cases if c.case.pair == (gpu, fw))
+        group, worst = max(d.by_group.items(), key=lambda kv: kv[1])
+        priced = f"fallback ({d.fallback_level})" if d.priced_by == "fallback" else "its own fit"
+        lines.append(f"| {gpu} / {fw} | {runs} | {d.in_sample:.1%} | {d.kfold:.1%} | {group}: {worst:.1%} | "
+                     f"{d.fallback_kfold:.1%} ({d.fallback_level}) | {priced} |")
+    return lines
 
 
 def dominant_term(pp: PreparedPoint, params: ServingParams) -> str:

@@ -142,6 +142,7 @@ class Fit:
     prior: ServingParams
     families: dict[str, str]  # gpu -> family
     warm: Fit | None = None
+    fallback: frozenset[tuple[str, str]] = frozenset()  # pairs priced by their fallback level (PairDecision)
     _done: dict[tuple[str, str], ServingParams | None] = field(default_factory=dict, repr=False)
 
     def _fit(self, key: tuple[str, str], member: Callable[[CaseInfo], bool],
@@ -169,11 +170,21 @@ class Fit:
         """The fit of the family's GPUs' cases under every framework, around the prior."""
         return self._fit((family_key(family), ANY), lambda k: self.families.get(k.gpu) == family, self.prior)
 
+    def fallback_level(self, gpu: str, framework: str) -> tuple[ServingParams, str]:
+        """(parameters, level) of the pair as if it had no runs: its GPU's (else family's) and its framework's
+        pooled fits composed (``resolve_params`` without the pair)."""
+        return resolve_params(gpu, framework, self.pooled(gpu, framework), self.prior, self.families.get(gpu))
+
+    def pair_fit(self, gpu: str, framework: str) -> ServingParams | None:
+        """The pair's own fit (around its fallback), None without runs."""
+        return self._fit((gpu, framework), lambda k: k.pair == (gpu, framework), self.fallback_level(gpu, framework)[0])
+
     def resolve_level(self, gpu: str, framework: str) -> tuple[ServingParams, str]:
-        """(parameters, level) as the catalog resolves them (``resolve_params``)."""
-        base = resolve_params(gpu, framework, self.pooled(gpu, framework), self.prior, self.families.get(gpu))
-        pair = self._fit((gpu, framework), lambda k: k.pair == (gpu, framework), base[0])
-        return (pair, "calibrated") if pair is not None else base
+        """(parameters, level) as the catalog resolves them (``ServingCatalog.resolve``): a pair in ``fallback``
+        is priced by its fallback level."""
+        base = self.fallback_level(gpu, framework)
+        pair = self.pair_fit(gpu, framework)
+        return (pair, "calibrated") if pair is not None and (gpu, framework) not in self.fallback else base
 
     def resolve(self, gpu: str, framework: str) -> ServingParams:
         return self.resolve_level(gpu, framework)[0]
@@ -182,7 +193,7 @@ class Fit:
     def fitted(self) -> dict[tuple[str, str], ServingParams]:
         """Every fitted set by catalog key: (gpu, fw), ("*", fw), (gpu, "*") and ("family:NAME", "*")."""
         for pair in sorted({c.case.pair for c in self.cases}):
-            self.resolve(*pair)
+            self.pair_fit(*pair)
         for name in sorted({self.families[c.case.gpu] for c in self.cases if c.case.gpu in self.families}):
             self._family_fit(name)
         done = {k: v for k, v in self._done.items() if v is not None}
@@ -199,19 +210,25 @@ def fit_all(cases: Sequence[FitCase], prior: ServingParams | None = None, warm: 
 
 
 def held_out_errors(
-    cases: Sequence[FitCase], full: Fit, group: Callable[[FitCase], str], levels: dict[str, str] | None = None
+    cases: Sequence[FitCase], full: Fit, group: Callable[[FitCase], str], levels: dict[str, str] | None = None,
+    fallback: dict[str, tuple[float, str]] | None = None,
 ) -> dict[str, float]:
-    """Each case predicted by the fits of the cases outside its group (refitted, warm-started from ``full``);
-    ``levels`` (when given) receives the calibration level that priced each case (``Fit.resolve_level``)."""
+    """Each case predicted by the fits of the cases outside its group (refitted, warm-started from ``full``, with
+    its ``fallback`` pairs); ``levels`` (when given) receives the calibration level that priced each case
+    (``Fit.resolve_level``); ``fallback`` (when given) the error and level of the same refit's fallback level
+    (``Fit.fallback_level``: the pair as if it had no runs)."""
     out: dict[str, float] = {}
     for value in sorted({group(c) for c in cases}):
-        rest = Fit(tuple(c for c in cases if group(c) != value), full.prior, full.families, full)
+        rest = Fit(tuple(c for c in cases if group(c) != value), full.prior, full.families, full, full.fallback)
         for c in cases:
             if group(c) == value:
                 params, level = rest.resolve_level(*c.case.pair)
                 out[c.case.id] = c.error(params)
                 if levels is not None:
                     levels[c.case.id] = level
+                if fallback is not None:
+                    base, base_level = rest.fallback_level(*c.case.pair)
+                    fallback[c.case.id] = (c.error(base), base_level)
     return out
 
 
@@ -227,6 +244,7 @@ class Evaluation:
     kfold: dict[str, float] = field(default_factory=dict)  # held-out points: 5 folds (FOLDS)
     kfold_level: dict[str, str] = field(default_factory=dict)  # the level that priced each held-out point
     logo_level: dict[str, str] = field(default_factory=dict)  # the level that priced each left-out GPU's case
+    decisions: dict[tuple[str, str], PairDecision] = field(default_factory=dict)  # status of every fitted pair
 
     def median(self, errors: dict[str, float], ids: Sequence[str] | None = None) -> float:
         keys = list(errors) if ids is None else list(ids)
@@ -240,17 +258,25 @@ def all_cases() -> tuple[FitCase, ...]:
 
 @cache
 def evaluate_all() -> Evaluation:
-    """The full fit, its in-sample errors, leave-one-source-out and leave-one-GPU-out errors (minutes on two
-    cores)."""
+    """The full fit, the status of every pair (``decide``), its in-sample errors, held-out-point (5-fold),
+    leave-one-source-out and leave-one-GPU-out errors (tens of minutes on two cores). The 5-fold refits come first:
+    they decide which pairs are priced by their fallback, and every error after that prices them so."""
     cases = all_cases()
     full = fit_all(cases)
+    kfold_level: dict[str, str] = {}
+    kfold_fallback: dict[str, tuple[float, str]] = {}
+    kfold = held_out_errors(cases, full, fold, kfold_level, kfold_fallback)
+    own_in_sample = {c.case.id: c.error(full.resolve(*c.case.pair)) for c in cases}
+    decisions = decide(cases, own_in_sample, kfold, kfold_fallback)
+    full.fallback = frozenset(p for p, d in decisions.items() if d.priced_by == "fallback")
+    for c in cases:
+        if c.case.pair in full.fallback:
+            kfold[c.case.id], kfold_level[c.case.id] = kfold_fallback[c.case.id]
     in_sample = {c.case.id: c.error(full.resolve(*c.case.pair)) for c in cases}
     loso = held_out_errors(cases, full, lambda c: c.case.source)
     logo_level: dict[str, str] = {}
-    kfold_level: dict[str, str] = {}
     logo = held_out_errors(cases, full, lambda c: c.case.gpu, logo_level)
-    kfold = held_out_errors(cases, full, fold, kfold_level)
-    return Evaluation(full, in_sample, loso, logo, cases, kfold, kfold_level, logo_level)
+    return Evaluation(full, in_sample, loso, logo, cases, kfold, kfold_level, logo_level, decisions)
 
 
 FOLDS = 5
@@ -265,6 +291,54 @@ def fold(c: FitCase) -> str:
 UNCALIBRATED_ABOVE = 0.30  # issue 23: a pair whose median |error| on held-out points exceeds 30 % is uncalibrated
 
 
+def dataset(case_id: str) -> str:
+    """The data set of a case: InferenceX points (ix-NNNN:metric) or the runs of inference.yaml."""
+    return "inferencex.yaml" if case_id.startswith("ix-") else "inference.yaml"
+
+
+@dataclass(frozen=True)
+class PairDecision:
+    """A fitted pair's status (issue 23): ``uncalibrated`` when the median |error| of its runs, in sample or held
+    out (5-fold, its own fit refitted without the fold), exceeds UNCALIBRATED_ABOVE over all its runs or over the
+    runs of any one of its sources or data sets (``by_group``); an uncalibrated pair is priced by its fallback (the
+    level a pair without runs takes) when that level's 5-fold median over the same runs is lower
+    (``priced_by``)."""
+
+    status: str
+    priced_by: str
+    in_sample: float  # the pair's own fit
+    kfold: float
+    by_group: dict[str, float]
+    fallback_kfold: float
+    fallback_level: str
+
+
+def decide(cases: Sequence[FitCase], in_sample: dict[str, float], kfold: dict[str, float],
+           fallback: dict[str, tuple[float, str]]) -> dict[tuple[str, str], PairDecision]:
+    """Every fitted pair's decision (``PairDecision``) from its own fit's in-sample and 5-fold errors and its
+    fallback's 5-fold errors (by case id)."""
+
+    def med(errors: dict[str, float], ids: Sequence[str]) -> float:
+        return statistics.median(abs(errors[i]) for i in ids)
+
+    out: dict[tuple[str, str], PairDecision] = {}
+    for pair in sorted({c.case.pair for c in cases}):
+        mine = [c for c in cases if c.case.pair == pair]
+        ids = [c.case.id for c in mine]
+        groups: dict[str, list[str]] = {}
+        for c in mine:
+            groups.setdefault(f"source {c.case.source}", []).append(c.case.id)
+            groups.setdefault(dataset(c.case.id), []).append(c.case.id)
+        by_group = {g: round(med(kfold, v), 4) for g, v in sorted(groups.items())}
+        own_in, own_k = med(in_sample, ids), med(kfold, ids)
+        fb = med({i: fallback[i][0] for i in ids}, ids)
+        bad = max(own_in, own_k, *by_group.values()) > UNCALIBRATED_ABOVE
+        out[pair] = PairDecision("uncalibrated" if bad else "calibrated",
+                                 "fallback" if bad and fb < own_k else "pair", own_in, own_k, by_group, fb,
+                                 fallback[ids[0]][1])
+    return out
+
+
 def _members(ev: Evaluation, gpu: str, fw: str) -> list[CaseInfo]:
     fam = gpu.removeprefix("family:") if gpu.startswith("family:") else None
     return [
@@ -277,25 +351,37 @@ def _members(ev: Evaluation, gpu: str, fw: str) -> list[CaseInfo]:
 def catalog_entries(ev: Evaluation) -> list[ServingCalibrationEntry]:
     """The fitted parameter sets with the record of each fit: runs, sources, the ln residuals of its runs in
     sample, in-sample / held-out-point (5-fold) / leave-one-source-out / leave-one-GPU-out medians, and its status
-    (uncalibrated when the in-sample or the held-out-point median exceeds 30 %)."""
+    (a pair's: ``PairDecision``, its in-sample residuals and medians those of its own fit, its held-out medians
+    those of what prices it; a pooled fit's: uncalibrated when the in-sample or the held-out-point median exceeds
+    30 %)."""
     out = []
+    by_id = {c.case.id: c for c in ev.cases}
     for (gpu, fw), params in ev.fit.fitted.items():
         mine = _members(ev, gpu, fw)
         ids = [c.id for c in mine]
         method = (METHOD_POOLED if gpu == ANY else METHOD_FAMILY if gpu.startswith("family:")
                   else METHOD_GPU if fw == ANY else METHOD_PAIR)
-        ins, kfold = ev.median(ev.in_sample, ids), ev.median(ev.kfold, ids)
-        record = FitRecord(
-            runs=len(mine),
-            sources=sorted({c.source for c in mine}),
-            method=method,
-            in_sample_median_err=round(ins, 4),
-            loso_median_err=round(ev.median(ev.loso, ids), 4),
-            logo_median_err=round(ev.median(ev.logo, ids), 4),
-            kfold_median_err=round(kfold, 4),
-            status="uncalibrated" if max(ins, kfold) > UNCALIBRATED_ABOVE else "calibrated",
-            residuals=[round(float(np.log1p(ev.in_sample[i])), 4) for i in ids],
-        )
+        decision = ev.decisions.get((gpu, fw))
+        own = ({i: by_id[i].error(params) for i in ids} if decision is not None and decision.priced_by == "fallback"
+               else ev.in_sample)
+        ins, kfold = ev.median(own, ids), ev.median(ev.kfold, ids)
+        status = "uncalibrated" if max(ins, kfold) > UNCALIBRATED_ABOVE else "calibrated"
+        extra = {} if decision is None else {
+            "status": decision.status, "kfold_by_group": decision.by_group, "priced_by": decision.priced_by,
+            "kfold_median_err": round(decision.kfold, 4),
+            "fallback_kfold_median_err": round(decision.fallback_kfold, 4)}
+        record = FitRecord(**{
+            "runs": len(mine),
+            "sources": sorted({c.source for c in mine}),
+            "method": method,
+            "in_sample_median_err": round(ins, 4),
+            "loso_median_err": round(ev.median(ev.loso, ids), 4),
+            "logo_median_err": round(ev.median(ev.logo, ids), 4),
+            "kfold_median_err": round(kfold, 4),
+            "status": status,
+            "residuals": [round(float(np.log1p(own[i])), 4) for i in ids],
+            **extra,
+        })
         rounded = ServingParams(**{k: float(f"{v:.4g}") for k, v in params.model_dump().items()})
         out.append(ServingCalibrationEntry(gpu=gpu, framework=fw, params=rounded, fit=record))
     return out
