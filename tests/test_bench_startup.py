@@ -1,0 +1,17 @@
+"""bench-startup's in-process rows (studies/bench_startup.py): the online serving solve is timed in a fresh
+process after its imports, and the table marks each row against its bar."""
+
+from __future__ import annotations
+
+from madmax_opt.studies import bench_startup
+
+
+def test_in_process_solve_is_timed_and_barred() -> None:
+    rows = bench_startup.time_in_process(repeats=1)
+    assert [r[0] for r in rows] == [p for p, _ in bench_startup.IN_PROCESS]
+    (problem, best, median, bar), = rows
+    assert 0.0 < best <= median < 30.0 and bar == 0.3
+    text = bench_startup.render([bench_startup.StartupTiming(bench_startup.BARE, 0.01, 0.01, ())], {}, "now",
+                                [(problem, best, median, best / 2), (problem, best, median, best * 2)])
+    table = text.split("## Solves in process")[1]
+    assert table.count("**FAIL**") == 1 and table.count(": pass") == 1
