@@ -19,6 +19,7 @@ from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
 from madmax_opt.model.training import COMM_INTERFERENCE
 from madmax_opt.studies import validation as v
+from madmax_opt.studies.validation_report import write_training_report
 
 try:
     SHARED = v.shared_dir()
@@ -197,7 +198,7 @@ def test_group_stats_by_brute_force(summary: v.Summary) -> None:
 
 @needs_data
 def test_report_lists_every_case(tmp_path: Path) -> None:
-    path = v.write_training_report(tmp_path)
+    path = write_training_report(tmp_path)
     text = path.read_text()
     assert path.name == "training.md" and "## Bars" in text and "## Calibration used" in text
     for c in v.korthikanti_cases(SHARED):

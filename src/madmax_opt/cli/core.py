@@ -161,7 +161,7 @@ def validate_cmd(
     from madmax_opt.studies import validation_modern
     from madmax_opt.studies.inferencex_report import write_inferencex_report
     from madmax_opt.studies.modern_report import write_modern_report
-    from madmax_opt.studies.validation import write_training_report
+    from madmax_opt.studies.validation_report import write_training_report
 
     written = []
     with progress_bar("validate", 3) as bar:  # three stages, each several seconds to a minute
