@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from madmax_opt.core.errors import InfeasibleError, ProblemError
+from madmax_opt.core.errors import InfeasibleError, InternalError, ProblemError
 from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.core.units import US
 from madmax_opt.model.family_name import serving_task
@@ -239,7 +239,8 @@ def online_options(problem: Problem, optimum: float,
                 rows.append({"system": name, "best": None, "objective": None, "vs_optimum": None,
                              "reason": str(exc)})
                 continue
-            raise AssertionError(f"{name}: the search settled no best plan, alone it has one")
+            raise InternalError(f"{name}: the online search found no admissible plan on this system, solved alone it "
+                                "has one (a bug, never a silent answer)")
         value = float(best_of[name][0])
         rows.append({"system": name, "best": best_of[name][1], "objective": value,
                      "vs_optimum": value / optimum - 1.0 if optimum > 0 else 0.0, "reason": None})
