@@ -114,7 +114,9 @@ def test_the_overlay_prices_inference_problems(tmp_path: Path) -> None:
     assert level == "calibrated" and params.model_dump() == pytest.approx(entry["params"])
     assert fit is not None and fit.runs == len(DESIGN) and fit.loso_median_err == entry["fit"]["loo_median_err"]
     # other pairs keep the catalog's fit
-    assert p.serving.catalog.resolve("h200-sxm", FW) == serving_catalog().resolve("h200-sxm", FW)
+    assert p.serving.catalog.resolve_own("h200-sxm", FW) == serving_catalog().resolve_own("h200-sxm", FW)
+    # ... and the hardware order keeps the user's fit where it is (a GPU that dominates it moves instead)
+    assert p.serving.catalog.resolve(GPU, FW)[0] == params
     (tmp_path / "problem.yaml").write_text(yaml.safe_dump(problem))
     solved = run_main("solve", tmp_path / "problem.yaml", "--json")
     assert solved.returncode == 0, solved.stderr

@@ -107,11 +107,11 @@ def test_records_name_the_calibration_that_priced_them() -> None:
     rec = record(serve(framework="atom", gpus=8), tp=8, batch=8)
     assert rec["calibration"]["status"] == "uncalibrated" and rec["calibration"]["level"] == "composed"
     by_key = {(e.gpu, e.framework): e.params for e in serving_catalog().entries}
-    got = serving_catalog().resolve("h100-sxm", "atom")[0]
+    got = serving_catalog().resolve_own("h100-sxm", "atom")[0]  # the composition, before the hardware order
     assert got.gemm_eff == by_key[("h100-sxm", "*")].gemm_eff and got.hbm_eff == by_key[("h100-sxm", "*")].hbm_eff
     assert got.layer_overhead_s == by_key[("*", "atom")].layer_overhead_s
     assert got.comm_eff == by_key[("*", "atom")].comm_eff
-    fam = serving_catalog().resolve("gb300", "tensorrt-llm")[0]
+    fam = serving_catalog().resolve_own("gb300", "tensorrt-llm")[0]
     assert fam.gemm_eff == by_key[("family:blackwell", "*")].gemm_eff
 
 

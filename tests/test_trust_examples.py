@@ -131,9 +131,6 @@ def test_deepseek_v3_batch_1_on_8_h200_between_its_floors_and_the_measured_point
 
 # ----------------------------------------------------------------- H200 >= H100 for the same serving problem
 
-@pytest.mark.xfail(strict=True, reason="serving calibration has no hardware-order rule: h200-sxm/vllm is fitted at "
-                   "gemm_eff 0.634 vs h100-sxm/vllm 0.747 (data/serving_calibration.yaml, model/serving_calibration.py"
-                   " resolve); training orders GPUs in io/calibration.py, serving does not (issue 24)")
 def test_h200_serves_mixtral_no_worse_than_h100(tmp_path: Path) -> None:
     """8x H200 beats 8x H100 on every datasheet figure (same FLOP/s, more and faster HBM). Measured today: H200
     21,053 < H100 22,263 output tokens/s (vLLM, Mixtral 8x7B bf16, 1024 + 256 tokens, TPOT <= 50 ms)."""

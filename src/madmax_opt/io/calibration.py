@@ -25,6 +25,7 @@ from pydantic import Field, model_validator
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.model.hardware import CalibrationRecord, HardwareOption, StepInterval
+from madmax_opt.model.hardware_spec import TRAINING_PEAKS, dominates
 from madmax_opt.model.serving_calibration import FitRecord, ServingParams
 from madmax_opt.model.spec import (
     FRAMEWORK_FAMILY,
@@ -38,7 +39,7 @@ from madmax_opt.model.spec import (
 )
 
 OVERLAY_KIND = "madmax-opt calibration overlay"
-PRICED_PEAKS: tuple[str, ...] = ("bf16", "fp16", "fp8")  # the peaks a training plan is priced with (Task.precision)
+PRICED_PEAKS: tuple[str, ...] = TRAINING_PEAKS  # the peaks a training plan is priced with (Task.precision)
 
 
 class OverlayEntry(FrameworkCalibration):
@@ -154,14 +155,6 @@ def trust(gpu: GPU, framework: str, overlay: Overlay | None = None) -> int:
     if framework in gpu.frameworks or gpu.calibration.prior_kind == "fitted":
         return 2
     return 1 if family_fit(gpu, framework) is not None else 0
-
-
-def dominates(x: GPU, y: GPU) -> bool:
-    """``x`` is at least as good as ``y`` on every datasheet figure that prices a training plan: the peak of each
-    training precision ``y`` lists (PRICED_PEAKS), HBM capacity and HBM bandwidth."""
-    return (all(x.peak_flops.get(p, 0.0) >= y.peak_flops[p]
-                for p in PRICED_PEAKS if p in y.peak_flops)
-            and x.hbm_bytes >= y.hbm_bytes and x.hbm_bw >= y.hbm_bw)
 
 
 def ordered(cal: Calibration, gpu: GPU, own_trust: int, other_cal: Calibration, other: GPU,

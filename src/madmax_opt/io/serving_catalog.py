@@ -27,7 +27,8 @@ CATALOG_FILE = "serving_calibration.yaml"
 def serving_catalog() -> ServingCatalog:
     text = resources.files("madmax_opt").joinpath("data").joinpath(CATALOG_FILE).read_text()
     try:
-        return ServingCatalog(**yaml.load(text, Loader=SAFE_LOADER))  # libyaml when present
+        return ServingCatalog(**yaml.load(text, Loader=SAFE_LOADER),  # libyaml when present
+                              gpu_specs=dict(catalog.gpus()))  # the GPUs the hardware order ranges over
     except ValidationError as exc:  # a broken catalog is a bug in the package, but say where
         raise ProblemError(str(exc).splitlines()[0], file=f"catalog {CATALOG_FILE}") from None
 
@@ -41,5 +42,6 @@ def serving_data(overlay: Overlay | None = None) -> ServingData:
         fits = [ServingCalibrationEntry(gpu=e.gpu, framework=e.framework, params=e.params,
                                         fit=FitRecord(**e.fit.model_dump(include=set(FitRecord.model_fields))))
                 for e in overlay.serving]
-        cat = cat.model_copy(update={"entries": [e for e in cat.entries if (e.gpu, e.framework) not in mine] + fits})
+        cat = cat.model_copy(update={"entries": [e for e in cat.entries if (e.gpu, e.framework) not in mine] + fits,
+                                     "user_pairs": sorted(mine)})  # the user's fits: never moved by the order
     return ServingData(catalog=cat, catalog_gpus=catalog.gpus())

@@ -39,6 +39,10 @@ class CalibrationRecord(BaseModel):
     in_sample_median_err: float | None = None
     loso_median_err: float | None = None
     interval: StepInterval | None = Field(None, description="80 % interval of the step time at this level")
+    ordered: list[str] = Field(
+        default_factory=list, description="hardware order (serving, model/serving_calibration.ordered): the GPUs "
+        "/ frameworks whose rates this calibration was raised or lowered to, with the fields that moved"
+    )
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,19 @@ class GPU(Strict):
     source: str
 
 
+TRAINING_PEAKS: tuple[str, ...] = ("bf16", "fp16", "fp8")  # the peaks a training plan is priced with
+
+
+def dominates(x: GPU, y: GPU, peaks: tuple[str, ...] = TRAINING_PEAKS) -> bool:
+    """``x`` is at least as good as ``y`` on every datasheet figure that prices a plan: the peak of each precision in
+    ``peaks`` that ``y`` lists (training: TRAINING_PEAKS; serving adds fp4, model/serving_calibration.py), HBM
+    capacity and HBM bandwidth. The one definition of hardware dominance: training's calibration order
+    (io/calibration.py) and serving's (model/serving_calibration.py) both use it."""
+    return (all(x.peak_flops.get(p, 0.0) >= y.peak_flops[p]
+                for p in peaks if p in y.peak_flops)
+            and x.hbm_bytes >= y.hbm_bytes and x.hbm_bw >= y.hbm_bw)
+
+
 class Tier(Strict):
     """One level of the network: GPUs in one domain of this tier, per-GPU one-way bandwidth, latency."""
 

@@ -11,12 +11,21 @@ SGLang ship different GEMM, attention and all-reduce kernels, CUDA graphs and sc
     the runtime-bound ones (overheads, collectives, grouped GEMMs) from the framework's fit pooled over GPUs, and
     whatever neither has from the universal prior of the fit
 
+Hardware order (issue 24; ``ordered``): when GPU A dominates GPU B on every datasheet figure a serving plan is
+priced with (``dominates``, the one definition training's io/calibration.py uses, with the fp4 peak added:
+SERVING_PEAKS), A's resolved rates under a framework are no worse than B's: GEMM rate (gemm_eff x the GEMM peak of
+every precision both run), attention rate (attn_eff x the 16-bit peak), HBM rate (hbm_eff x bandwidth),
+grouped-GEMM ratio, collective efficiency and speculative acceptance at least B's, per-layer and per-prefill
+overheads at most B's. The pair resting on fewer runs moves (``trust``: the user's overlay > a catalog pair fit > a
+pair fit flagged uncalibrated > pooled / family / composed > prior); on a tie the dominating one is raised. Records name every pair a
+calibration was raised or lowered to (``ordered``).
+
 Records name the level that priced them (``calibration`` block of every serving record).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -27,6 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.numeric import Arr
 from madmax_opt.model.hardware import CalibrationRecord, HardwareOption
+from madmax_opt.model.hardware_spec import dominates
+from madmax_opt.model.serving_workload import PRECISIONS, gemm_precision
 from madmax_opt.model.spec import GPU, ServingFrameworkName, Stack
 
 SERVING_FRAMEWORKS: tuple[str, ...] = get_args(ServingFrameworkName)
@@ -173,6 +184,15 @@ class ServingCatalog(_Strict):
         "-> factors from the held-out residuals of that level (studies/serving_intervals.py)"
     )
 
+    gpu_specs: dict[str, GPU] = Field(
+        default_factory=dict, exclude=True, description="the GPU catalog the hardware order ranges over (set by "
+        "io/serving_catalog.py, not stored in the file); empty: no ordering"
+    )
+    user_pairs: list[tuple[str, str]] = Field(
+        default_factory=list, exclude=True, description="(gpu, framework) pairs fitted by the user (an overlay): "
+        "never moved by the hardware order"
+    )
+
     def interval_factors(self, level: str) -> dict[str, Any] | None:
         """The factors a record priced at ``level`` carries (``record_interval``); None without intervals."""
         key = interval_level(level)
@@ -186,14 +206,36 @@ class ServingCatalog(_Strict):
         return {g: name for name, gpus in self.gpu_families.items() for g in gpus}
 
     def resolve(self, gpu: str, framework: str) -> tuple[ServingParams, str, FitRecord | None]:
-        """(parameters, level, fit) for a GPU and framework (``resolve_params``); the fit record is the pair's, else
-        the framework's pooled one. A pair whose record says ``priced_by: fallback`` is priced as a pair without
-        runs (its fallback level) and keeps its own (uncalibrated) record."""
+        """(parameters, level, fit) that price a GPU under a framework, hardware order applied (``resolve_ordered``)."""
+        params, level, fit, _ = self.resolve_ordered(gpu, framework)
+        return params, level, fit
+
+    def resolve_own(self, gpu: str, framework: str) -> tuple[ServingParams, str, FitRecord | None]:
+        """(parameters, level, fit) for a GPU and framework before the hardware order (``resolve_params``); the fit
+        record is the pair's, else the framework's pooled one. A pair whose record says ``priced_by: fallback`` is
+        priced as a pair without runs (its fallback level) and keeps its own (uncalibrated) record."""
         by_key = {(e.gpu, e.framework): e for e in self.entries}
         pricing = {k: e.params for k, e in by_key.items() if e.fit.priced_by == "pair"}
         params, level = resolve_params(gpu, framework, pricing, self.prior, self.gpu_family_of().get(gpu))
         entry = by_key.get((gpu, framework)) or by_key.get((ANY, framework))
         return params, level, entry.fit if entry is not None else None
+
+    def resolve_ordered(self, gpu: str, framework: str, spec: GPU | None = None
+                        ) -> tuple[ServingParams, str, FitRecord | None, list[str]]:
+        """``resolve_own`` then the hardware order against every catalog GPU (``ordered``; ``spec``: the GPU's
+        figures when it is not the catalog's, e.g. a derived what-if GPU); the last item names the moves."""
+        params, level, fit = self.resolve_own(gpu, framework)
+        spec = spec or self.gpu_specs.get(gpu)
+        if spec is None or not self.gpu_specs:
+            return params, level, fit, []
+        users = set(self.user_pairs)
+
+        def own(name: str) -> tuple[ServingParams, int]:
+            p, lv, f = (params, level, fit) if name == gpu else self.resolve_own(name, framework)
+            return p, trust(lv, (name, framework) in users, f is not None and f.status == "uncalibrated")
+
+        got, moves = ordered(spec, framework, own, self.gpu_specs)
+        return got, level, fit, moves
 
 
 def compose(hardware: ServingParams, runtime: ServingParams) -> ServingParams:
@@ -221,6 +263,90 @@ def resolve_params(
         (by_gpu is not None, by_fw is not None), "prior"
     )
     return compose(by_gpu or by_fw or prior, by_fw or prior), level
+
+
+SERVING_PEAKS: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp4")  # the peaks dominance compares for serving
+RAISED_BETTER: tuple[str, ...] = ("grouped_gemm_ratio", "comm_eff", "spec_acceptance")  # ratios: higher is faster
+LOWER_BETTER: tuple[str, ...] = ("layer_overhead_s", "prefill_overhead_s")
+FIELD_CAP: dict[str, float] = {"comm_eff": 2.0}  # every other efficiency and ratio is at most 1
+
+
+def trust(level: str, user: bool = False, flagged: bool = False) -> int:
+    """How much a resolved calibration rests on runs (io/calibration.trust, with one more step): 4 the user's own
+    fit (an overlay), 3 a catalog fit of the pair, 2 a pair fit its record flags ``uncalibrated`` (``flagged``: its
+    error above 30 % on its runs or on one source or data set), 1 pooled fits (family:NAME, composed, gpu- /
+    framework-pooled), 0 the prior."""
+    if level == "calibrated":
+        return 4 if user else 2 if flagged else 3
+    return 0 if level == "prior" else 1
+
+
+def _ratios(spec: GPU, other: GPU) -> dict[str, list[float]]:
+    """other's figure / spec's figure behind each rate: the GEMM peak of every serving precision both run, the
+    16-bit peak (attention), the HBM bandwidth; 1 for the ratios and the overheads."""
+    gemm = []
+    for p in PRECISIONS:
+        mine, theirs = gemm_precision(p, spec.peak_flops), gemm_precision(p, other.peak_flops)
+        if mine is not None and theirs is not None:
+            gemm.append(float(other.peak_flops[theirs] / spec.peak_flops[mine]))  # type: ignore[index]
+    r16 = float(other.peak_flops.get("bf16", 1.0) / spec.peak_flops.get("bf16", 1.0))
+    return {"gemm_eff": gemm or [1.0], "attn_eff": [r16], "hbm_eff": [float(other.hbm_bw / spec.hbm_bw)]}
+
+
+def bounded(p: ServingParams, spec: GPU, q: ServingParams, other: GPU, raise_: bool) -> tuple[ServingParams, list[str]]:
+    """``p`` (pricing ``spec``) raised to (``raise_``: spec dominates other) or lowered to the rates of ``q``
+    (pricing ``other``), field by field; also the fields that moved."""
+    ratios = _ratios(spec, other)
+    out: dict[str, float] = {}
+    for name in ServingParams.model_fields:
+        cur, theirs = getattr(p, name), getattr(q, name)
+        if name in LOWER_BETTER:
+            new = min(cur, theirs) if raise_ else max(cur, theirs)
+        else:
+            r = ratios.get(name, [1.0])
+            bound = theirs * (max(r) if raise_ else min(r))  # every precision's rate at least / at most the other's
+            new = max(cur, min(FIELD_CAP.get(name, 1.0), bound)) if raise_ else min(cur, bound)
+        if new != cur:
+            out[name] = new
+    return (p.model_copy(update=out) if out else p), sorted(out)
+
+
+def ordered(spec: GPU, framework: str, own: Callable[[str], tuple[ServingParams, int]],
+            gpus: Mapping[str, GPU]) -> tuple[ServingParams, list[str]]:
+    """The parameters pricing ``spec`` under ``framework`` in the hardware order over the GPUs ``gpus`` (``own``:
+    a GPU name's own parameters and trust, before ordering; ``spec.name`` included). Two passes, so that the result
+    is the same whatever order the GPUs come in and a GPU that dominates another is never priced below it:
+    (1) a calibration is lowered to every GPU that dominates it with more trust; (2) it is raised to every GPU it
+    dominates with at least its trust, each taken as lowered by (1). Returns the parameters and the moves
+    ("raised to GPU/FRAMEWORK: fields")."""
+    cache: dict[str, tuple[ServingParams, int]] = {}
+
+    def own_of(name: str) -> tuple[ServingParams, int]:
+        if name not in cache:
+            cache[name] = own(name)
+        return cache[name]
+
+    def lowered(g: GPU, params: ServingParams, level: int, moves: list[str] | None) -> ServingParams:
+        for name, other in gpus.items():
+            if name != g.name and dominates(other, g, SERVING_PEAKS) and not dominates(g, other, SERVING_PEAKS):
+                q, t = own_of(name)
+                if t > level:
+                    params, fields = bounded(params, g, q, other, raise_=False)
+                    if fields and moves is not None:
+                        moves.append(f"lowered to {name}/{framework}: {', '.join(fields)}")
+        return params
+
+    moves: list[str] = []
+    mine, level = own_of(spec.name)
+    params = lowered(spec, mine, level, moves)
+    for name, other in gpus.items():
+        if name != spec.name and dominates(spec, other, SERVING_PEAKS):
+            q, t = own_of(name)
+            if t >= level:
+                params, fields = bounded(params, spec, lowered(other, q, t, None), other, raise_=True)
+                if fields:
+                    moves.append(f"raised to {name}/{framework}: {', '.join(fields)}")
+    return params, moves
 
 
 @dataclass(frozen=True)
@@ -277,10 +403,10 @@ def calibration_columns(
 ) -> tuple[CalibrationColumns, list[dict[str, Any]]]:
     """Per-option calibration columns and, per option, the trust record of what priced it (``CalibrationRecord``
     plus ``level``: calibrated on this GPU, the framework's pooled fit from other GPUs, or the prior)."""
-    resolved = [catalog.resolve(o.gpu.name, framework) for o in options]
+    resolved = [catalog.resolve_ordered(o.gpu.name, framework, o.gpu) for o in options]
     labels: list[dict[str, Any]] = []
-    for o, (_, level, fit) in zip(options, resolved, strict=True):
-        rec = CalibrationRecord(gpu=o.gpu.name, framework=framework, status="uncalibrated")
+    for o, (_, level, fit, moves) in zip(options, resolved, strict=True):
+        rec = CalibrationRecord(gpu=o.gpu.name, framework=framework, status="uncalibrated", ordered=moves)
         if fit is not None:
             rec = CalibrationRecord(
                 gpu=o.gpu.name,
@@ -291,12 +417,13 @@ def calibration_columns(
                 sources=list(fit.sources),
                 in_sample_median_err=fit.in_sample_median_err,
                 loso_median_err=fit.loso_median_err,
+                ordered=moves,
             )
         # a pair flagged uncalibrated takes the interval of the level whose held-out residuals apply to it: its own
         # fit's held-out error exceeds what the calibrated level's residuals cover, so the pooled (family) width
         factors = catalog.interval_factors("family" if level == "calibrated" and rec.status != "calibrated" else level)
         labels.append({**rec.model_dump(), "level": level, **({"interval": factors} if factors else {})})
-    return CalibrationColumns.of([p for p, _, _ in resolved], catalog.frameworks[framework]), labels
+    return CalibrationColumns.of([p for p, _, _, _ in resolved], catalog.frameworks[framework]), labels
 
 
 @dataclass(frozen=True)

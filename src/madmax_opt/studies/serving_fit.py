@@ -34,8 +34,11 @@ from madmax_opt.model.serving_calibration import (
     IntervalFactors,
     ServingCalibrationEntry,
     ServingParams,
+    ordered,
     resolve_params,
+    trust,
 )
+from madmax_opt.model.spec import GPU
 from madmax_opt.studies.inferencex import prepared_metrics
 from madmax_opt.studies.serving_cases import CaseInfo, FitCase, prepared_cases
 
@@ -143,6 +146,8 @@ class Fit:
     families: dict[str, str]  # gpu -> family
     warm: Fit | None = None
     fallback: frozenset[tuple[str, str]] = frozenset()  # pairs priced by their fallback level (PairDecision)
+    gpus: dict[str, GPU] = field(default_factory=dict)  # the GPU catalog the hardware order ranges over (none: off)
+    flagged: frozenset[tuple[str, str]] = frozenset()  # pairs recorded uncalibrated (less trust in the order)
     _done: dict[tuple[str, str], ServingParams | None] = field(default_factory=dict, repr=False)
 
     def _fit(self, key: tuple[str, str], member: Callable[[CaseInfo], bool],
@@ -179,12 +184,25 @@ class Fit:
         """The pair's own fit (around its fallback), None without runs."""
         return self._fit((gpu, framework), lambda k: k.pair == (gpu, framework), self.fallback_level(gpu, framework)[0])
 
-    def resolve_level(self, gpu: str, framework: str) -> tuple[ServingParams, str]:
-        """(parameters, level) as the catalog resolves them (``ServingCatalog.resolve``): a pair in ``fallback``
+    def own_level(self, gpu: str, framework: str) -> tuple[ServingParams, str]:
+        """(parameters, level) before the hardware order (``ServingCatalog.resolve_own``): a pair in ``fallback``
         is priced by its fallback level."""
         base = self.fallback_level(gpu, framework)
         pair = self.pair_fit(gpu, framework)
         return (pair, "calibrated") if pair is not None and (gpu, framework) not in self.fallback else base
+
+    def resolve_level(self, gpu: str, framework: str) -> tuple[ServingParams, str]:
+        """(parameters, level) as the catalog resolves them (``ServingCatalog.resolve``): ``own_level`` in the
+        hardware order against the other GPUs' fits of this refit (``ordered``)."""
+        params, level = self.own_level(gpu, framework)
+        if gpu not in self.gpus:
+            return params, level
+
+        def own(name: str) -> tuple[ServingParams, int]:
+            p, lv = (params, level) if name == gpu else self.own_level(name, framework)
+            return p, trust(lv, flagged=(name, framework) in self.flagged)
+
+        return ordered(self.gpus[gpu], framework, own, self.gpus)[0], level
 
     def resolve(self, gpu: str, framework: str) -> ServingParams:
         return self.resolve_level(gpu, framework)[0]
@@ -204,7 +222,9 @@ class Fit:
 def fit_all(cases: Sequence[FitCase], prior: ServingParams | None = None, warm: Fit | None = None) -> Fit:
     """Every level fitted on ``cases`` (see ``Fit``)."""
     cat = serving_catalog()
-    full = Fit(tuple(cases), prior or cat.prior, cat.gpu_family_of(), warm)
+    # the pairs the catalog flags uncalibrated rank below calibrated ones in the order until ``decide`` says anew
+    flagged = frozenset((e.gpu, e.framework) for e in cat.entries if e.fit.status == "uncalibrated")
+    full = Fit(tuple(cases), prior or cat.prior, cat.gpu_family_of(), warm, gpus=cat.gpu_specs, flagged=flagged)
     full.fitted  # noqa: B018 (fits every level)
     return full
 
@@ -219,7 +239,8 @@ def held_out_errors(
     (``Fit.fallback_level``: the pair as if it had no runs)."""
     out: dict[str, float] = {}
     for value in sorted({group(c) for c in cases}):
-        rest = Fit(tuple(c for c in cases if group(c) != value), full.prior, full.families, full, full.fallback)
+        rest = Fit(tuple(c for c in cases if group(c) != value), full.prior, full.families, full, full.fallback,
+                   full.gpus, full.flagged)
         for c in cases:
             if group(c) == value:
                 params, level = rest.resolve_level(*c.case.pair)
@@ -269,6 +290,7 @@ def evaluate_all() -> Evaluation:
     own_in_sample = {c.case.id: c.error(full.resolve(*c.case.pair)) for c in cases}
     decisions = decide(cases, own_in_sample, kfold, kfold_fallback)
     full.fallback = frozenset(p for p, d in decisions.items() if d.priced_by == "fallback")
+    full.flagged = frozenset(p for p, d in decisions.items() if d.status == "uncalibrated")
     for c in cases:
         if c.case.pair in full.fallback:
             kfold[c.case.id], kfold_level[c.case.id] = kfold_fallback[c.case.id]
