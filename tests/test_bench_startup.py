@@ -15,3 +15,12 @@ def test_in_process_solve_is_timed_and_barred() -> None:
                                 [(problem, best, median, best / 2), (problem, best, median, best * 2)])
     table = text.split("## Solves in process")[1]
     assert table.count("**FAIL**") == 1 and table.count(": pass") == 1
+
+
+def test_commands_are_timed_with_bytecode_cached() -> None:
+    import os
+
+    env = bench_startup._cached_env("/tmp/pyc-prefix")
+    assert "PYTHONDONTWRITEBYTECODE" not in env and env["PYTHONPYCACHEPREFIX"] == "/tmp/pyc-prefix"
+    assert all(env[k] == v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"
+               and k != "PYTHONPYCACHEPREFIX")
