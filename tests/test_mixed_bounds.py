@@ -116,4 +116,6 @@ def test_mixed_pipeline_example_needs_few_cp_sat_models(monkeypatch: pytest.Monk
     h, a = "dgx-h100", "dgx-a100"
     assert plan["stage_systems"] == [h, h, a, a, a, a, h, h]
     assert (plan["dp"], plan["pp"], plan["zero"]) == (4, 8, 1) and plan["stage_recompute"] == ["none"] * 8
-    assert out.objective == 13830904.875 and out.summary()["gap"] == 0.0
+    # 13830904.875 before the refit that keeps runs with inferred recompute out of the fits (issue 24; h100-sxm /
+    # megatron-core attn_eff 0.32 -> 0.31): same plan
+    assert out.objective == 13830926.875 and out.summary()["gap"] == 0.0

@@ -20,6 +20,7 @@ def test_evaluate_plans_table_is_whole_at_80_columns(tmp_path: Path, monkeypatch
     assert r.returncode == 0, r.stderr
     table = r.stdout.split("plan 1:")[0]
     assert "…" not in table and max(len(line) for line in table.splitlines()) <= 80, table
-    for text in ("dgx-h100", "x1024", "1,137,448", "49.9%", "71.9", "1.230", "yes",
+    # tokens/s 1,137,448 before the refit that keeps runs with inferred recompute out of the fits (issue 24)
+    for text in ("dgx-h100", "x1024", "1,137,361", "49.9%", "71.9", "1.230", "yes",
                  "plan 1 infeasible: dp*mbs must divide global_batch"):
         assert text in table, text

@@ -166,9 +166,9 @@ def render_modern(s: ModernSummary, serving: list[str] | None = None) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, c in enumerate(s.cases):
-        note = c.note if c.fitted else f"not fitted: {c.framework_text} is no modelled framework; {c.note}"
+        note = c.note if c.fitted else f"not fitted: {c.unfitted_why}; {c.note}"
         lines.append(
-            f"| {c.run.name} | {c.run.source} | {c.run.gpu} | {c.run.framework if c.fitted else 'maxtext'} "
+            f"| {c.run.name} | {c.run.source} | {c.run.gpu} | {c.framework_label} "
             f"| {c.run.problem.training_task.precision} | {plan_text(c.run.plan)} | {c.run.measured_s:.3f} "
             f"| {s.in_sample_s[i]:.3f} | {_pct(float(s.in_sample_err[i]))} | {s.loso_s[i]:.3f} "
             f"| {_pct(float(s.loso_err[i]))} | {note.strip('; ')} |"
@@ -187,6 +187,10 @@ def render_modern(s: ModernSummary, serving: list[str] | None = None) -> str:
         "  0.1 by this LOSO error (24 %, 21 %, 17 %, 17 % at the time), so the LOSO numbers are slightly optimistic.",
         "- Megatron-Core rows: distributed optimizer (ZeRO-1), sequence parallelism and TP comm overlap with TP > 1",
         "  (NeMo / Megatron-Bridge recipe defaults; the sources do not state them). FSDP rows: ZeRO-3.",
+        "- Recompute not stated: the least mode (none < selective < full) whose predicted memory fits, so no run that",
+        "  ran is refused; `none` unless a case's notes say otherwise. Those cases are kept out of every fit: the",
+        "  frameworks have modes between the model's (Megatron-Core recompute_modules / recompute_num_layers), so the",
+        "  inferred mode bounds the recompute time from above.",
         "- Layers that pp x vpp does not divide (405B on pp 8 / 16) are priced with the mean layers per stage.",
         f"- {', '.join(UNMODELLED_FRAMEWORKS)} (JAX/XLA) is no modelled framework: shown with the pytorch-fsdp",
         "  calibration, kept out of every fit and statistic.",

@@ -3,7 +3,14 @@ measured step times, read from ``data/validation/modern/training.yaml`` (a verba
 metric definitions and caveats in its PROVENANCE.md).
 
 Each case of the file becomes a :class:`madmax_opt.studies.fit.Run`. What is read how (and why) is said where it
-happens; everything the file marks ``not_stated`` is filled with the framework's documented default.
+happens; everything the file marks ``not_stated`` is filled with the framework's documented default, except
+activation recompute: a run whose source does not state it is read with the least mode, in the order
+none < selective < full (model.spec.RECOMPUTE_MODES: Megatron-Core's granularities, torchtitan's and NeMo AutoModel's
+activation-checkpointing modes, MaxText's remat policies mapped onto them), whose predicted memory fits the GPU: the
+run ran, so it fitted. Where that is not ``none`` the case says so in its note and is kept out of every fit: the
+frameworks have modes between the model's (Megatron-Core ``recompute_modules`` and ``recompute_num_layers``,
+torchtitan's every-n-layers SAC, MaxText's policies), so the inferred mode bounds the recompute time from above and
+the step time of what ran is not known. A run that no mode makes fit keeps ``none`` (and is refused).
 """
 
 from __future__ import annotations
@@ -20,10 +27,13 @@ import numpy as np
 import yaml
 from numpy.typing import NDArray
 
+from madmax_opt.analysis.evaluator import Model
 from madmax_opt.core.numeric import Arr
 from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import (
     FRAMEWORK_FAMILY,
+    RECOMPUTE_MODES,
     FamilyCalibration,
     FrameworkCalibration,
     FrameworkFit,
@@ -54,12 +64,21 @@ NEMO2_FP8_SOURCE = "dgxc_2503"  # NeMo 2.0 performance recipes (container nemo:2
 
 @dataclass(frozen=True)
 class ModernCase:
-    """A measured run plus how it was read: ``fitted`` False for rows outside every fit (unmodelled framework)."""
+    """A measured run plus how it was read: ``fitted`` False for rows outside every fit (``unfitted_why``)."""
 
     run: Run
     framework_text: str
     fitted: bool
     note: str = ""
+    recompute_inferred: bool = False  # the source does not state recompute: the least mode that fits (module doc)
+    unfitted_why: str = ""  # why a case is outside every fit ("" for fitted cases)
+    modelled: bool = True  # False where the framework is priced with another's profile (MaxText)
+
+    @property
+    def framework_label(self) -> str:
+        """The framework column of the report: the modelled framework, or the unmodelled one's name."""
+        return self.run.framework if self.modelled else next(
+            v for k, v in FRAMEWORK_OF.items() if self.framework_text.startswith(k))
 
 
 def training_data() -> dict[str, Any]:
@@ -101,6 +120,16 @@ def model_dict(key: str, catalog: dict[str, Any], layers: int | None = None) -> 
 def _recompute(v: Any) -> str:
     s = str(v or "none").lower()
     return "full" if "full" in s else ("selective" if "selective" in s else "none")
+
+
+def least_recompute_that_fits(problem: Problem, plan: Plan) -> str | None:
+    """The first mode of RECOMPUTE_MODES (none < selective < full) with which ``plan``'s predicted memory per GPU
+    (the worst stage) fits the usable memory; None where no mode fits."""
+    model = Model(problem)
+    plans = [plan.model_copy(update={"recompute": mode}) for mode in RECOMPUTE_MODES]
+    terms = model.terms(model.arrays(plans))
+    fits = np.asarray(terms.memory.total) <= np.asarray(terms.capacity_bytes)
+    return next((mode for mode, ok in zip(RECOMPUTE_MODES, fits, strict=True) if ok), None)
 
 
 def _precision(c: dict[str, Any], alt: bool) -> str:
@@ -179,11 +208,23 @@ def _case(c: dict[str, Any], catalog: dict[str, Any], alt: bool) -> ModernCase:
     zero = 3 if fsdp else (1 if framework == "megatron-core" else 0)
     plan = Plan(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, ep=ep, zero=zero,
                 recompute=_recompute(p["recompute"]), sp=tp > 1)
+    inferred = p["recompute"] is None  # not stated in the source (provenance not_stated: recompute / remat policy)
+    if inferred:
+        mode = least_recompute_that_fits(problem, plan)
+        if mode is None:
+            notes.append("recompute not stated: no mode fits, read as none")
+        elif mode != "none":
+            plan = plan.model_copy(update={"recompute": mode})
+            notes.append(f"recompute {mode} inferred (least that fits)")
     name = c["id"] + ("-mx" if alt else "")
     if alt:
         notes.append("the parenthesised FP8-MX value of the same row")
     run = Run(name, c["source"]["ref"], problem, plan, measured_step_s(c, model, alt))
-    return ModernCase(run, fw_text, framework not in UNMODELLED_FRAMEWORKS, "; ".join(notes))
+    modelled = framework not in UNMODELLED_FRAMEWORKS
+    why = "" if modelled else f"{fw_text} is no modelled framework"
+    if inferred and plan.recompute != "none":
+        why = "; ".join(w for w in (why, "its recompute is inferred (the time of the mode that ran is not known)") if w)
+    return ModernCase(run, fw_text, not why, "; ".join(notes), inferred, why, modelled)
 
 
 def modern_cases(data: dict[str, Any] | None = None) -> list[ModernCase]:
