@@ -18,7 +18,8 @@ import yaml
 from cli_helpers import run_main
 from conftest import toy_gpu, toy_system
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.dlrm_problem import dlrm_models, dlrm_problem_from_dict, is_dlrm_data
+from madmax_opt.io.dlrm_problem import dlrm_models, dlrm_problem_from_dict
+from madmax_opt.io.file_family import is_dlrm_data
 from madmax_opt.model.dlrm import layout_of, lower
 from madmax_opt.model.dlrm_dense import DensePlans, DenseTerms, dense_terms, step_terms, step_time_s
 from madmax_opt.model.dlrm_embedding import (

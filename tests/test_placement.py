@@ -31,13 +31,12 @@ from madmax_opt.search.dlrm_search import solve_dlrm
 from madmax_opt.search.placement import (
     NS,
     PlacementModel,
-    brute_force_placement,
     greedy_placement,
     int_objective,
     int_tables,
     solve_placement,
-    table_choices,
 )
+from madmax_opt.search.placement_brute import brute_force_placement, table_choices
 
 MAX_COMBINATIONS = 60_000  # brute-force size per instance (keeps the default suite fast)
 

@@ -66,17 +66,6 @@ def dlrm_models() -> dict[str, DLRMModel]:
     return out
 
 
-def is_dlrm_data(data: Any) -> bool:
-    """Whether a parsed problem file describes a DLRM: a DLRM catalog name (or a name starting with ``dlrm``, so
-    that a misspelt one gets the DLRM catalog's list of names) or an inline model with ``family: dlrm``."""
-    if not isinstance(data, dict):
-        return False
-    m = data.get("model")
-    if isinstance(m, str):
-        return m in dlrm_models() or m.startswith("dlrm")
-    return isinstance(m, dict) and m.get("family") == "dlrm"
-
-
 def load_dlrm_problem(path: str | Path) -> DLRMProblem:
     data = read_yaml(path, what="problem file")
     if not isinstance(data, dict):

@@ -1,12 +1,38 @@
 """The family of a problem file before it is resolved: the one classifier of raw problem files (commands pick
-their loader and presentation by it; ``Problem.family`` classifies resolved problems, model/family_name.py)."""
+their loader and presentation by it; ``Problem.family`` classifies resolved problems, model/family_name.py).
+
+It reads only the DLRM catalog's names (not its models, nor io/dlrm_problem.py and the DLRM specs): a training or
+serving solve classifies its file without importing the recommender stack (issue 26)."""
 
 from __future__ import annotations
 
+from functools import cache
+from importlib import resources
 from typing import Any
 
-from madmax_opt.io.dlrm_problem import is_dlrm_data
+import yaml
+
 from madmax_opt.model.family_name import FamilyName
+
+
+@cache
+def dlrm_model_names() -> frozenset[str]:
+    """The names of the DLRM catalog's models (``data/dlrm.yaml``'s top-level keys; io/dlrm_problem.dlrm_models
+    builds the models)."""
+    text = resources.files("madmax_opt").joinpath("data").joinpath("dlrm.yaml").read_text()
+    raw = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return frozenset(raw) if isinstance(raw, dict) else frozenset()
+
+
+def is_dlrm_data(data: Any) -> bool:
+    """Whether a parsed problem file describes a DLRM: a DLRM catalog name (or a name starting with ``dlrm``, so
+    that a misspelt one gets the DLRM catalog's list of names) or an inline model with ``family: dlrm``."""
+    if not isinstance(data, dict):
+        return False
+    m = data.get("model")
+    if isinstance(m, str):
+        return m.startswith("dlrm") or m in dlrm_model_names()
+    return isinstance(m, dict) and m.get("family") == "dlrm"
 
 
 def file_family(data: Any) -> FamilyName:

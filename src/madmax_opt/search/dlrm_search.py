@@ -42,12 +42,12 @@ from madmax_opt.search.placement import (
     IntTables,
     PlacementModel,
     PlacementResult,
-    brute_force_placement,
     greedy_placement,
     int_objective,
     int_tables,
     solve_placement,
 )
+from madmax_opt.search.placement_brute import brute_force_placement
 
 # ===================================================================================== DLRM search
 

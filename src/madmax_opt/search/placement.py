@@ -16,19 +16,17 @@ CP-SAT chooses, for every table group, how many tables take each option and wher
 
 The greedy baseline (what common planners do): every table table-wise, largest table first, to the GPU with the
 least load so far (lookup + its own communication) that still has memory room. It is also the solver's hint, so
-the solver never returns worse. The brute force enumerates every option of every table (small instances only) over
-the same integer coefficients: the exactness reference."""
+the solver never returns worse. The brute force (search/placement_brute.py) enumerates every option of every table
+(small instances only) over the same integer coefficients: the exactness reference."""
 
 from __future__ import annotations
 
 import heapq
-import itertools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from madmax_opt.core.errors import InternalError
 from madmax_opt.core.numeric import IntArr
@@ -51,8 +49,9 @@ from madmax_opt.search.cpsat import CpSatOptions, time_limit_error
 from madmax_opt.search.cpsat import gap as relative_gap
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.cpsat import run as cpsat_run
+from madmax_opt.search.ortools_import import load_cp_model
 
-if TYPE_CHECKING:  # imported where a CP-SAT model is built (0.4 s: it pulls in pandas)
+if TYPE_CHECKING:  # imported where a CP-SAT model is built (search/ortools_import.py: without pandas)
     from ortools.sat.python import cp_model
 
 MEMORY = TERM_INDEX["memory"]
@@ -160,6 +159,7 @@ class PlacementModel:
     """The CP-SAT model of one placement instance (see the module docstring)."""
 
     def __init__(self, it: IntTables) -> None:
+        load_cp_model()  # without pandas (search/ortools_import.py)
         from ortools.sat.python import cp_model
 
         self.it = it
@@ -320,18 +320,23 @@ class PlacementModel:
 
 
 PROOF_PHASE_LIMIT = 5.0  # deterministic time units of the first, single-worker phase
+QUICK_PROOF_LIMIT = 0.2  # of which without presolve (the examples' easy instances: 0.01-0.12 units)
 
 
 def _phase(pm: PlacementModel, hint: ShardArrays | None, *, cpsat: CpSatOptions, deterministic_limit: float | None,
-           portfolio: bool) -> tuple[Any, cp_model.CpSolver]:
+           portfolio: bool, presolve: bool = False) -> tuple[Any, cp_model.CpSolver]:
     """One CP-SAT run (through the factory: --solver-params apply last). Proof phase: one worker following the
-    decision strategies with quick restarts, no presolve, full LP relaxation. Portfolio phase: CP-SAT's own
-    portfolio (LNS included), interleaved in one thread when ``workers`` is 1 so that it stays deterministic."""
+    decision strategies with quick restarts, full LP relaxation, no presolve (or, ``presolve``, CP-SAT's presolve
+    without its symmetry detection). Portfolio phase: CP-SAT's own portfolio (LNS included), interleaved in one
+    thread when ``workers`` is 1 so that it stays deterministic."""
+    load_cp_model()  # without pandas (search/ortools_import.py)
     from ortools.sat.python import cp_model
 
     if hint is not None:
         pm.hint(hint)
-    prm: dict[str, Any] = {"cp_model_presolve": False, "linearization_level": 2}
+    prm: dict[str, Any] = {"cp_model_presolve": presolve, "linearization_level": 2}
+    if presolve:
+        prm["symmetry_level"] = 0
     if deterministic_limit is not None:
         prm["max_deterministic_time"] = deterministic_limit
     if portfolio:
@@ -350,14 +355,15 @@ def solve_placement(
 ) -> PlacementResult | None:
     """Minimise the integer placement objective under per-GPU memory; None when no placement fits.
 
-    Two phases (measured, ortools 9.15, on random small instances, DLRM-A/I at 96 and 128 GPUs and 50-200
-    heterogeneous tables): (1) one worker following the decision strategies with quick restarts, no presolve
-    (its symmetry detection over identical GPUs cost up to 30 s) and the full LP relaxation proves every small and
-    every grouped instance in under 1.5 s, but finds no improvement on heterogeneous tables; (2) when (1) has not
-    proven optimality within PROOF_PHASE_LIMIT deterministic units, CP-SAT's portfolio with LNS (interleaved:
-    deterministic with one worker) continues from the best plan so far for the rest of ``time_limit_s`` (or
-    ``deterministic_limit`` units). The greedy plan is the first hint, and the result is never worse than greedy.
+    Two phases (measured, ortools 9.15, on random small instances, DLRM-A/I at 96-512 GPUs, 50-200 heterogeneous
+    tables): (1) one worker following the decision strategies with quick restarts and the full LP relaxation
+    proves every small and every grouped instance within PROOF_PHASE_LIMIT deterministic units: the first
+    QUICK_PROOF_LIMIT units without presolve (the easy instances), the rest with presolve minus its symmetry
+    detection (that alone cost up to 30 s over identical GPUs); (2) if not proven, CP-SAT's portfolio with LNS
+    (interleaved: deterministic with one worker) continues from the best plan for the rest of ``time_limit_s`` (or
+    ``deterministic_limit`` units). The greedy plan is the first hint; the result is never worse than greedy.
     """
+    load_cp_model()  # without pandas (search/ortools_import.py)
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter()
@@ -369,9 +375,19 @@ def solve_placement(
     best: tuple[int, ShardArrays] | None = (greedy_obj, greedy) if greedy is not None and greedy_obj is not None \
         else None
     first = PROOF_PHASE_LIMIT if deterministic_limit is None else min(PROOF_PHASE_LIMIT, deterministic_limit)
-    st, solver = _phase(pm, greedy, cpsat=opts, deterministic_limit=first, portfolio=False)
+    quick = min(QUICK_PROOF_LIMIT, first)
+    st, solver = _phase(pm, greedy, cpsat=opts, deterministic_limit=quick, portfolio=False)
     bound = float(solver.best_objective_bound) if st != cp_model.INFEASIBLE else 0.0
     best = _better(it, pm, solver, st, best)
+    left_s = time_limit_s - (time.perf_counter() - t0)
+    if st not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) and first > quick and left_s > 0.1:
+        # not proven at once: the rest of the proof phase with presolve (its dual reductions proved the hard
+        # instances in 2-4x fewer deterministic units; its own ~0.1 s would dominate the easy ones)
+        st, solver = _phase(pm, best[1] if best else greedy, cpsat=opts.with_time_limit(left_s),
+                            deterministic_limit=first - quick, portfolio=False, presolve=True)
+        if st != cp_model.INFEASIBLE:
+            bound = max(bound, float(solver.best_objective_bound))
+        best = _better(it, pm, solver, st, best)
     left_s = time_limit_s - (time.perf_counter() - t0)
     left_det = None if deterministic_limit is None else deterministic_limit - first
     if st not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) and left_s > 0.1 and (left_det is None or left_det > 0):
@@ -400,6 +416,7 @@ def solve_placement(
 def _better(it: IntTables, pm: PlacementModel, solver: cp_model.CpSolver, st: Any,
             best: tuple[int, ShardArrays] | None) -> tuple[int, ShardArrays] | None:
     """The better of ``best`` and the run's solution (re-evaluated: CP-SAT's value must match the integers)."""
+    load_cp_model()  # without pandas (search/ortools_import.py)
     from ortools.sat.python import cp_model
 
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -412,80 +429,3 @@ def _better(it: IntTables, pm: PlacementModel, solver: cp_model.CpSolver, st: An
         raise InternalError(f"placement model mismatch: CP-SAT objective {solver.objective_value:.0f} ns, "
                             f"re-evaluated {obj} ns, memory fits: {fits}")
     return (obj, shards) if best is None or obj < best[0] else best
-
-
-# ======================================================================================= brute force
-
-
-def table_choices(it: IntTables) -> list[list[tuple[int, tuple[int, ...]]]]:
-    """Per table (groups expanded): every (option, locations) it can take; column shards as GPU multisets."""
-    lay = it.layout
-    out: list[list[tuple[int, tuple[int, ...]]]] = []
-    for j, c in enumerate(it.opts.counts):
-        choices: list[tuple[int, tuple[int, ...]]] = []
-        for o, opt in enumerate(it.opts.options):
-            if opt.group != j:
-                continue
-            if opt.located == "gpu":
-                choices += [(o, gs) for gs in itertools.combinations_with_replacement(range(lay.gpus), opt.split)]
-            elif opt.located == "node":
-                choices += [(o, (k,)) for k in range(lay.nodes)]
-            else:
-                choices.append((o, (-1,)))
-        out += [choices] * c
-    return out
-
-
-def brute_force_placement(it: IntTables, chunk: int = 200_000) -> tuple[int, ShardArrays] | None:
-    """The exact optimum by enumerating every combination of every table's choices (small instances only)."""
-    per_table = table_choices(it)
-    phases = [(k, [TERM_INDEX[k]]) for k in LOOKUPS] + [
-        (c, [TERM_INDEX[f"{c}.{ln}"] for ln in lanes]) for c, lanes in COLLECTIVE_LANES.items()]
-    phase_names = list(COLLECTIVE_LANES)
-    vecs: list[NDArray[np.int64]] = []  # per table: (choices, terms, N) integer loads
-    masks: list[NDArray[np.int64]] = []  # per table: (choices,) bitmask of collectives used
-    for choices in per_table:
-        v, mk = [], []
-        for o, locs in choices:
-            sh = ShardArrays(np.full(len(locs), o, dtype=np.int64), np.array(locs, dtype=np.int64),
-                             np.ones(len(locs), dtype=np.int64))
-            v.append(per_gpu_terms(it.coef, it.opts.options, sh, it.layout))
-            used = collectives_used(it.opts.options, sh)
-            mk.append(sum(1 << phase_names.index(c) for c in used))
-        vecs.append(np.array(v))
-        masks.append(np.array(mk, dtype=np.int64))
-    n_tab = len(per_table)
-    split = n_tab
-    size = 1
-    for i, table_vecs in enumerate(vecs):  # enumerate a prefix of tables fully, loop over the rest
-        if size * len(table_vecs) > chunk:
-            split = i
-            break
-        size *= len(table_vecs)
-    pre_tot = np.zeros((1, len(TERMS), it.layout.gpus), dtype=np.int64)
-    pre_mask = np.zeros(1, dtype=np.int64)
-    pre_idx = np.zeros((1, 0), dtype=np.int64)
-    for i in range(split):
-        k = len(vecs[i])
-        pre_tot = (pre_tot[:, None] + vecs[i][None]).reshape(-1, len(TERMS), it.layout.gpus)
-        pre_mask = (pre_mask[:, None] | masks[i][None]).reshape(-1)
-        pre_idx = np.concatenate([np.repeat(pre_idx, k, axis=0), np.tile(np.arange(k), len(pre_idx))[:, None]], 1)
-    best: tuple[int, tuple[int, ...]] | None = None
-    lat = np.array([it.latency[c] * it.weights[c] for c in phase_names], dtype=np.int64)
-    for rest in itertools.product(*[range(len(v)) for v in vecs[split:]]):
-        tot = pre_tot + sum((vecs[split + i][r] for i, r in enumerate(rest)), np.zeros_like(pre_tot[0]))
-        mask = pre_mask | np.bitwise_or.reduce(np.array([masks[split + i][r] for i, r in enumerate(rest)] or [0]))
-        obj = np.zeros(len(tot), dtype=np.int64)
-        for name, idx in phases:
-            obj += it.weights[name] * tot[:, idx, :].max(axis=(1, 2))
-        for bit in range(len(phase_names)):
-            obj += np.where((mask >> bit) & 1, lat[bit], 0)
-        obj = np.where(tot[:, MEMORY, :].max(axis=1) <= it.capacity_mb, obj, np.iinfo(np.int64).max)
-        i = int(np.argmin(obj))
-        if obj[i] < np.iinfo(np.int64).max and (best is None or obj[i] < best[0]):
-            best = (int(obj[i]), (*pre_idx[i].tolist(), *rest))
-    if best is None:
-        return None
-    rows = [(o, loc, 1) for t, ci in enumerate(best[1]) for o, locs in [per_table[t][ci]] for loc in locs]
-    arr = np.array(rows, dtype=np.int64).reshape(-1, 3)
-    return best[0], ShardArrays(arr[:, 0], arr[:, 1], arr[:, 2])

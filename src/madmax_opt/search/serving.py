@@ -390,6 +390,14 @@ def solve_result(
     problem: Problem, top_k: int, time_limit: float, workers: int, cpsat: CpSatOptions | None = None
 ) -> dict[str, Any]:
     """The JSON object of ``solve --json`` for an inference problem."""
+    return solve_result_with(problem, top_k, time_limit, workers, cpsat)[0]
+
+
+def solve_result_with(
+    problem: Problem, top_k: int, time_limit: float, workers: int, cpsat: CpSatOptions | None = None
+) -> tuple[dict[str, Any], ServingModel, ServingCandidates]:
+    """:func:`solve_result` with the prepared model and its candidates (a co-design solve's per-system rows
+    reuse them instead of pricing the hardware and every plan again)."""
     model = ServingModel(problem)
     opts = cpsat_options(cpsat, time_limit_s=time_limit, workers=workers)
     outcome = solve_serving(problem, top_k=top_k, cpsat=opts, model=model)
@@ -405,7 +413,7 @@ def solve_result(
     summary["objective_unit"] = serving_units(problem.objective).integer_unit
     summary["admissible"] = int(admissible(model, c).sum())
     summary["method"] = METHOD
-    return {
+    result = {
         "task": "inference",
         "status": outcome.status,
         "objective": problem.objective,
@@ -416,3 +424,4 @@ def solve_result(
         "baseline": None if baseline is None else baseline.to_json(),
         "speedup_vs_baseline": speedup,
     }
+    return result, model, c

@@ -18,6 +18,7 @@ from madmax_opt.search.cpsat import CpSatOptions
 
 if TYPE_CHECKING:
     from madmax_opt.analysis.records import TrainingSolveResult
+    from madmax_opt.search.serving_space import ServingCandidates, ServingModel
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,9 @@ def solve_steady_serving(problem: Problem, o: SearchOptions) -> dict[str, Any]:
     """Steady-state serving plans (search/serving.py); each system's best with several."""
     from madmax_opt.search import serving
 
-    result = serving.solve_result(problem, o.top_k, o.time_limit_s, o.workers, cpsat=o.cpsat)
+    result, model, c = serving.solve_result_with(problem, o.top_k, o.time_limit_s, o.workers, cpsat=o.cpsat)
     if _systems(problem) > 1:
-        result["options"] = _serving_options(problem, result)
+        result["options"] = _serving_options(problem, result, model, c)
     return result
 
 
@@ -146,12 +147,11 @@ def _training_options(problem: Problem, outcome: Any) -> list[dict[str, Any]]:
                            lambda i: dict(records[i]), why_not)
 
 
-def _serving_options(problem: Problem, result: dict[str, Any]) -> list[dict[str, Any]]:
+def _serving_options(problem: Problem, result: dict[str, Any], model: ServingModel,
+                     c: ServingCandidates) -> list[dict[str, Any]]:
+    """Each system's best plan among the candidates the solve priced (``model``, ``c``: the solve's own)."""
     from madmax_opt.core.errors import InfeasibleError
     from madmax_opt.search import serving
-
-    model = serving.ServingModel(problem)
-    c = serving.candidates(model)
 
     def why_not(system: str) -> str:
         try:

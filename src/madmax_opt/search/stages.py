@@ -51,6 +51,7 @@ from madmax_opt.model.step_time import INTEGER_TERMS, step_form
 from madmax_opt.model.training import invalid_codes, layer_costs, stage_costs
 from madmax_opt.search.cpsat import CpSatOptions, has_solution
 from madmax_opt.search.cpsat import run as cpsat_run
+from madmax_opt.search.ortools_import import load_cp_model
 from madmax_opt.search.space import enumerate_plans
 from madmax_opt.search.stage_bounds import shape_key, strong_bounds
 from madmax_opt.search.stage_compositions import Composition
@@ -58,7 +59,7 @@ from madmax_opt.search.stage_compositions import compositions as _compositions
 from madmax_opt.search.stage_compositions import stage_supply as _stage_supply
 from madmax_opt.search.stage_limits import StepLimits, usd_per_hour
 
-if TYPE_CHECKING:  # imported where a CP-SAT model is built (0.4 s: it pulls in pandas)
+if TYPE_CHECKING:  # imported where a CP-SAT model is built (search/ortools_import.py: without pandas)
     from ortools.sat.python import cp_model
 
 
@@ -219,6 +220,7 @@ def stage_model(
     """The CP-SAT model over candidate rows ``live`` of one base: one row per stage, the rows' layers summing to
     ``layers``, stages per GPU type within ``supply`` (``counts``: stages per hardware choice, when fixed); returns
     (model, one Boolean per live row, the objective p v T in the integer form of model/step_time.py)."""
+    load_cp_model()  # without pandas (search/ortools_import.py)
     from ortools.sat.python import cp_model
 
     coeff = _integer_coefficients(float(cand["n_micro"][0]), p, vpp)
@@ -267,6 +269,7 @@ def _solve_base(
     """CP-SAT over one base (``counts``: stages per hardware choice, when fixed); returns (status, step_us, chosen
     row indices, booleans). Only plans strictly faster than ``incumbent_us`` are of interest, and with p v T at most
     ``cap`` (the problem's step-time constraints, stage_limits.py)."""
+    load_cp_model()  # without pandas (search/ortools_import.py)
     from ortools.sat.python import cp_model
 
     coeff = _integer_coefficients(float(cand["n_micro"][0]), p, vpp)
