@@ -65,16 +65,17 @@ def test_every_dominating_catalog_pair_is_priced_no_worse_under_every_framework(
     assert {"calibrated", "composed", "family"} <= levels  # pair fits, pooled fits composed, a family's fit
 
 
-def catalog_with(entries: list[tuple[str, str, dict[str, float]]], user: list[tuple[str, str]] | None = None
-                 ) -> ServingCatalog:
+def catalog_with(entries: list[tuple[str, str, dict[str, float]]], user: list[tuple[str, str]] | None = None,
+                 flagged: tuple[str, str] | None = None) -> ServingCatalog:
     """The package catalog with only these (gpu, framework) fits: every other pair of the framework resolves to
-    the prior (no pooled fit left)."""
+    the prior (no pooled fit left); ``flagged``: the pair whose own fit errs above 30 %, the others' do not."""
     cat = serving_catalog()
     by_key = {(e.gpu, e.framework): e for e in cat.entries}
     kept = []
     for gpu, fw, changes in entries:
         e = by_key[(gpu, fw)]
-        kept.append(e.model_copy(update={"params": e.params.model_copy(update=changes)}))
+        fit = e.fit.model_copy(update={"own_fit_uncalibrated": (gpu, fw) == flagged, "priced_by": "pair"})
+        kept.append(e.model_copy(update={"params": e.params.model_copy(update=changes), "fit": fit}))
     return cat.model_copy(update={"entries": kept, "user_pairs": user or []})
 
 
@@ -114,6 +115,9 @@ def test_two_pair_fits_the_dominating_one_is_raised_and_the_users_fit_never_move
     user = catalog_with(fits, user=[("h200-sxm", "vllm")])  # an overlay's fit: H100's catalog fit moves instead
     assert user.resolve("h200-sxm", "vllm")[0].gemm_eff == pytest.approx(0.6, rel=REL)
     assert user.resolve("h100-sxm", "vllm")[0].gemm_eff == pytest.approx(0.6, rel=REL)
+    poor = catalog_with(fits, flagged=("h100-sxm", "vllm"))  # H100's own fit errs above 30 %: it moves, down
+    assert poor.resolve("h200-sxm", "vllm")[0].gemm_eff == pytest.approx(0.6, rel=REL)
+    assert poor.resolve("h100-sxm", "vllm")[0].gemm_eff == pytest.approx(0.6, rel=REL)
 
 
 def serving_labels(gpu: str, framework: str) -> list[dict[str, Any]]:

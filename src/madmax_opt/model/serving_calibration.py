@@ -17,7 +17,7 @@ SERVING_PEAKS), A's resolved rates under a framework are no worse than B's: GEMM
 every precision both run), attention rate (attn_eff x the 16-bit peak), HBM rate (hbm_eff x bandwidth),
 grouped-GEMM ratio, collective efficiency and speculative acceptance at least B's, per-layer and per-prefill
 overheads at most B's. The pair resting on fewer runs moves (``trust``: the user's overlay > a catalog pair fit > a
-pair fit flagged uncalibrated > pooled / family / composed > prior); on a tie the dominating one is raised. Records name every pair a
+pair fit whose own error is above 30 % > pooled / family / composed > prior); on a tie the dominating one is raised. Records name every pair a
 calibration was raised or lowered to (``ordered``).
 
 Records name the level that priced them (``calibration`` block of every serving record).
@@ -106,6 +106,10 @@ class FitRecord(_Strict):
     residuals: list[float] = Field(
         default_factory=list, description="ln(predicted / measured) of each run in sample (error bars)"
     )
+    own_fit_uncalibrated: bool = Field(
+        False, description="the pair's own fit, before the hardware order, errs above 30 % as ``status`` measures "
+        "it: it ranks below the well-fitted pairs in the hardware order (``trust``)"
+    )
 
 
 class IntervalFactors(_Strict):
@@ -114,9 +118,14 @@ class IntervalFactors(_Strict):
     lo: float = Field(gt=0.0, le=1.0)
     hi: float = Field(ge=1.0)
     runs: int = Field(ge=0, description="held-out residuals the interval was built from")
-    held_out_by: str = Field(description="the grouping of the coverage check: fold, gpu or source")
+    held_out_by: str = Field(description="how the residuals were held out: fold (5-fold refits of the pairs), gpu "
+                             "(each GPU left out: pooled fits), source (the prior: never fitted)")
     coverage: float | None = Field(
-        None, description="share of each group's runs inside the interval of the other groups' residuals"
+        None, description="leave one source out (issue 24): share of each source's runs inside the interval built "
+        "from the other sources' residuals"
+    )
+    group_coverage: float | None = Field(
+        None, description="the same with the residuals' own groups (fold, gpu) in place of sources"
     )
     coverage_runs: int = 0
 
@@ -232,7 +241,7 @@ class ServingCatalog(_Strict):
 
         def own(name: str) -> tuple[ServingParams, int]:
             p, lv, f = (params, level, fit) if name == gpu else self.resolve_own(name, framework)
-            return p, trust(lv, (name, framework) in users, f is not None and f.status == "uncalibrated")
+            return p, trust(lv, (name, framework) in users, f is not None and f.own_fit_uncalibrated)
 
         got, moves = ordered(spec, framework, own, self.gpu_specs)
         return got, level, fit, moves
@@ -273,8 +282,8 @@ FIELD_CAP: dict[str, float] = {"comm_eff": 2.0}  # every other efficiency and ra
 
 def trust(level: str, user: bool = False, flagged: bool = False) -> int:
     """How much a resolved calibration rests on runs (io/calibration.trust, with one more step): 4 the user's own
-    fit (an overlay), 3 a catalog fit of the pair, 2 a pair fit its record flags ``uncalibrated`` (``flagged``: its
-    error above 30 % on its runs or on one source or data set), 1 pooled fits (family:NAME, composed, gpu- /
+    fit (an overlay), 3 a catalog fit of the pair, 2 a pair fit whose record says ``own_fit_uncalibrated`` (``flagged``:
+    its own fit, before the order, errs above 30 % on its runs or on one source or data set), 1 pooled fits (family:NAME, composed, gpu- /
     framework-pooled), 0 the prior."""
     if level == "calibrated":
         return 4 if user else 2 if flagged else 3

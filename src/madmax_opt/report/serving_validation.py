@@ -126,7 +126,8 @@ def catalog_2023() -> ServingCatalog:
                                grouped_gemm_ratio=c.grouped_gemm_ratio, comm_eff=1.0)
         fit = FitRecord(runs=0, sources=[], method="data/gpus.yaml calibration (training fit)")
         entries.append(ServingCalibrationEntry(gpu=name, framework=MEASURED_FRAMEWORK, params=params, fit=fit))
-    return serving_catalog().model_copy(update={"entries": entries})
+    # a fixed reference, not the tool's pricing: no hardware order (model/serving_calibration.ordered) on top of it
+    return serving_catalog().model_copy(update={"entries": entries, "gpu_specs": {}})
 
 
 def validation_rows(

@@ -147,7 +147,7 @@ class Fit:
     warm: Fit | None = None
     fallback: frozenset[tuple[str, str]] = frozenset()  # pairs priced by their fallback level (PairDecision)
     gpus: dict[str, GPU] = field(default_factory=dict)  # the GPU catalog the hardware order ranges over (none: off)
-    flagged: frozenset[tuple[str, str]] = frozenset()  # pairs recorded uncalibrated (less trust in the order)
+    flagged: frozenset[tuple[str, str]] = frozenset()  # pairs whose own fit errs above 30 % (less trust in the order)
     _done: dict[tuple[str, str], ServingParams | None] = field(default_factory=dict, repr=False)
 
     def _fit(self, key: tuple[str, str], member: Callable[[CaseInfo], bool],
@@ -222,25 +222,23 @@ class Fit:
 def fit_all(cases: Sequence[FitCase], prior: ServingParams | None = None, warm: Fit | None = None) -> Fit:
     """Every level fitted on ``cases`` (see ``Fit``)."""
     cat = serving_catalog()
-    # the pairs the catalog flags uncalibrated rank below calibrated ones in the order until ``decide`` says anew
-    flagged = frozenset((e.gpu, e.framework) for e in cat.entries if e.fit.status == "uncalibrated")
-    full = Fit(tuple(cases), prior or cat.prior, cat.gpu_family_of(), warm, gpus=cat.gpu_specs, flagged=flagged)
+    full = Fit(tuple(cases), prior or cat.prior, cat.gpu_family_of(), warm, gpus=cat.gpu_specs)
     full.fitted  # noqa: B018 (fits every level)
     return full
 
 
 def held_out_errors(
     cases: Sequence[FitCase], full: Fit, group: Callable[[FitCase], str], levels: dict[str, str] | None = None,
-    fallback: dict[str, tuple[float, str]] | None = None,
+    fallback: dict[str, tuple[float, str]] | None = None, ordered: bool = True,
 ) -> dict[str, float]:
     """Each case predicted by the fits of the cases outside its group (refitted, warm-started from ``full``, with
-    its ``fallback`` pairs); ``levels`` (when given) receives the calibration level that priced each case
+    its ``fallback`` pairs and, unless not ``ordered``, its hardware order); ``levels`` (when given) receives the calibration level that priced each case
     (``Fit.resolve_level``); ``fallback`` (when given) the error and level of the same refit's fallback level
     (``Fit.fallback_level``: the pair as if it had no runs)."""
     out: dict[str, float] = {}
     for value in sorted({group(c) for c in cases}):
         rest = Fit(tuple(c for c in cases if group(c) != value), full.prior, full.families, full, full.fallback,
-                   full.gpus, full.flagged)
+                   full.gpus if ordered else {}, full.flagged)
         for c in cases:
             if group(c) == value:
                 params, level = rest.resolve_level(*c.case.pair)
@@ -284,13 +282,18 @@ def evaluate_all() -> Evaluation:
     they decide which pairs are priced by their fallback, and every error after that prices them so."""
     cases = all_cases()
     full = fit_all(cases)
+    # the pairs whose own fit (before the hardware order) errs above 30 % rank below the others in the order: decided
+    # on unordered errors, so that the order never feeds back into its own trust
+    own_kfold = held_out_errors(cases, full, fold, ordered=False)
+    own_in = {c.case.id: c.error(full.own_level(*c.case.pair)[0]) for c in cases}
+    own = decide(cases, own_in, own_kfold, {i: (e, "") for i, e in own_kfold.items()})
+    full.flagged = frozenset(p for p, d in own.items() if d.status == "uncalibrated")
     kfold_level: dict[str, str] = {}
     kfold_fallback: dict[str, tuple[float, str]] = {}
     kfold = held_out_errors(cases, full, fold, kfold_level, kfold_fallback)
     own_in_sample = {c.case.id: c.error(full.resolve(*c.case.pair)) for c in cases}
     decisions = decide(cases, own_in_sample, kfold, kfold_fallback)
     full.fallback = frozenset(p for p, d in decisions.items() if d.priced_by == "fallback")
-    full.flagged = frozenset(p for p, d in decisions.items() if d.status == "uncalibrated")
     for c in cases:
         if c.case.pair in full.fallback:
             kfold[c.case.id], kfold_level[c.case.id] = kfold_fallback[c.case.id]
@@ -389,7 +392,7 @@ def catalog_entries(ev: Evaluation) -> list[ServingCalibrationEntry]:
         ins, kfold = ev.median(own, ids), ev.median(ev.kfold, ids)
         status = "uncalibrated" if max(ins, kfold) > UNCALIBRATED_ABOVE else "calibrated"
         extra = {} if decision is None else {
-            "status": decision.status, "kfold_by_group": decision.by_group, "priced_by": decision.priced_by,
+            "own_fit_uncalibrated": (gpu, fw) in ev.fit.flagged, "status": decision.status, "kfold_by_group": decision.by_group, "priced_by": decision.priced_by,
             "kfold_median_err": round(decision.kfold, 4),
             "fallback_kfold_median_err": round(decision.fallback_kfold, 4)}
         record = FitRecord(**{
