@@ -103,28 +103,35 @@ def greedy_placement(it: IntTables) -> ShardArrays | None:
     tw = {o.group: i for i, o in enumerate(opts.options) if o.sharding == "table_wise"}
     own_terms = [TERM_INDEX[k] for k in (*LOOKUPS, "tw_in.recv_intra", "tw_in.recv_inter", "tw_out.send_intra",
                                          "tw_out.send_inter")]
-    order = sorted((-float(opts.coef[tw[j], MEMORY, SELF]), j) for j in tw for _ in range(opts.counts[j]))
+    neg_bytes = {j: -float(opts.coef[o, MEMORY, SELF]) for j, o in tw.items()}
+    order = sorted((neg_bytes[j], j) for j in tw for _ in range(opts.counts[j]))
     if len(order) != sum(opts.counts):
         return None  # some group may not be held table-wise (not allowed, or a table exceeds a GPU)
     cost = {o: float(opts.coef[o, own_terms, SELF].sum()) for o in tw.values()}  # load a table adds
     size = {o: int(it.coef[o, MEMORY, SELF]) for o in tw.values()}
     cap = int(it.capacity_mb)
     mem = [0] * lay.gpus
-    placed = np.zeros((len(opts.options), lay.gpus), dtype=np.int64)
+    rows = [[0] * lay.gpus for _ in opts.options]  # tables placed per (option, GPU)
     heap = [(0.0, g) for g in range(lay.gpus)]  # (load, GPU): the least-loaded first, ties to the lowest index
     for _, j in order:
         o = tw[j]
-        full = []  # least-loaded GPUs without room for this table (later, smaller tables may fit): put back
-        while heap and mem[heap[0][1]] + size[o] > cap:
-            full.append(heapq.heappop(heap))
-        if not heap:
-            return None
-        g_load, g = heapq.heappop(heap)
-        heapq.heappush(heap, (g_load + cost[o], g))
-        for item in full:
-            heapq.heappush(heap, item)
-        mem[g] += size[o]
-        placed[o, g] += 1
+        z, c = size[o], cost[o]
+        if mem[heap[0][1]] + z > cap:
+            full = []  # least-loaded GPUs without room for this table (later, smaller tables may fit): put back
+            while heap and mem[heap[0][1]] + z > cap:
+                full.append(heapq.heappop(heap))
+            if not heap:
+                return None
+            g_load, g = heap[0]
+            heapq.heapreplace(heap, (g_load + c, g))  # pop the least-loaded, push it back with the table
+            for item in full:
+                heapq.heappush(heap, item)
+        else:
+            g_load, g = heap[0]
+            heapq.heapreplace(heap, (g_load + c, g))
+        mem[g] += z
+        rows[o][g] += 1
+    placed = np.array(rows, dtype=np.int64).reshape(len(opts.options), lay.gpus)
     o_idx, g_idx = np.nonzero(placed)
     return ShardArrays(o_idx.astype(np.int64), g_idx.astype(np.int64), placed[o_idx, g_idx])
 
@@ -169,6 +176,7 @@ class PlacementModel:
         self._node_part: dict[tuple[int, int], tuple[Any, int]] = {}
         self._global_part: dict[int, tuple[Any, int]] = {}
         self._coefs: dict[int, list[tuple[int, int, int, int]]] = {}
+        self._own: dict[int, tuple[list[tuple[int, int]], int]] = {}
         N, G, M = lay.gpus, lay.node, lay.nodes
         self.node_of = [g // G for g in range(N)]
         m = self.model = cp_model.CpModel()
@@ -247,10 +255,20 @@ class PlacementModel:
             self._node_part[t, k] = self._shared(self._parts(t, k, "node"), f"node{t}_{k}")
         if t not in self._global_part:
             self._global_part[t] = self._shared(self._parts(t, -1, "global"), f"all{t}")
-        own, (_, own_ub) = self._parts(t, g, "own")
+        if t not in self._own:  # the own part's (coefficient, option) pairs and bound are the same on every GPU
+            self._coefs_of(t)
+            pairs = [(cs - cn, o) for o, cs, cn, _ in self._coefs[t]
+                     if self.it.opts.options[o].located == "gpu" and cs != cn]
+            self._own[t] = (pairs, sum(self._cap[o] * max(c, 0) for c, o in pairs))
+        pairs, own_ub = self._own[t]
         node, node_ub = self._node_part[t, k]
         glob, glob_ub = self._global_part[t]
-        return sum(own) + node + glob, own_ub + node_ub + glob_ub
+        return sum([c * self.x[o][g] for c, o in pairs]) + node + glob, own_ub + node_ub + glob_ub
+
+    def _coefs_of(self, t: int) -> None:
+        if t not in self._coefs:  # (option, c_self, c_node, c_remote) of term t, as Python ints
+            self._coefs[t] = [(o, int(c[0]), int(c[1]), int(c[2])) for o in self._nz[t]
+                              for c in (self.it.coef[o, t],)]
 
     def _shared(self, part: tuple[list[Any], tuple[int, int]], name: str) -> tuple[Any, int]:
         terms, (lb, ub) = part
@@ -266,9 +284,7 @@ class PlacementModel:
         (global: c_remote on all shards, c_self on global options), with their bounds."""
         terms: list[Any] = []
         lb = ub = 0
-        if t not in self._coefs:  # (option, c_self, c_node, c_remote) of term t, as Python ints
-            self._coefs[t] = [(o, int(c[0]), int(c[1]), int(c[2])) for o in self._nz[t]
-                              for c in (self.it.coef[o, t],)]
+        self._coefs_of(t)
         for o, cs, cn, cr in self._coefs[t]:
             opt = self.it.opts.options[o]
             var: Any
