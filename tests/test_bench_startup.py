@@ -24,3 +24,16 @@ def test_commands_are_timed_with_bytecode_cached() -> None:
     assert "PYTHONDONTWRITEBYTECODE" not in env and env["PYTHONPYCACHEPREFIX"] == "/tmp/pyc-prefix"
     assert all(env[k] == v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"
                and k != "PYTHONPYCACHEPREFIX")
+
+
+def test_every_example_solve_is_timed_against_the_bar() -> None:
+    """Issue 26's bar is for any example solve: every problem file under problems/ and problems/dlrm/ (plans,
+    plan-*.yaml, are not problems) is a timed and barred command."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    examples = {str(p.relative_to(root)) for d in ("problems", "problems/dlrm") for p in (root / d).glob("*.yaml")
+                if not p.name.startswith("plan-")}
+    solves = {c[1] for c in bench_startup.COMMANDS if c[0] == "solve"}
+    assert len(examples) >= 12 and solves == examples
+    assert all(c in bench_startup.BARRED for c in bench_startup.COMMANDS if c[0] == "solve")
