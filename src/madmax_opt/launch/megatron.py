@@ -302,6 +302,8 @@ def nemo_model_fields(ctx: Context, task: Task) -> list[tuple[str, object]]:
         ("num_query_groups", m.n_kv_heads), ("ffn_hidden_size", m.ffn), ("vocab_size", m.vocab),
         ("normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"),
         ("gated_linear_unit", m.ffn_kind == "swiglu"), ("add_bias_linear", m.bias),
+        # the GPT-3 recipe fuses bias and GELU, which Megatron-Core refuses without linear biases
+        ("bias_activation_fusion", False if m.ffn_kind != "swiglu" and not m.bias else None),  # nemo.bias-gelu-fusion
         ("share_embeddings_and_output_weights", m.tied_embeddings),
         ("position_embedding_type", "rope" if pos.kind == "rope" else "learned_absolute"),
         ("rotary_base", pos.rope_theta if pos.kind == "rope" else None),

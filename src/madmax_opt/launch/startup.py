@@ -220,6 +220,8 @@ def _nemo_checks(recipe: Callable[[Launched], str]) -> dict[str, Check]:
     return {
         "nemo.builder-nesting": nesting,
         "nemo.recipe-vpp": lambda x: field(x, "virtual_pipeline_model_parallel_size") is not None,
+        "nemo.bias-gelu-fusion": lambda x: field(x, "gated_linear_unit") == "true"
+        or field(x, "add_bias_linear") != "false" or field(x, "bias_activation_fusion") == "false",
         "nemo.sp-needs-tp": lambda x: field(x, "sequence_parallel") != "true" or num(x, "tensor_model_parallel_size") > 1,
         "nemo.fsdp-ckpt-format": lambda x: x.values.get("ddp.use_megatron_fsdp") != "true"
         or x.values.get("checkpoint.ckpt_format") == "fsdp_dtensor",

@@ -20,7 +20,8 @@ from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.problem import load_problem
 from madmax_opt.launch.emit import emit_plan, formats_for, plan_of_record
 from madmax_opt.launch.hf_config import hf_config
-from madmax_opt.model.family_name import serving_task
+from madmax_opt.launch.startup import positions_of
+from madmax_opt.model.family_name import serving_task, training_task
 from madmax_opt.model.problem import Problem
 from madmax_opt.search.result import solve_result
 
@@ -45,10 +46,11 @@ def emitted_configurations(paths: list[Path], top_k: int = 5, time_limit_s: floa
 
 def priced(problem: Problem, plan: dict[str, Any]) -> dict[str, Any]:
     """What the cost model priced for a serving plan (the model's shape, the longest request, the weight precision,
-    the parallel sizes) and the model's config.json; {} for training."""
+    the parallel sizes) and the model's config.json; for a training plan the model's shape, RoPE base, precision
+    and the plan's parallel layout (:func:`priced_training`)."""
     task = serving_task(problem.task)
     if task is None:
-        return {}
+        return priced_training(problem, plan)
     m = problem.model
     cfg = hf_config(m)
     return {"priced": {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads or m.heads,
@@ -58,6 +60,21 @@ def priced(problem: Problem, plan: dict[str, Any]) -> dict[str, Any]:
                        "tp": plan.get("tp", 1), "pp": plan.get("pp", 1), "dp": plan.get("dp", 1)},
             "hf_config": cfg if isinstance(cfg, dict) else None, "hf_config_refused": None if isinstance(cfg, dict)
             else cfg}
+
+
+def priced_training(problem: Problem, plan: dict[str, Any]) -> dict[str, Any]:
+    """The training model and plan the cost model priced (``framework_checks.bridge`` compares the framework's
+    built config with it); {} for an inference task."""
+    task, m = training_task(problem.task), problem.model
+    if task is None:
+        return {}
+    pos = positions_of(m)
+    return {"priced": {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads or m.heads,
+                       "ffn": m.ffn, "vocab": m.vocab, "rope_base": pos.rope_theta if pos.kind == "rope" else None,
+                       "experts": m.moe.num_experts if m.moe else None, "top_k": m.moe.top_k if m.moe else None,
+                       "precision": str(task.precision), "seq_len": task.seq_len,
+                       **{k: plan.get(k, d) for k, d in (("tp", 1), ("pp", 1), ("vpp", 1), ("cp", 1), ("ep", 1),
+                                                         ("sp", False), ("recompute", "none"), ("mbs", 1))}}}
 
 
 def write_configurations(rows: list[dict[str, Any]], out: Path) -> Path:
