@@ -53,6 +53,7 @@ def toy_gpu(**calibration: Any) -> GPU:
         hbm_bw=TOY_HBM_BW,
         tdp_w=700.0,
         calibration=Calibration(**cal),
+        platform="cuda",
         source="test",
     )
 

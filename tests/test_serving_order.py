@@ -1,5 +1,5 @@
 """Serving calibration's hardware order (issue 24, model/serving_calibration.ordered): a GPU at least as good as
-another on every datasheet figure is priced at rates no worse, under every framework and every calibration level
+another on every datasheet figure, on the same software platform (CUDA / ROCm), is priced at rates no worse, under every framework and every calibration level
 (pair fit, pooled / family fit, prior); the pair resting on fewer runs moves; the user's own fit never does.
 
 Rates are computed here from the fields and the datasheet (data/gpus.yaml): GEMM rate = gemm_eff x the GEMM peak of
@@ -63,6 +63,52 @@ def test_every_dominating_catalog_pair_is_priced_no_worse_under_every_framework(
                 checked += 1
     assert checked > 100
     assert {"calibrated", "composed", "family"} <= levels  # pair fits, pooled fits composed, a family's fit
+
+
+def datasheet_at_least(x: Any, y: Any) -> bool:
+    """Every figure a serving plan is priced with, read from the catalog here: each of y's bf16 / fp16 / fp8 / fp4
+    peaks, HBM capacity and bandwidth no lower on x."""
+    return (all(x.peak_flops.get(p, 0.0) >= v for p, v in y.peak_flops.items() if p in ("bf16", "fp16", "fp8", "fp4"))
+            and x.hbm_bytes >= y.hbm_bytes and x.hbm_bw >= y.hbm_bw)
+
+
+def test_dominance_is_the_datasheet_within_one_platform_and_never_across() -> None:
+    """Brute force over the catalog: ordered exactly when the datasheet is at least as good and both GPUs run the
+    same platform; the datasheet alone would order across vendors both ways (MI300X over H100 / H200, MI355X over
+    B200; B300 over MI300X)."""
+    gpus = catalog.gpus()
+    assert {g.platform for g in gpus.values()} == {"cuda", "rocm"}
+    assert {n for n, g in gpus.items() if g.platform == "rocm"} == {"mi300x", "mi325x", "mi355x"}
+    same, across = 0, []
+    for a, x in gpus.items():
+        for b, y in gpus.items():
+            if a == b:
+                continue
+            want = datasheet_at_least(x, y) and x.platform == y.platform
+            assert hardware_spec.dominates(x, y, SERVING_PEAKS) == want, (a, b)
+            same += want
+            if datasheet_at_least(x, y) and x.platform != y.platform:
+                across.append((a, b))
+    assert same > 50
+    assert {("mi300x", "h100-sxm"), ("mi300x", "h200-sxm"), ("mi355x", "b200"), ("b300", "mi300x")} <= set(across)
+
+
+def test_a_cross_platform_pair_is_not_ordered() -> None:
+    """MI300X (a vLLM fit at gemm_eff 0.3) beside H100 (a vLLM fit at 0.95): the MI300X datasheet is ahead on every
+    figure, yet neither moves (the rule of 973e21a would have raised MI300X to 0.95 x 989 / 1,307 = 0.72); within
+    ROCm the order holds: MI355X (prior) is raised to the MI300X fit it dominates, and names no NVIDIA GPU."""
+    gpus = catalog.gpus()
+    assert datasheet_at_least(gpus["mi300x"], gpus["h100-sxm"])
+    cat = catalog_with([("mi300x", "vllm", {"gemm_eff": 0.3}), ("h100-sxm", "vllm", {"gemm_eff": 0.95})])
+    mi, _, _, mi_moves = cat.resolve_ordered("mi300x", "vllm")
+    h100, _, _, h100_moves = cat.resolve_ordered("h100-sxm", "vllm")
+    assert (mi.gemm_eff, mi_moves) == (0.3, [])
+    assert (h100.gemm_eff, h100_moves) == (0.95, [])
+    mi355, level, _, moves = cat.resolve_ordered("mi355x", "vllm")
+    assert level == "prior"
+    assert any(m.startswith("raised to mi300x/vllm") for m in moves)
+    assert not any("h100" in m or "h200" in m for m in moves)
+    assert not no_worse(rates(mi355, "mi355x"), rates(mi, "mi300x"))
 
 
 def catalog_with(entries: list[tuple[str, str, dict[str, float]]], user: list[tuple[str, str]] | None = None,

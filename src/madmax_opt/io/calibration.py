@@ -132,7 +132,9 @@ def _fitted_values(current: Calibration, prior: Calibration, fitted: FrameworkCa
 
 def with_framework(gpu: GPU, framework: str, overlay: Overlay | None = None) -> GPU:
     """The GPU with the calibration that prices ``framework``: the overlay's fit, else the catalog's, else the
-    family's or the prior; then ordered against every catalog GPU it dominates or is dominated by (``ordered``)."""
+    family's or the prior; then ordered against every catalog GPU of its software platform it dominates or is
+    dominated by (``ordered``; ``dominates`` compares only GPUs of one platform: Megatron-Core / Transformer Engine and
+    PyTorch run other kernels on ROCm than on CUDA)."""
     own = _own(gpu, framework, overlay)
     calibration, own_trust = own.calibration, trust(own, framework, overlay)
     for other in catalog.gpus().values():

@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, m
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32", "tf32", "int8", "int4", "fp4"]
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
+# The software platform a GPU's frameworks are built for: the same framework (vLLM, SGLang, PyTorch) runs other
+# kernels on each (CUDA: cuBLAS / CUTLASS / FlashAttention / FlashInfer; ROCm: hipBLASLt / Composable Kernel / AITER)
+Platform = Literal["cuda", "rocm"]
 
 
 class Strict(BaseModel):
@@ -140,6 +143,10 @@ class GPU(Strict):
     frameworks: dict[Framework, FrameworkCalibration] = Field(
         default_factory=dict, description="fitted calibration per software framework (measured runs)"
     )
+    platform: Platform = Field(
+        description="the software platform the frameworks build their kernels for on this GPU (cuda: NVIDIA; rocm: "
+        "AMD); the hardware order compares only GPUs of one platform (``dominates``)"
+    )
     source: str
 
 
@@ -149,9 +156,12 @@ TRAINING_PEAKS: tuple[str, ...] = ("bf16", "fp16", "fp8")  # the peaks a trainin
 def dominates(x: GPU, y: GPU, peaks: tuple[str, ...] = TRAINING_PEAKS) -> bool:
     """``x`` is at least as good as ``y`` on every datasheet figure that prices a plan: the peak of each precision in
     ``peaks`` that ``y`` lists (training: TRAINING_PEAKS; serving adds fp4, model/serving_calibration.py), HBM
-    capacity and HBM bandwidth. The one definition of hardware dominance: training's calibration order
-    (io/calibration.py) and serving's (model/serving_calibration.py) both use it."""
-    return (all(x.peak_flops.get(p, 0.0) >= y.peak_flops[p]
+    capacity and HBM bandwidth; and both run the same software ``platform``. The one definition of hardware
+    dominance: training's calibration order (io/calibration.py) and serving's (model/serving_calibration.py) both use
+    it. GPUs of different platforms are never ordered: a framework's ROCm build runs other kernels than its CUDA
+    build (docs/serving.md, "The hardware order"), so the datasheet alone does not say which one runs a plan faster."""
+    return (x.platform == y.platform
+            and all(x.peak_flops.get(p, 0.0) >= y.peak_flops[p]
                 for p in peaks if p in y.peak_flops)
             and x.hbm_bytes >= y.hbm_bytes and x.hbm_bw >= y.hbm_bw)
 

@@ -12,8 +12,9 @@ SGLang ship different GEMM, attention and all-reduce kernels, CUDA graphs and sc
     whatever neither has from the universal prior of the fit
 
 Hardware order (issue 24; ``ordered``): when GPU A dominates GPU B on every datasheet figure a serving plan is
-priced with (``dominates``, the one definition training's io/calibration.py uses, with the fp4 peak added:
-SERVING_PEAKS), A's resolved rates under a framework are no worse than B's: GEMM rate (gemm_eff x the GEMM peak of
+priced with and both run the same software platform (``dominates``, the one definition training's io/calibration.py
+uses, with the fp4 peak added: SERVING_PEAKS; an MI300X is never ordered against an H200: the frameworks' ROCm builds
+run other attention, GEMM and MoE kernels than their CUDA builds, docs/serving.md), A's resolved rates under a framework are no worse than B's: GEMM rate (gemm_eff x the GEMM peak of
 every precision both run), attention rate (attn_eff x the 16-bit peak), HBM rate (hbm_eff x bandwidth),
 grouped-GEMM ratio, collective efficiency and speculative acceptance at least B's, per-layer and per-prefill
 overheads at most B's. The pair resting on fewer runs moves (``trust``: the user's overlay > a catalog pair fit > a
