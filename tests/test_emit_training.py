@@ -174,7 +174,8 @@ def test_random_models_and_plans_launch_as_priced(model: dict[str, Any], tp: int
             why += ["bf16 primary weights"]  # Bridge's FP8 recipes set fp8_param_gather
         if fmt in ("megatron", "nemo"):
             why += [w for bad, w in [(m.heads % tp != 0, "heads"),
-                                     (m.n_kv_heads % tp != 0 and tp % m.n_kv_heads != 0, "groups")] if bad]
+                                     (m.n_kv_heads % tp != 0 and tp % m.n_kv_heads != 0, "groups"),
+                                     (m.moe is not None and m.bias and tp > 1, "MoE biases need expert tp 1")] if bad]
         if why:
             with pytest.raises(ProblemError):
                 emit(problem, plan, fmt)
@@ -210,6 +211,10 @@ REFUSED_BY_RULE: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                                                                      "expert_ffn": 2048}}),
     "megatron.expert-grid": ("megatron", {"dp": 4, "tp": 2, "ep": 8, "sp": True},
                              {"moe": {"num_experts": 8, "top_k": 2, "expert_ffn": 2048}}),
+    "megatron.moe-bias-etp": ("megatron", {"dp": 4, "tp": 2, "ep": 2, "sp": True},
+                              {"bias": True, "moe": {"num_experts": 8, "top_k": 2, "expert_ffn": 2048}}),
+    "nemo.moe-bias-etp": ("nemo", {"dp": 4, "tp": 2, "ep": 2, "sp": True},
+                          {"bias": True, "moe": {"num_experts": 8, "top_k": 2, "expert_ffn": 2048}}),
     "nemo.experts-ep": ("nemo", {"dp": 8, "ep": 8}, {"moe": {"num_experts": 6, "top_k": 2, "expert_ffn": 2048}}),
     "nemo.expert-grid": ("nemo", {"dp": 4, "tp": 2, "ep": 8, "sp": True},
                          {"moe": {"num_experts": 8, "top_k": 2, "expert_ffn": 2048}}),

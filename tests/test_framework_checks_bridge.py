@@ -59,7 +59,29 @@ def test_bias_free_gelu_model_turns_off_the_recipes_bias_gelu_fusion() -> None:
     (cmd,) = e.commands
     old = e.model_copy(update={"commands": [cmd.model_copy(update={"args": [
         a for a in cmd.args if not a.startswith("model.bias_activation_fusion")]})]})
-    assert any("nemo.bias-gelu-fusion" in v for v in violations(old))
+    assert violations(old) == ["nemo.bias-gelu-fusion"]
+
+
+def test_gpt3_recipe_without_pipelining_does_not_defer_the_embedding_wgrad() -> None:
+    # the GPT-3 recipe's comm overlap defers the embedding weight gradient, which Megatron-Core refuses at pp 1
+    e = emit(problem_of("gpt3-175b", seq_len=2048), Plan(dp=4, tp=8, mbs=1, zero=1, sp=True), "nemo")
+    assert "comm_overlap.defer_embedding_wgrad_compute=false" in e.commands[0].args
+    assert violations(e) == []
+    (cmd,) = e.commands
+    old = e.model_copy(update={"commands": [cmd.model_copy(update={"args": [
+        a for a in cmd.args if not a.startswith("comm_overlap.defer_embedding_wgrad_compute")]})]})
+    assert violations(old) == ["nemo.defer-wgrad-pp"]
+    piped = emit(problem_of("gpt3-175b", seq_len=2048), Plan(dp=2, tp=8, pp=2, mbs=1, zero=1, sp=True), "nemo")
+    assert not any(a.startswith("comm_overlap.defer_embedding_wgrad_compute") for a in piped.commands[0].args)
+
+
+def test_moe_experts_are_sharded_by_tp_as_priced() -> None:
+    # Bridge sets expert tp 1 when ep > 1 and it is unset; the cost model shards the experts by tp (Megatron-Core's
+    # default), so the override names it; a dense model gets none
+    e = emit(problem_of("mixtral-8x7b"), Plan(dp=8, tp=2, pp=2, mbs=1, zero=1, ep=4, sp=True), "nemo")
+    assert "model.transformer.expert_tensor_parallel_size=2" in e.commands[0].args
+    dense = emit(problem_of("llama2-70b"), Plan(dp=8, tp=2, pp=2, mbs=1, zero=1, sp=True), "nemo")
+    assert not any("expert_tensor_parallel_size" in a for a in dense.commands[0].args)
 
 
 @pytest.mark.slow
@@ -88,6 +110,13 @@ def test_bridge_refuses_issue_21_defects() -> None:
     vpp = bridge_check(with_args(mixtral, [a for a in mixtral["emitted"]["commands"][0]["args"]
                                            if "virtual_pipeline" not in a]))  # the recipe's vpp 5 kept
     assert vpp is not None
+    etp = bridge_check(with_args(mixtral, [a for a in mixtral["emitted"]["commands"][0]["args"]
+                                           if "expert_tensor_parallel_size" not in a]))
+    assert etp == "AssertionError: Megatron-Bridge built etp = 1, priced 2"  # Bridge's own default at ep > 1
+    gpt3 = row("gpt3-175b", Plan(dp=4, tp=8, mbs=1, zero=1, sp=True), seq_len=2048)
+    defer = bridge_check(with_args(gpt3, [a for a in gpt3["emitted"]["commands"][0]["args"]
+                                          if "defer_embedding_wgrad" not in a]))
+    assert defer is not None and "Cannot defer embedding wgrad compute" in defer
 
 
 @pytest.mark.slow
@@ -97,6 +126,8 @@ def test_bridge_refuses_issue_21_defects() -> None:
     ("llama3-70b", Plan(dp=4, tp=8, mbs=1, zero=1, sp=True), {"precision": "fp8", "stack": {"fp8_params": True}}),
     ("llama3-70b", Plan(dp=4, tp=8, mbs=1, zero=1, sp=True), {"stack": {"optimizer_dtype": "bf16-moments"}}),
     ("falcon-180b", Plan(dp=2, tp=8, pp=2, mbs=1, zero=1, sp=True), {}),
+    ("gpt3-175b", Plan(dp=4, tp=8, mbs=1, zero=1, sp=True), {"seq_len": 2048}),  # pp 1: no wgrad deferral
+    ("gpt4-moe-1.8t", Plan(dp=4, tp=1, pp=8, mbs=1, zero=1, ep=4), {}),  # MoE with biases at expert tp 1
     ("llama2-70b", Plan(dp=4, tp=4, pp=2, mbs=1, zero=1, stage_layers=[41, 39], stage_recompute=["none", "none"]),
      {}),
 ])

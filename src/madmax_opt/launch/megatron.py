@@ -155,6 +155,8 @@ def megatron_refusals(ctx: Context, fmt: str, task: Task) -> None:
         raise rule_refusal(fmt, f"ep={p.ep} on a dense model", "megatron.ep-needs-experts", field="ep")
     if m.moe is not None and m.moe.num_experts % p.ep:
         raise rule_refusal(fmt, f"ep={p.ep} with {m.moe.num_experts} experts", f"{rules}.experts-ep", field="ep")
+    if m.moe is not None and m.bias and p.tp > 1:  # expert tensor parallelism defaults to tp
+        raise rule_refusal(fmt, f"tp={p.tp} on an MoE model with linear biases", f"{rules}.moe-bias-etp", field="tp")
     if p.gpus % (p.tp * p.ep * p.pp):
         raise rule_refusal(fmt, f"tp={p.tp} ep={p.ep} pp={p.pp} on {p.gpus} GPUs", f"{rules}.expert-grid",
                               field="ep")
@@ -291,6 +293,9 @@ def nemo_model_fields(ctx: Context, task: Task) -> list[tuple[str, object]]:
         ("num_layers_in_first_pipeline_stage", first_last[0] if first_last else None),
         ("num_layers_in_last_pipeline_stage", first_last[1] if first_last else None),
         ("context_parallel_size", p.cp), ("expert_model_parallel_size", p.ep),
+        # experts sharded by tp as priced: Bridge sets expert tp 1 when ep > 1 and it is unset
+        # (models/transformer_config.py line 87 @067f987; Megatron-Core's own default is tp)
+        ("expert_tensor_parallel_size", p.tp if moe else None),
         ("sequence_parallel", p.sp and p.tp > 1),  # nemo.sp-needs-tp
         ("recompute_granularity", "null" if recompute == "none" else recompute),
         ("recompute_method", "uniform" if recompute == "full" else "null"),
@@ -353,6 +358,7 @@ def nemo_emit(ctx: Context) -> Emitted:
         ("ddp.data_parallel_sharding_strategy", SHARDING.get(p.zero, "no_shard")),
         ("checkpoint.ckpt_format", "fsdp_dtensor" if fsdp else None),  # nemo.fsdp-ckpt-format
         ("comm_overlap.tp_comm_overlap", stack.tp_comm_overlap and p.tp > 1 and p.sp),  # nemo.recipe-comm-overlap
+        ("comm_overlap.defer_embedding_wgrad_compute", False if p.pp == 1 else None),  # nemo.defer-wgrad-pp
         ("ddp.overlap_grad_reduce", stack.dp_overlap),
         ("ddp.overlap_param_gather", stack.dp_overlap and p.zero >= 1),
         ("mixed_precision", NEMO_PRECISION[task.precision]),

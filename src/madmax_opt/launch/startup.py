@@ -168,6 +168,8 @@ def _megatron_checks() -> dict[str, Check]:
                                                          x.num(tp)),
         "megatron.ep-needs-experts": lambda x: x.num("--expert-model-parallel-size") == 1 or "--num-experts" in x.values,
         "megatron.experts-ep": lambda x: x.num("--num-experts") % x.num("--expert-model-parallel-size") == 0,
+        "megatron.moe-bias-etp": lambda x: "--num-experts" not in x.values or x.on("--disable-bias-linear")
+        or x.num("--expert-tensor-parallel-size", x.num(tp)) == 1,
         "megatron.expert-grid": lambda x: x.world % (x.num(tp) * x.num("--expert-model-parallel-size") * x.num(pp))
         == 0,
         "megatron.global-batch": lambda x: x.num("--global-batch-size") % (
@@ -226,11 +228,15 @@ def _nemo_checks(recipe: Callable[[Launched], str]) -> dict[str, Check]:
         "nemo.fsdp-ckpt-format": lambda x: x.values.get("ddp.use_megatron_fsdp") != "true"
         or x.values.get("checkpoint.ckpt_format") == "fsdp_dtensor",
         "nemo.recipe-comm-overlap": comm_overlap,
+        "nemo.defer-wgrad-pp": lambda x: num(x, "pipeline_model_parallel_size") > 1
+        or x.values.get("comm_overlap.defer_embedding_wgrad_compute") == "false",
         "nemo.precision-aware-optimizer": lambda x: x.values.get("optimizer.use_precision_aware_optimizer") != "true"
         or x.values.get("ddp.use_distributed_optimizer") == "true",
         "nemo.heads-tp": lambda x: num(x, "num_attention_heads") % num(x, "tensor_model_parallel_size") == 0,
         "nemo.query-groups-tp": lambda x: _groups_ok(num(x, "num_query_groups"), num(x, "tensor_model_parallel_size")),
         "nemo.experts-ep": lambda x: num(x, "num_moe_experts", 0) % num(x, "expert_model_parallel_size") == 0,
+        "nemo.moe-bias-etp": lambda x: num(x, "num_moe_experts", 0) == 0 or field(x, "add_bias_linear") == "false"
+        or num(x, "expert_tensor_parallel_size", num(x, "tensor_model_parallel_size")) == 1,
         "nemo.expert-grid": lambda x: x.world % (num(x, "tensor_model_parallel_size") * num(
             x, "expert_model_parallel_size") * num(x, "pipeline_model_parallel_size")) == 0,
         "nemo.global-batch": lambda x: x.num("train.global_batch_size") % (x.num("train.micro_batch_size") * dp(x))

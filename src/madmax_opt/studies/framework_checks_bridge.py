@@ -10,8 +10,8 @@ training loop, the first thing ``training/pretrain.py`` ``pretrain`` does (line 
 (mixed precision resolved and applied, data-parallel size, communication overlap, ``ConfigContainer.validate``
 with the model's ``finalize``, i.e. Megatron-Core's TransformerConfig checks); the GPU is first touched after it.
 The built config's model is then compared with what was priced (launch_conformance's
-``priced``): layers, hidden, heads, KV heads, FFN, vocabulary, RoPE base, tp / pp / vpp / cp / ep, sequence
-parallelism, recompute, precision, experts and top-k.
+``priced``): layers, hidden, heads, KV heads, FFN, vocabulary, RoPE base, tp / pp / vpp / cp / ep, expert tp,
+sequence parallelism, recompute, precision, experts and top-k.
 
 Run in a venv with CPU torch, triton and the Bridge's pure-Python requirements (docs/launch.md):
 
@@ -211,14 +211,17 @@ def built_model(config: Any) -> dict[str, Any]:
             "rope_base": m.rotary_base if m.position_embedding_type == "rope" else None,
             "experts": m.num_moe_experts, "top_k": m.moe_router_topk if m.num_moe_experts else None,
             "tp": m.tensor_model_parallel_size, "pp": m.pipeline_model_parallel_size, "vpp": vpp or 1,
-            "cp": m.context_parallel_size, "ep": m.expert_model_parallel_size, "sp": bool(m.sequence_parallel),
+            "cp": m.context_parallel_size, "ep": m.expert_model_parallel_size,
+            "etp": m.expert_tensor_parallel_size if m.num_moe_experts else None, "sp": bool(m.sequence_parallel),
             "recompute": recompute, "precision": precision, "seq_len": m.seq_length}
 
 
 def expected(priced: dict[str, Any]) -> dict[str, Any]:
     """What the Bridge should build for the priced plan: sequence parallelism only with tp > 1 (Megatron-Core
-    turns it off at tp 1), top-k only for an MoE model."""
-    return {**priced, "sp": bool(priced["sp"] and priced["tp"] > 1)}
+    turns it off at tp 1); the experts sharded by tp (expert tp = tp, the cost model's expert groups,
+    model/groups.py)."""
+    return {**priced, "sp": bool(priced["sp"] and priced["tp"] > 1),
+            "etp": priced["tp"] if priced.get("experts") else None}
 
 
 def bridge(r: dict[str, Any]) -> str | None:
