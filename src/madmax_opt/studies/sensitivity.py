@@ -1,17 +1,6 @@
 """Sensitivity of the optimum to the hardware: the study's reports (JSON, markdown, tornado chart) and its
-command-line parsing; the solves are in studies/sensitivity_run.py (re-exported here).
-
-For every hardware parameter (``derive.PARAMETERS``) and factor, every hardware option of the problem is scaled
-(``derive.derive_variant``) and the problem solved again (``solver.solve_records``). Reported per variant: the
-optimum's throughput and cost, its gain over the base optimum, the marginal gain over the next factor closer to
-1.0 and the elasticity d ln(throughput) / d ln(parameter) between them, the plan change, the gain the base plan
-alone would get on the new hardware (no re-optimisation), and the bottleneck shares of the new optimum.
-
-Work shared between variants: the problem is enumerated once and the plans that no hardware parameter can make
-valid (divisibility rules that depend only on plan, model and task) are dropped once; every variant but the
-NVLink-domain ones (whose TP choices and TP/domain rule change) re-uses that list. The workload is lowered per
-variant: it costs microseconds, so sharing it does not pay.
-"""
+command-line parsing. What is solved per (parameter, factor) and what the variants share is described in
+studies/sensitivity_run.py, which holds the solves (re-exported here)."""
 
 from __future__ import annotations
 
