@@ -36,6 +36,14 @@ def with_args(r: dict[str, Any], args: list[str]) -> dict[str, Any]:
     return r
 
 
+def without(e: Emitted, prefix: str) -> Emitted:
+    """The one-command configuration as the emitter wrote it before a rule: the overrides starting with prefix
+    dropped."""
+    (cmd,) = e.commands
+    return e.model_copy(update={"commands": [cmd.model_copy(update={"args": [
+        a for a in cmd.args if not a.startswith(prefix)]})]})
+
+
 def bridge_check(r: dict[str, Any]) -> str | None:
     from madmax_opt.studies.framework_checks_bridge import bridge
 
@@ -56,10 +64,7 @@ def test_bias_free_gelu_model_turns_off_the_recipes_bias_gelu_fusion() -> None:
     e = emit(problem_of("falcon-180b"), Plan(dp=2, tp=8, pp=2, mbs=1, zero=1, sp=True), "nemo")
     assert "model.bias_activation_fusion=false" in e.commands[0].args
     assert violations(e) == []
-    (cmd,) = e.commands
-    old = e.model_copy(update={"commands": [cmd.model_copy(update={"args": [
-        a for a in cmd.args if not a.startswith("model.bias_activation_fusion")]})]})
-    assert violations(old) == ["nemo.bias-gelu-fusion"]
+    assert violations(without(e, "model.bias_activation_fusion")) == ["nemo.bias-gelu-fusion"]
 
 
 def test_gpt3_recipe_without_pipelining_does_not_defer_the_embedding_wgrad() -> None:
@@ -67,10 +72,7 @@ def test_gpt3_recipe_without_pipelining_does_not_defer_the_embedding_wgrad() -> 
     e = emit(problem_of("gpt3-175b", seq_len=2048), Plan(dp=4, tp=8, mbs=1, zero=1, sp=True), "nemo")
     assert "comm_overlap.defer_embedding_wgrad_compute=false" in e.commands[0].args
     assert violations(e) == []
-    (cmd,) = e.commands
-    old = e.model_copy(update={"commands": [cmd.model_copy(update={"args": [
-        a for a in cmd.args if not a.startswith("comm_overlap.defer_embedding_wgrad_compute")]})]})
-    assert violations(old) == ["nemo.defer-wgrad-pp"]
+    assert violations(without(e, "comm_overlap.defer_embedding_wgrad_compute")) == ["nemo.defer-wgrad-pp"]
     piped = emit(problem_of("gpt3-175b", seq_len=2048), Plan(dp=2, tp=8, pp=2, mbs=1, zero=1, sp=True), "nemo")
     assert not any(a.startswith("comm_overlap.defer_embedding_wgrad_compute") for a in piped.commands[0].args)
 
