@@ -372,13 +372,15 @@ def deepspeed(e: dict[str, Any]) -> str | None:
 
 CHECKERS: dict[str, Checker] = {"megatron": megatron, "torchtitan": torchtitan, "vllm": vllm,
                                 "deepspeed": deepspeed}
-# checks on the whole row (the emitted configuration with what was priced): name -> (format, checker, applies)
+
+
 def bridge(r: dict[str, Any]) -> str | None:
     """Megatron-Bridge 067f987: run_recipe.py's parser, recipe, override parser and ``runtime_config_update``, then
     the built model compared with what was priced (see :mod:`madmax_opt.studies.framework_checks_bridge`)."""
     return import_module("madmax_opt.studies.framework_checks_bridge").bridge(r)
 
 
+# checks on the whole row (the emitted configuration with what was priced): name -> (format, checker, applies)
 ROW_CHECKERS: dict[str, tuple[str, Checker, Callable[[dict[str, Any]], bool]]] = {
     "vllm-engine": ("vllm", vllm_engine, lambda r: r.get("hf_config") is not None),
     "sglang": ("sglang", sglang, lambda r: r.get("hf_config") is not None),
