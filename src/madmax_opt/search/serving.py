@@ -163,6 +163,8 @@ def serving_records(
     """The typed records of candidates ``index`` (every candidate when None), in order."""
     t = c.terms
     rows = range(len(c.plans)) if index is None else [int(i) for i in index]
+    # whole-candidate columns, computed once (each access builds the candidates' rates again)
+    cost_per_hour, usd_per_million = c.cost_per_hour, c.usd_per_million_tokens
     out = []
     for i in rows:
         hw = int(c.plans.hw[i])
@@ -189,8 +191,8 @@ def serving_records(
             kv_cache_bytes_per_gpu=float(t.memory["kv_cache"][i]),
             decode_step_s=float(t.decode_step_s[i]),
             prefill_s=float(t.prefill_s[i]),
-            cost_per_hour_usd=float(c.cost_per_hour[i]),
-            usd_per_million_tokens=float(c.usd_per_million_tokens[i]),
+            cost_per_hour_usd=float(cost_per_hour[i]),
+            usd_per_million_tokens=float(usd_per_million[i]),
             memory_bytes_per_gpu={k: float(v[i]) for k, v in t.memory.items()},
             tpot_breakdown_s={k: float(t.step[k][i]) for k in STEP_TERMS},
             interval=None if iv is None else ServingInterval(**iv),
