@@ -52,12 +52,8 @@ class Rates:
 
     @cached_property
     def gpus(self) -> Arr:
-        total: Arr | None = None
-        for _, gpus in self.parts:
-            g = np.asarray(gpus, dtype=np.float64)
-            total = g if total is None else total + g
-        assert total is not None, "a deployment has at least one part"
-        return total
+        """The whole deployment's GPUs (one per GPU of every part)."""
+        return self.per_deployment(lambda _: 1.0)
 
     @cached_property
     def usd_per_hour(self) -> Arr:
@@ -258,6 +254,5 @@ def objective_values(name: str, rates: Rates) -> Arr:
 __all__ = [
     "FLEET_OBJECTIVES", "OBJECTIVES", "FleetObjective", "FleetObjectiveName", "IntegerUnit", "Objective",
     "ObjectiveName", "Rates", "energy_mwh", "objective", "objective_values", "reads_system_field", "run_cost_usd",
-    "uniform_rates",
-    "usd_per_million_units",
+    "uniform_rates", "usd_per_million_units",
 ]
