@@ -25,7 +25,7 @@ from pydantic import Field, model_validator
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.model.hardware import CalibrationRecord, HardwareOption, StepInterval
-from madmax_opt.model.hardware_spec import TRAINING_PEAKS, dominates
+from madmax_opt.model.hardware_spec import dominates
 from madmax_opt.model.serving_calibration import FitRecord, ServingParams
 from madmax_opt.model.spec import (
     FRAMEWORK_FAMILY,
@@ -39,7 +39,6 @@ from madmax_opt.model.spec import (
 )
 
 OVERLAY_KIND = "madmax-opt calibration overlay"
-PRICED_PEAKS: tuple[str, ...] = TRAINING_PEAKS  # the peaks a training plan is priced with (Task.precision)
 
 
 class OverlayEntry(FrameworkCalibration):
