@@ -314,8 +314,8 @@ class FleetRun:
     option_wall_s: float = 0.0
     scored: list[Scored] = field(init=False)
     relaxed_solves: dict[tuple[Any, ...], Allocation] = field(init=False, default_factory=dict)
-    relaxation: tuple[RelaxationModel, Instance] | None = field(init=False, default=None)
-    full_index: dict[int, int] = field(init=False, default_factory=dict)  # id(scored option) -> its index there
+    # the model of every option, its instance, and id(scored option) -> its index there (built on first use)
+    relaxation: tuple[RelaxationModel, Instance, dict[int, int]] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.scored = scored_options(self.fleet, self.tables)
@@ -373,12 +373,10 @@ def _resolve(run: FleetRun, relaxed: Instance, base: Instance, alloc: Allocation
     allocation and the instance its option indices refer to (every option). Each relaxation is solved once."""
     if run.relaxation is None:
         full = instance(run.fleet, run.scored, frozenset(range(len(run.fleet.jobs))))  # every option
-        run.relaxation = (RelaxationModel(full.inp), full)
-        run.full_index = {id(s): k for k, s in enumerate(full.scored)}
-    model, full = run.relaxation
+        run.relaxation = (RelaxationModel(full.inp), full, {id(s): k for k, s in enumerate(full.scored)})
+    model, full, index = run.relaxation
     memo = (relaxed.inp.capacity_nodes, relaxed.inp.max_cents_per_hour, relaxed.inp.max_cents, relaxed.relaxed)
     if memo not in run.relaxed_solves:
-        index = run.full_index
         start = [index[id(base.scored[k])] if k is not None else None for k in alloc.choice]
         own = (base.inp.capacity_nodes, base.inp.max_cents_per_hour, base.inp.max_cents, base.relaxed)
         if any(_within(memo, known) and again.status == "optimal" and again.objective == alloc.objective
@@ -448,10 +446,8 @@ def binding_constraints(run: FleetRun, inst: Instance, value: float | None, allo
                                detail=f"{getattr(fleet.spec.budget, key):,.0f} US$" + ("/h" if key == "usd_per_hour" else "")))
     targeted = sorted({s.job for s in run.scored if s.misses})[:MAX_TARGET_CHECKS]
     _settle_targets(run, inst, alloc, targeted)
-    for j in targeted:  # what _resolve reads of instance(fleet, run.scored, {j}): the base supply and budgets
-        relaxed = replace(inst, scored=[s for s in run.scored if s.misses is None or s.job == j],
-                          relaxed=frozenset({j}))
-        again, full = _resolve(run, relaxed, inst, alloc)
+    for j in targeted:
+        again, full = _resolve(run, _targets_dropped(run, inst, frozenset({j})), inst, alloc)
         v = value_of(fleet, full, again)
         gain = run.better(v, value)
         k = again.choice[j] if again.objective is not None else None
@@ -465,6 +461,12 @@ def binding_constraints(run: FleetRun, inst: Instance, value: float | None, allo
     return sorted(out, key=lambda b: (-b.gain, b.constraint))
 
 
+def _targets_dropped(run: FleetRun, inst: Instance, jobs: frozenset[int]) -> Instance:
+    """``inst`` with the targets of ``jobs`` dropped: what ``_resolve`` reads of instance(fleet, run.scored, jobs),
+    the base supply and budgets with those jobs' options that miss a target allowed."""
+    return replace(inst, scored=[s for s in run.scored if s.misses is None or s.job in jobs], relaxed=jobs)
+
+
 def _settle_targets(run: FleetRun, inst: Instance, alloc: Allocation, jobs: list[int]) -> None:
     """Group tests for the target checks: the targets of ``jobs`` relaxed together and re-solved; proven no better
     than the base, every job of the group relaxed alone lies between the two and is no better either (``_resolve``
@@ -472,9 +474,7 @@ def _settle_targets(run: FleetRun, inst: Instance, alloc: Allocation, jobs: list
     its own check afterwards: one that gains is always re-solved alone."""
     if len(jobs) < 2:
         return
-    group = frozenset(jobs)
-    relaxed = replace(inst, scored=[s for s in run.scored if s.misses is None or s.job in group], relaxed=group)
-    again, _ = _resolve(run, relaxed, inst, alloc)
+    again, _ = _resolve(run, _targets_dropped(run, inst, frozenset(jobs)), inst, alloc)
     if again.status == "optimal" and again.objective == alloc.objective:
         return
     half = len(jobs) // 2
