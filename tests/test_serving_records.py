@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from madmax_opt.analysis.serving_records import ServingRecord
+from madmax_opt.analysis.serving_records import ServingPlanRecord, ServingRecord
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.search.serving import ServingModel, ServingPlan, candidates, evaluate_serving, pareto_records
+from madmax_opt.search.serving_space import serving_knobs
 
 # the keys of a steady serving record's JSON object, in order, as `evaluate --json` wrote them before the records
 # were typed (search/serving.py to_records at commit cf7761e); "interval" follows when the level has factors
@@ -52,6 +53,13 @@ def test_record_from_a_plan_round_trips_through_json() -> None:
     # the plan as given: 2 replicas x tp 4 = the 8 GPUs, batch as offered
     assert (recs[0].plan.dp, recs[0].plan.tp, recs[0].plan.batch, recs[0].hardware.gpus) == (2, 4, 16, 8)
     assert recs[0].output_tokens_per_s_per_gpu == pytest.approx(recs[0].output_tokens_per_s / 8)
+
+
+def test_plan_record_fields_are_the_serving_plan_settings() -> None:
+    """The record's plan declares ServingPlan's settings again (analysis cannot import search): the same names, in
+    the order serving_knobs() derives from ServingPlan's own fields, and the order of the JSON objects before."""
+    assert list(ServingPlanRecord.model_fields) == list(serving_knobs())
+    assert list(serving_knobs()) == PLAN_KEYS
 
 
 def test_interval_keeps_only_the_bounds_its_level_has() -> None:

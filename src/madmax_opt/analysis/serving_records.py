@@ -18,7 +18,9 @@ class _Record(BaseModel):
 
 
 class ServingPlanRecord(_Record):
-    """The serving plan as the record shows it (the ServingPlan keys, every one resolved)."""
+    """The serving plan as the record shows it (the ServingPlan keys, every one resolved). Declared here, not derived
+    from search/serving_space.ServingPlan: analysis sits below search, and the fields must be static for type checks;
+    tests/test_serving_records.py pins them to ``serving_knobs()`` (ServingPlan's settings, in order)."""
 
     dp: int = Field(description="decode replicas (data parallel)")
     tp: int = Field(description="tensor-parallel degree per replica")
