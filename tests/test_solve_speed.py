@@ -22,7 +22,13 @@ from madmax_opt.io.dlrm_problem import dlrm_models
 from madmax_opt.io.file_family import dlrm_model_names, is_dlrm_data
 from madmax_opt.io.problem import load_problem
 from madmax_opt.model.serving_calibration import calibration_columns
-from madmax_opt.search.serving_space import BATCH_GRID, ServingModel, enumerate_serving, per_gpu_calibration
+from madmax_opt.search.serving_space import (
+    BATCH_GRID,
+    ServingModel,
+    _serving_data,
+    enumerate_serving,
+    per_gpu_calibration,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,8 +132,7 @@ def test_calibration_once_per_gpu_equals_per_option() -> None:
     problem = load_problem(ROOT / "problems" / "serve-llama3-70b.yaml")
     model = ServingModel(problem)
     assert len({o.gpu.name for o in problem.hardware}) < len(problem.hardware)  # several options per GPU type
-    catalog = model.catalog or __import__("madmax_opt.search.serving_space", fromlist=["_serving_data"]) \
-        ._serving_data(problem).catalog
+    catalog = model.catalog or _serving_data(problem).catalog
     want_cal, want_records = calibration_columns(problem.hardware, model.framework, catalog)
     got_cal, got_records = per_gpu_calibration(problem.hardware, model.framework, catalog)
     for f in want_cal.__dataclass_fields__:
