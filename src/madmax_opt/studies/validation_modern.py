@@ -68,17 +68,19 @@ class ModernCase:
 
     run: Run
     framework_text: str
-    fitted: bool
     note: str = ""
     recompute_inferred: bool = False  # the source does not state recompute: the least mode that fits (module doc)
     unfitted_why: str = ""  # why a case is outside every fit ("" for fitted cases)
-    modelled: bool = True  # False where the framework is priced with another's profile (MaxText)
+
+    @property
+    def fitted(self) -> bool:
+        return not self.unfitted_why
 
     @property
     def framework_label(self) -> str:
-        """The framework column of the report: the modelled framework, or the unmodelled one's name."""
-        return self.run.framework if self.modelled else next(
-            v for k, v in FRAMEWORK_OF.items() if self.framework_text.startswith(k))
+        """The framework column of the report: the modelled framework (``run.framework``), or the unmodelled one's
+        name (MaxText, priced with another's profile)."""
+        return next(v for k, v in FRAMEWORK_OF.items() if self.framework_text.startswith(k))
 
 
 def training_data() -> dict[str, Any]:
@@ -220,11 +222,10 @@ def _case(c: dict[str, Any], catalog: dict[str, Any], alt: bool) -> ModernCase:
     if alt:
         notes.append("the parenthesised FP8-MX value of the same row")
     run = Run(name, c["source"]["ref"], problem, plan, measured_step_s(c, model, alt))
-    modelled = framework not in UNMODELLED_FRAMEWORKS
-    why = "" if modelled else f"{fw_text} is no modelled framework"
+    why = f"{fw_text} is no modelled framework" if framework in UNMODELLED_FRAMEWORKS else ""
     if inferred and plan.recompute != "none":
         why = "; ".join(w for w in (why, "its recompute is inferred (the time of the mode that ran is not known)") if w)
-    return ModernCase(run, fw_text, not why, "; ".join(notes), inferred, why, modelled)
+    return ModernCase(run, fw_text, "; ".join(notes), inferred, why)
 
 
 def modern_cases(data: dict[str, Any] | None = None) -> list[ModernCase]:
