@@ -219,13 +219,16 @@ def binding_targets_equal_brute_force(fleet: Fleet, tables: list[OptionTable]) -
             assert job.name not in gains
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TARGETS_PROPERTY = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@TARGETS_PROPERTY
 @given(fleets("throughput"))
 def test_binding_targets_equal_brute_force_throughput(case: tuple[Fleet, list[OptionTable]]) -> None:
     binding_targets_equal_brute_force(*case)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@TARGETS_PROPERTY
 @given(fleets("cost"))
 def test_binding_targets_equal_brute_force_cost(case: tuple[Fleet, list[OptionTable]]) -> None:
     binding_targets_equal_brute_force(*case)
