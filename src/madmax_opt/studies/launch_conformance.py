@@ -23,6 +23,7 @@ from madmax_opt.launch.hf_config import hf_config
 from madmax_opt.launch.startup import positions_of
 from madmax_opt.model.family_name import serving_task, training_task
 from madmax_opt.model.problem import Problem
+from madmax_opt.model.spec import TransformerModel
 from madmax_opt.search.result import solve_result
 
 
@@ -44,6 +45,12 @@ def emitted_configurations(paths: list[Path], top_k: int = 5, time_limit_s: floa
     return rows
 
 
+def shape(m: TransformerModel) -> dict[str, int]:
+    """The model shape every priced record holds (serving and training): layers, hidden, heads, KV heads, vocab."""
+    return {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads or m.heads,
+            "vocab": m.vocab}
+
+
 def priced(problem: Problem, plan: dict[str, Any]) -> dict[str, Any]:
     """What the cost model priced for a serving plan (the model's shape, the longest request, the weight precision,
     the parallel sizes) and the model's config.json; for a training plan the model's shape, RoPE base, precision
@@ -53,8 +60,7 @@ def priced(problem: Problem, plan: dict[str, Any]) -> dict[str, Any]:
         return priced_training(problem, plan)
     m = problem.model
     cfg = hf_config(m)
-    return {"priced": {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads or m.heads,
-                       "vocab": m.vocab, "mla_kv_dim": m.mla_kv_dim,
+    return {"priced": {**shape(m), "mla_kv_dim": m.mla_kv_dim,
                        "max_model_len": max(r.prompt_len + r.output_len for r in task.requests()),
                        "precision": str(plan.get("precision") or task.precisions()[0]),
                        "tp": plan.get("tp", 1), "pp": plan.get("pp", 1), "dp": plan.get("dp", 1)},
@@ -69,8 +75,7 @@ def priced_training(problem: Problem, plan: dict[str, Any]) -> dict[str, Any]:
     if task is None:
         return {}
     pos = positions_of(m)
-    return {"priced": {"layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads or m.heads,
-                       "ffn": m.ffn, "vocab": m.vocab, "rope_base": pos.rope_theta if pos.kind == "rope" else None,
+    return {"priced": {**shape(m), "ffn": m.ffn, "rope_base": pos.rope_theta if pos.kind == "rope" else None,
                        "experts": m.moe.num_experts if m.moe else None, "top_k": m.moe.top_k if m.moe else None,
                        "precision": str(task.precision), "seq_len": task.seq_len,
                        **{k: plan.get(k, d) for k, d in (("tp", 1), ("pp", 1), ("vpp", 1), ("cp", 1), ("ep", 1),
