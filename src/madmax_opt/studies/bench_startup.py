@@ -137,7 +137,7 @@ def render(rows: list[StartupTiming], info: dict[str, str], date: str,
     ]
     bare = next(r.best_s for r in rows if r.command == BARE)
     for r in rows:
-        bar = (f"< {BAR_S} s: {'pass' if r.best_s < BAR_S else '**FAIL**'}" if r.command in BARRED else "-")
+        bar = _verdict(r.best_s, BAR_S) if r.command in BARRED else "-"
         name = "python -c pass (baseline)" if r.command == BARE else f"madmax-opt {' '.join(r.command)}"
         raw = "-" if r.uncached_best_s is None else f"{r.uncached_best_s:.3f}"
         lines.append(f"| `{name}` | {r.best_s:.3f} | {r.median_s:.3f} | {r.best_s / bare:.1f} | {bar} | "
@@ -147,10 +147,14 @@ def render(rows: list[StartupTiming], info: dict[str, str], date: str,
                   "The solve alone (`solve --json`'s search and records, no imports, no printing), 5 times in one fresh",
                   "process; issue 26's bar for the online serving example: under 0.3 s.", "",
                   "| problem | best (s) | median (s) | bar |", "|---|---|---|---|"]
-        lines += [f"| `{problem}` | {best:.3f} | {median:.3f} | < {bar} s: {'pass' if best < bar else '**FAIL**'} |"
+        lines += [f"| `{problem}` | {best:.3f} | {median:.3f} | {_verdict(best, bar)} |"
                   for problem, best, median, bar in in_process]
     lines += ["", "## Machine", "", *(f"- {k}: {v}" for k, v in info.items()), ""]
     return "\n".join(lines)
+
+
+def _verdict(best_s: float, bar_s: float) -> str:
+    return f"< {bar_s} s: {'pass' if best_s < bar_s else '**FAIL**'}"
 
 
 def _load() -> str:
