@@ -11,7 +11,6 @@ broken by enumeration order; candidates whose stability limit cannot beat the be
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -233,8 +232,8 @@ def online_options(problem: Problem, optimum: float,
     for name in dict.fromkeys(o.system.name for o in problem.hardware):
         if name not in best_of:
             try:
-                solve_online(dataclasses.replace(problem, hardware=tuple(
-                    o for o in problem.hardware if o.system.name == name)), 1)
+                solve_online(replace(problem, hardware=tuple(o for o in problem.hardware if o.system.name == name)),
+                             1)
             except (InfeasibleError, ProblemError) as exc:
                 rows.append({"system": name, "best": None, "objective": None, "vs_optimum": None,
                              "reason": str(exc)})
