@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from madmax_opt.io.yaml_files import SAFE_LOADER
 from madmax_opt.model.family_name import FamilyName
 
 
@@ -20,7 +21,7 @@ def dlrm_model_names() -> frozenset[str]:
     """The names of the DLRM catalog's models (``data/dlrm.yaml``'s top-level keys; io/dlrm_problem.dlrm_models
     builds the models)."""
     text = resources.files("madmax_opt").joinpath("data").joinpath("dlrm.yaml").read_text()
-    raw = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    raw = yaml.load(text, Loader=SAFE_LOADER)  # libyaml when present
     return frozenset(raw) if isinstance(raw, dict) else frozenset()
 
 
