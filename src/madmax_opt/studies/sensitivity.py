@@ -23,8 +23,6 @@ from madmax_opt.studies.sensitivity_run import (  # noqa: F401 (re-exported: the
     Study,
     Variant,
     _kwh_per_million_tokens,
-    _option_index,
-    _solve_variant,
     check_study,
     fixed_plan_record,
     is_serving,
