@@ -13,7 +13,7 @@ import yaml
 
 from madmax_opt.analysis.evaluator import Model
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.search import stages
+from madmax_opt.search import stage_compositions, stages
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.solver import solve_records
 from madmax_opt.search.stage_bounds import least_max_mixed
@@ -69,7 +69,7 @@ def test_mixed_bounds_never_exceed_the_exact_base_optimum(data: dict[str, Any]) 
     modes = sorted(set(stages.enumerate_plans(model.problem).recompute.tolist()))
     _, total = stages._lower_bounds_us(model, bases)
     hws = stages.stage_hardware(model, bases.take([0]))
-    per_base = [stages._stage_supply(model, bases.take([j]), hws) for j in range(len(bases))]
+    per_base = [stage_compositions.stage_supply(model, bases.take([j]), hws) for j in range(len(bases))]
     supply_arg = [(g, np.array([s[i][1] for s in per_base])) for i, (g, _) in enumerate(per_base[0])]
     assert supply_arg  # the H100 supply limits the stages on H100s
     bound = stages.strong_bounds(model, bases, total, modes, hw_choices=hws, supply=supply_arg)

@@ -5,8 +5,9 @@ The uniform search (search/solver.py ``limits``) keeps a plan when its rounded s
 throughput floor allows (``max_step_us``) and its run, priced by ``run_cost_usd`` at that step time, fits the budget.
 The uneven search applies the same two tests to its step time p v T / (p v) (stages.stage_model): both are upper
 limits on the integer objective p v T of a base, given the deployment's $/h (one option: its price x GPUs; mixed
-stages: per_stage x the prices of the stages' systems, fixed by a composition, stages._compositions). max_gpus and
-max_cost_per_hour exclude a deployment as search/assemble.cluster_limits does (GPUs; $/h in integer cents).
+stages: per_stage x the prices of the stages' systems, fixed by a composition, stage_compositions.compositions).
+max_gpus and max_cost_per_hour exclude a deployment as search/assemble.cluster_limits does (GPUs; $/h in integer
+cents).
 """
 
 from __future__ import annotations

@@ -54,9 +54,7 @@ from madmax_opt.search.cpsat import run as cpsat_run
 from madmax_opt.search.ortools_import import load_cp_model
 from madmax_opt.search.space import enumerate_plans
 from madmax_opt.search.stage_bounds import shape_key, strong_bounds
-from madmax_opt.search.stage_compositions import Composition
-from madmax_opt.search.stage_compositions import compositions as _compositions
-from madmax_opt.search.stage_compositions import stage_supply as _stage_supply
+from madmax_opt.search.stage_compositions import Composition, compositions, stage_supply
 from madmax_opt.search.stage_limits import StepLimits, usd_per_hour
 
 if TYPE_CHECKING:  # imported where a CP-SAT model is built (search/ortools_import.py: without pandas)
@@ -351,8 +349,8 @@ def solve_uneven(
     for j in first.tolist():
         base = bases.take([j])
         hws = stage_hardware(model, base)
-        supply = _stage_supply(model, base, hws)
-        shared.append((hws, supply, _compositions(model, base, hws, supply, objective,
+        supply = stage_supply(model, base, hws)
+        shared.append((hws, supply, compositions(model, base, hws, supply, objective,
                                                   priced=step_lims.priced)))
     jobs = [shared[i] for i in job_of.ravel().tolist()]
 
