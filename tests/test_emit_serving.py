@@ -477,8 +477,7 @@ def test_trtllm_max_seq_len_beyond_the_context_is_noted_not_refused(model: str, 
         f"--max_seq_len {context + 1} is above {catalog.models()[model].hf_id}'s context of {context} tokens and "
         f"TensorRT-LLM starts anyway - {cite('trtllm.max-seq-len')}"]
     assert serving_violations(long) == []
-    args = list(server.args)
-    args[args.index("--max_seq_len") + 1] = str(context + 1)
+    args = list(server.args)  # --max_seq_len context + 1 (asserted above) written into the configuration without the note
     bad = ok.model_copy(update={"commands": [c.model_copy(update={"args": args}) if "--max_seq_len" in c.args
                                              else c for c in ok.commands]})
     assert serving_violations(bad) == ["trtllm.max-seq-len"]
