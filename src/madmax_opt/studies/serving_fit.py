@@ -376,9 +376,9 @@ def _members(ev: Evaluation, gpu: str, fw: str) -> list[CaseInfo]:
 def catalog_entries(ev: Evaluation) -> list[ServingCalibrationEntry]:
     """The fitted parameter sets with the record of each fit: runs, sources, the ln residuals of its runs in
     sample, in-sample / held-out-point (5-fold) / leave-one-source-out / leave-one-GPU-out medians, and its status
-    (a pair's: ``PairDecision``, its in-sample residuals and medians those of its own fit, its held-out medians
-    those of what prices it; a pooled fit's: uncalibrated when the in-sample or the held-out-point median exceeds
-    30 %)."""
+    (a pair's: ``PairDecision``, its in-sample residuals and in-sample and 5-fold medians those of its own fit, its
+    leave-one-source-out and leave-one-GPU-out medians those of what prices it; a pooled fit's: uncalibrated when
+    the in-sample or the held-out-point median exceeds 30 %)."""
     out = []
     by_id = {c.case.id: c for c in ev.cases}
     for (gpu, fw), params in ev.fit.fitted.items():
@@ -389,12 +389,16 @@ def catalog_entries(ev: Evaluation) -> list[ServingCalibrationEntry]:
         decision = ev.decisions.get((gpu, fw))
         own = ({i: by_id[i].error(params) for i in ids} if decision is not None and decision.priced_by == "fallback"
                else ev.in_sample)
-        ins, kfold = ev.median(own, ids), ev.median(ev.kfold, ids)
-        status = "uncalibrated" if max(ins, kfold) > UNCALIBRATED_ABOVE else "calibrated"
-        extra = {} if decision is None else {
-            "own_fit_uncalibrated": (gpu, fw) in ev.fit.flagged, "status": decision.status, "kfold_by_group": decision.by_group, "priced_by": decision.priced_by,
-            "kfold_median_err": round(decision.kfold, 4),
-            "fallback_kfold_median_err": round(decision.fallback_kfold, 4)}
+        ins = ev.median(own, ids)
+        if decision is None:
+            kfold = ev.median(ev.kfold, ids)
+            status = "uncalibrated" if max(ins, kfold) > UNCALIBRATED_ABOVE else "calibrated"
+            extra = {}
+        else:  # the pair's own fit, as decided (ev.kfold holds its fallback's errors where that prices it)
+            kfold, status = decision.kfold, decision.status
+            extra = {"own_fit_uncalibrated": (gpu, fw) in ev.fit.flagged, "kfold_by_group": decision.by_group,
+                     "priced_by": decision.priced_by,
+                     "fallback_kfold_median_err": round(decision.fallback_kfold, 4)}
         record = FitRecord(**{
             "runs": len(mine),
             "sources": sorted({c.source for c in mine}),
