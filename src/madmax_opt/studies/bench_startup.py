@@ -41,13 +41,14 @@ IN_PROCESS: tuple[tuple[str, float], ...] = (("problems/serve-llama3-70b-arrival
 _IN_PROCESS_SCRIPT = """
 import sys, time
 from pathlib import Path
-from madmax_opt.report.families import SolveOptions, family_of
+from madmax_opt.io.problem import load_problem
+from madmax_opt.search.cpsat import CpSatOptions
+from madmax_opt.search.result import solve_result
 path = Path(sys.argv[1])
-family = family_of(path)
 times = []
 for _ in range(int(sys.argv[2])):
     t0 = time.perf_counter()
-    family.solve(path, SolveOptions())  # solve's defaults
+    solve_result(load_problem(path), 1, 60.0, 1, cpsat=CpSatOptions(60.0, 1))  # solve's defaults
     times.append(time.perf_counter() - t0)
 print(" ".join(repr(t) for t in times))
 """
