@@ -16,7 +16,7 @@ from madmax_opt.core.units import US
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.model.spec import min_stage_layers
 from madmax_opt.model.step_time import step_form
-from madmax_opt.search import stages
+from madmax_opt.search import stage_compositions, stages
 from madmax_opt.search.stage_bounds import strong_bounds
 
 LLAMA = {  # Llama-2 70B (80 layers) on 48 H100s: pp 2, 3, 6, every vpp (tests/test_stage_bounds.py)
@@ -61,7 +61,7 @@ def _random_split(rng: np.random.Generator, layers: int, p: int, v: int) -> list
 def _supply(model: Model, bases: Any, hws: list[int]) -> list[tuple[list[int], Any]] | None:
     if not model.problem.space.mixed_stages:
         return None
-    per_base = [stages._stage_supply(model, bases.take([j]), hws) for j in range(len(bases))]
+    per_base = [stage_compositions.stage_supply(model, bases.take([j]), hws) for j in range(len(bases))]
     return [(g, np.array([s[i][1] for s in per_base])) for i, (g, _) in enumerate(per_base[0])]
 
 
@@ -85,7 +85,7 @@ def test_numpy_cp_sat_and_bounds_agree_on_random_plans(data: dict[str, Any], see
             continue
         rc = rng.choice(modes, size=p).tolist()
         hw = rng.choice(hws, size=p).tolist()
-        supply = stages._stage_supply(model, base, hws)  # stages per GPU type within its supply (mixed)
+        supply = stage_compositions.stage_supply(model, base, hws)  # stages per GPU type within its supply (mixed)
         if any(sum(h in group for h in hw) > allowed for group, allowed in supply):
             continue
         rows = []
