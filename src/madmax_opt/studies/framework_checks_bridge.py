@@ -49,6 +49,8 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+from madmax_opt.studies.framework_checks import _patched, environment, guarded
+
 TE_VERSION = "2.18.0"  # Megatron-Bridge uv.lock @067f987: transformer-engine 2.18.0+e7c550c5
 HUB_CHECKPOINTS = {"meta-llama/Meta-Llama-3-70B": "llama3-70b"}  # recipes/llama/h100/llama3.py line 724 @067f987
 # Bridge mixed-precision recipe name -> the precision madmax-opt priced (training/mixed_precision.py @067f987)
@@ -177,23 +179,15 @@ def build(e: dict[str, Any]) -> Any:
 
     env = {**cmd.get("env", {}), "WORLD_SIZE": str(e["gpus"]), "RANK": "0", "LOCAL_RANK": "0",
            runner.RECIPE_ENV_BOOTSTRAP_MARKER: str(os.getpid())}
-    saved_env = {k: os.environ.get(k) for k in env}
-    cwd, saved_run = os.getcwd(), run_recipe.run_config
-    os.environ.update(env)
-    setattr(run_recipe, "run_config", run_config)  # noqa: B010
+    cwd = os.getcwd()
     logging.disable(logging.INFO)  # run_recipe.main's INFO log of the recipe and the dataset split
     try:
-        with tempfile.TemporaryDirectory() as d, _hub_checkpoints(d):
+        with environment(env, [cmd["program"][-1], *cmd["args"]]), _patched(run_recipe, "run_config", run_config), \
+                tempfile.TemporaryDirectory() as d, _hub_checkpoints(d):
             run_recipe.main(list(cmd["args"]))
     finally:
         logging.disable(logging.NOTSET)
-        setattr(run_recipe, "run_config", saved_run)  # noqa: B010
         os.chdir(cwd)  # main() changes to the Bridge's checkout
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return built["config"]
 
 
@@ -227,8 +221,6 @@ def expected(priced: dict[str, Any]) -> dict[str, Any]:
 def bridge(r: dict[str, Any]) -> str | None:
     """None when Megatron-Bridge builds and validates the row's emitted configuration and its model and plan are
     what was priced; else the Bridge's message (first line) or the first field that differs."""
-    from madmax_opt.studies.framework_checks import guarded
-
     def check() -> None:
         built = built_model(build(r["emitted"]))
         want = expected(r["priced"])
