@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 
 from madmax_opt.search import cpsat
 from madmax_opt.search.cpsat import CpSatOptions
+from madmax_opt.search.ortools_import import load_cp_model
 
 if TYPE_CHECKING:  # imported where a CP-SAT model is built (0.4 s: it pulls in pandas)
     from ortools.sat.python import cp_model
@@ -108,6 +109,7 @@ def solve_allocation(inp: AllocationInput, opts: CpSatOptions | None = None) -> 
     """The optimal assignment (or the best found with its bound), ties broken by fewest GPUs.
 
     CP-SAT is configured by ``search.cpsat`` (deterministic by default: one worker, a fixed seed)."""
+    load_cp_model()  # without pandas (search/ortools_import.py)
     from ortools.sat.python import cp_model
 
     opts = opts or CpSatOptions()
@@ -177,6 +179,7 @@ class RelaxationModel:
     objective alone (no tie-break phase). What-if and binding-constraint analyses."""
 
     def __init__(self, inp: AllocationInput) -> None:
+        load_cp_model()  # without pandas (search/ortools_import.py)
         from ortools.sat.python import cp_model
 
         self.inp = inp
@@ -207,6 +210,7 @@ class RelaxationModel:
               allowed: Sequence[bool], start: Sequence[int | None], opts: CpSatOptions) -> Allocation:
         """The optimum under these bounds; ``start`` (option indices per job, allowed and within them) is kept
         feasible, so the answer is at least as good."""
+        load_cp_model()  # without pandas (search/ortools_import.py)
         from ortools.sat.python import cp_model
 
         t0 = time.perf_counter()

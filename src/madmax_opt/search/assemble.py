@@ -30,6 +30,7 @@ from madmax_opt.search.cpsat import (
     time_limit_error,
 )
 from madmax_opt.search.cpsat import run as cpsat_run
+from madmax_opt.search.ortools_import import load_cp_model
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ def pick_best(
 
     Raises ProblemError when the kept objective values leave CP-SAT's integer range (naming the quantity) and
     TimeLimitError when the time limit runs out before any plan is found."""
+    load_cp_model()  # without pandas (search/ortools_import.py)
     from ortools.sat.python import cp_model
 
     obj = objective.values

@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 
 from madmax_opt.core.errors import InputWarning, InternalError, ProblemError, TimeLimitError
 from madmax_opt.core.numeric import IntArr
+from madmax_opt.search.ortools_import import load_cp_model
 
 if TYPE_CHECKING:  # OR-Tools (cp_model 0.4 s with pandas, the protos 0.05 s) is imported where a model is built
     from ortools.sat import sat_parameters_pb2
@@ -91,6 +92,7 @@ def options(cpsat: CpSatOptions | None = None, **kwargs: Any) -> CpSatOptions:
 
 def new_solver(opts: CpSatOptions, **overrides: Any) -> cp_model.CpSolver:
     """A solver with the deterministic defaults, the search's own ``overrides``, then the user's parameters."""
+    load_cp_model()  # without pandas (search/ortools_import.py)
     from ortools.sat.python import cp_model
 
     solver = cp_model.CpSolver()
