@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from madmax_opt.launch.startup import positions_of
+from madmax_opt.model.serving_workload import MLA_QK_NOPE_DIM, MLA_ROPE_DIM, MLA_V_DIM
 from madmax_opt.model.spec import TransformerModel
 
 # the checkpoint's torch_dtype by the catalog's native precision (fp8 / mxfp4 checkpoints keep bf16 non-quantized
@@ -64,9 +65,9 @@ def hf_config(m: TransformerModel) -> dict[str, Any] | str:
 # query LoRA rank, per-head no-RoPE / RoPE / value dimensions, the dense layers before the first MoE layer and their
 # FFN width, the router (noaux_tc top-k over 8 groups, 4 of them kept; sigmoid scores, normalised, scaled 2.5), the
 # multi-token-prediction layer, RMSNorm eps, YaRN's attention-scale keys and the block-scaled FP8 weights.
-QK_ROPE_HEAD_DIM = 64  # the RoPE part of each query / key head, also cached beside the latent
+# The per-head widths are the serving model's (model/serving_workload.py MLA_*_DIM, which prices MLA attention).
 DEEPSEEK_V3_MLA = {
-    "q_lora_rank": 1536, "qk_rope_head_dim": QK_ROPE_HEAD_DIM, "qk_nope_head_dim": 128, "v_head_dim": 128,
+    "q_lora_rank": 1536, "qk_rope_head_dim": MLA_ROPE_DIM, "qk_nope_head_dim": MLA_QK_NOPE_DIM, "v_head_dim": MLA_V_DIM,
     "first_k_dense_replace": 3, "intermediate_size": 18432, "moe_layer_freq": 1,
     "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4, "scoring_func": "sigmoid", "norm_topk_prob": True,
     "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-6,
@@ -94,7 +95,7 @@ def _deepseek_v3(m: TransformerModel) -> dict[str, Any] | str:
         "attention_bias": m.bias, "n_routed_experts": moe.num_experts, "n_shared_experts": moe.shared_experts,
         "num_experts_per_tok": moe.top_k, "moe_intermediate_size": moe.expert_ffn or m.ffn,
         **DEEPSEEK_V3_MLA,
-        "kv_lora_rank": latent - QK_ROPE_HEAD_DIM,
+        "kv_lora_rank": latent - MLA_ROPE_DIM,
         "rope_theta": pos.rope_theta, "max_position_embeddings": pos.context,
         "rope_scaling": {**DEEPSEEK_V3_YARN, "factor": s.factor,
                          "original_max_position_embeddings": s.original_max_position_embeddings, "type": s.type},
