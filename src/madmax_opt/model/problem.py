@@ -4,7 +4,7 @@ and read no files."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.model.dlrm_spec import (
@@ -69,6 +69,10 @@ class Problem:
             raise ProblemError("this command needs an inference task (kind inference)", file=self.source,
                                field="task.kind")
         return task
+
+    def on_system(self, system: str) -> Problem:
+        """The problem restricted to one system's hardware options (e.g. to explain why it has no admissible plan)."""
+        return replace(self, hardware=tuple(o for o in self.hardware if o.system.name == system))
 
     def hw_index(self, plan: Plan) -> int:
         """The hardware option a plan runs on: by ``system`` name and GPU count, else the only one."""

@@ -232,8 +232,7 @@ def online_options(problem: Problem, optimum: float,
     for name in dict.fromkeys(o.system.name for o in problem.hardware):
         if name not in best_of:
             try:
-                solve_online(replace(problem, hardware=tuple(o for o in problem.hardware if o.system.name == name)),
-                             1)
+                solve_online(problem.on_system(name), 1)
             except (InfeasibleError, ProblemError) as exc:
                 rows.append({"system": name, "best": None, "objective": None, "vs_optimum": None,
                              "reason": str(exc)})

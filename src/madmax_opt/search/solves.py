@@ -4,7 +4,6 @@ options every family's solve and verify take."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -116,11 +115,6 @@ def compare_systems(
     return rows
 
 
-def _only(problem: Problem, system: str) -> Problem:
-    """The problem restricted to one system's hardware options (for the reason it has no admissible plan)."""
-    return dataclasses.replace(problem, hardware=tuple(o for o in problem.hardware if o.system.name == system))
-
-
 def _training_options(problem: Problem, outcome: Any) -> list[dict[str, Any]]:
     from madmax_opt.analysis.evaluator import Model, to_records
     from madmax_opt.core.errors import InfeasibleError
@@ -131,7 +125,7 @@ def _training_options(problem: Problem, outcome: Any) -> list[dict[str, Any]]:
 
     def why_not(system: str) -> str:
         try:
-            sub = Model(_only(problem, system))
+            sub = Model(problem.on_system(system))
             return explain_infeasible(sub, candidates(sub))
         except (InfeasibleError, ProblemError) as exc:
             return str(exc)
@@ -155,7 +149,7 @@ def _serving_options(problem: Problem, result: dict[str, Any], model: ServingMod
 
     def why_not(system: str) -> str:
         try:
-            sub = serving.ServingModel(_only(problem, system))
+            sub = serving.ServingModel(problem.on_system(system))
             return serving.explain_infeasible(sub, serving.candidates(sub))
         except (InfeasibleError, ProblemError) as exc:
             return str(exc)
