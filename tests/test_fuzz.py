@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from madmax_opt.core.errors import MadmaxError
-from madmax_opt.io.limits import BOUNDS, MAX_CLUSTER_SIZES
+from madmax_opt.io.limits import MAX_CLUSTER_SIZES, bounds
 
 FUZZ_EXAMPLES = 25  # per file kind in the default run
 SLOW_EXAMPLES = 300
@@ -92,7 +92,7 @@ FLOAT_FIELDS = {"train_tokens", "max_cost_per_hour", "ttft_s", "pooling", "time_
 def _bad_count(field: str) -> st.SearchStrategy[Any]:
     """A value no count field accepts: beyond its bound, zero or negative, a boolean, a non-integer, a wrong
     type, nested too deep."""
-    bound = int(BOUNDS[field].limit) if field in BOUNDS else 10**18
+    bound = int(bounds()[field].limit) if field in bounds() else 10**18
     return st.one_of(
         st.integers(min_value=bound + 1, max_value=10**40),
         st.integers(min_value=-(10**30), max_value=0),
@@ -106,7 +106,7 @@ def _bad_count(field: str) -> st.SearchStrategy[Any]:
 
 def _bad_float(field: str) -> st.SearchStrategy[Any]:
     """A value no positive finite float field accepts."""
-    bound = BOUNDS[field].limit if field in BOUNDS else None
+    bound = bounds()[field].limit if field in bounds() else None
     beyond = [st.floats(min_value=bound * 1.01, max_value=1e300)] if bound is not None else []
     return st.one_of(
         *beyond,

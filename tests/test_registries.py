@@ -10,21 +10,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pydantic import Field, PositiveInt, create_model
+from pydantic import Field, create_model
 
 from madmax_opt.analysis.evaluator import Model
 from madmax_opt.core.units import US
+from madmax_opt.io.limits import bounds
 from madmax_opt.io.problem import load_problem, problem_from_dict
 from madmax_opt.model import objectives as registry
 from madmax_opt.model.objectives import IntegerUnit, Objective, Rates
 from madmax_opt.model.plan_settings import (
+    PARALLEL_DEGREES,
     degree_settings,
+    parallel_degrees,
     plan_text,
     settings,
+    shared_degrees,
     training_only_settings,
 )
 from madmax_opt.model.problem import Problem
-from madmax_opt.model.spec import Plan, System
+from madmax_opt.model.spec import Plan, System, TrainingDegree
 from madmax_opt.report.fleet_report import PLAN_COLUMNS
 from madmax_opt.search.serving import solve_result, solve_serving
 from madmax_opt.search.serving_space import TRAINING_KNOBS, ServingModel
@@ -40,7 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_a_knob_declared_on_the_plan_model_reaches_labels_columns_and_serving_refusals() -> None:
     hsdp = create_model("HsdpPlan", __base__=Plan,
-                        hsdp=(PositiveInt, Field(1, description="HSDP: replicas of the sharded model")))
+                        hsdp=(TrainingDegree, Field(1, description="HSDP: replicas of the sharded model")))
+    assert parallel_degrees(hsdp) == (*PARALLEL_DEGREES, "hsdp")  # a process group (sized like a GPU count)
+    assert "hsdp" not in shared_degrees(hsdp)  # a serving plan does not share it
     assert [s.name for s in settings(hsdp)][-1] == "hsdp"
     assert "hsdp" in degree_settings(hsdp)  # an array column of the plan (CSV, plan arrays, sensitivity)
     assert plan_text({"dp": 8, "tp": 2, "pp": 1, "hsdp": 4}, hsdp) == "dp8 tp2 pp1 hsdp4"
@@ -55,6 +61,18 @@ def test_every_knob_list_is_the_registry() -> None:
     assert degrees == PLAN_COLUMNS  # the fleet CSV (its ep column was once always empty)
     assert tuple(d for d in degrees if d != "ep") == KNOBS  # bench-solver's exhaustive peer (a dense model)
     assert training_only_settings() == TRAINING_KNOBS  # serving refusals
+    assert {d: bounds()[d].limit for d in PARALLEL_DEGREES} == dict.fromkeys(PARALLEL_DEGREES, bounds()["gpus"].limit)
+
+
+def test_the_bounds_table_in_the_docs_is_the_bounds() -> None:
+    """docs/limits.md lists every bounded field once with its limit (degrees from the registry included)."""
+    table = {}
+    for row in (ROOT / "docs" / "limits.md").read_text().splitlines():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            for name in re.findall(r"`([a-z_]+)`", cells[0]):
+                table[name] = float(cells[1].replace(",", ""))
+    assert table == {name: b.limit for name, b in bounds().items()}
 
 
 J_PER_KWH = 3.6e6

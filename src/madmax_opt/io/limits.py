@@ -2,7 +2,8 @@
 
 Each bound sits about 100x beyond the largest system or model of 2025-26 (the "today" column), so a user never
 meets one by accident, while a typo (``layers: 1000000000``) or a fuzzer's value gets a one-line error instead of
-an hour-long loop, a memory error or an integer overflow. The README's table is generated from :data:`BOUNDS`.
+an hour-long loop, a memory error or an integer overflow. docs/limits.md tabulates :func:`bounds` (a test keeps the
+two equal).
 Booleans are not counts (``gpus: true`` is a type error, not one GPU) and every float must be finite.
 """
 
@@ -11,9 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from madmax_opt.core.degrees import PARALLEL_DEGREES
 from madmax_opt.core.errors import ProblemError
 
 
@@ -34,11 +35,10 @@ _EXPERTS = Bound(50_000, "384 experts (Kimi K2)")
 _TOKENS = Bound(100_000_000, "1-10 M tokens of context")
 _BATCH = Bound(100_000_000, "~16 k sequences (LLM) or 256 k samples (DLRM) per step")
 
-BOUNDS: dict[str, Bound] = {
-    # cluster sizes and parallel degrees (problem, plan and sweep files)
+_FIXED_BOUNDS: dict[str, Bound] = {
+    # cluster sizes (problem, plan and sweep files); the parallel degrees join them in bounds()
     "gpus": _GPUS, "max_gpus": _GPUS, "supply": _GPUS, "start": _GPUS, "stop": _GPUS, "step": _GPUS,
     "size": _GPUS, "gpus_per_node": _GPUS, "node": _GPUS,
-    **dict.fromkeys(PARALLEL_DEGREES, _GPUS),  # the plan-settings registry's degrees
     "vpp": _LAYERS,
     # transformer shapes
     "layers": _LAYERS, "frozen_layers": _LAYERS, "stage_layers": _LAYERS,
@@ -63,6 +63,18 @@ BOUNDS: dict[str, Bound] = {
     "column_splits": Bound(100_000, "2-8 column shards"),
 }
 
+
+
+@cache
+def bounds() -> dict[str, Bound]:
+    """Every bounded field name and its bound: the fixed ones above plus each parallel degree of the plan-settings
+    registry, bounded like a GPU count (it sizes a process group). Read when the first file is checked, so that
+    starting the command line loads no plan model (tests/test_layers.py)."""
+    from madmax_opt.model.plan_settings import PARALLEL_DEGREES  # a plan field marked ProcessGroup
+
+    return {**_FIXED_BOUNDS, **dict.fromkeys(PARALLEL_DEGREES, _GPUS)}
+
+
 # DLRM table placement builds one CP-SAT variable per (table group, sharding, GPU): 16,384 GPUs solve in ~50 s on
 # 2 cores (4,096 in ~25 s), so recommenders are bounded at 16x today's largest run (1,024 ZionEX GPUs, Mudigere et
 # al. 2022) rather than 100x
@@ -82,7 +94,7 @@ def check_input(data: Any, *, file: str | None, prefix: str = "") -> None:
     deep nesting in a parsed file (before pydantic sees it, so no validator loops over it)."""
     for path, key, value in _leaves(data, prefix, file=file):
         field = path or None
-        bound = BOUNDS.get(key) if key is not None else None
+        bound = bounds().get(key) if key is not None else None
         if isinstance(value, bool):
             continue
         number = _number(value) if bound is not None else value
@@ -103,7 +115,7 @@ def check_booleans(data: Any, flags: frozenset[str], *, file: str | None, prefix
     for path, key, value in _leaves(data, prefix, file=file, check_lists=False):
         name = path.rsplit(".", 1)[-1].split("[", 1)[0]
         if isinstance(value, bool) and name not in flags:
-            bound = BOUNDS.get(key) if key is not None else None
+            bound = bounds().get(key) if key is not None else None
             allowed = _allowed(key, bound) if bound is not None else "a number, not true/false"
             raise ProblemError(f"wrong type (got {str(value).lower()}); allowed: {allowed}", file=file,
                                field=path or None)
@@ -161,7 +173,7 @@ def _leaves(
         if isinstance(node, dict):
             for k, v in reversed(list(node.items())):
                 name = str(k)
-                stack.append((v, f"{path}.{name}" if path else name, name if name in BOUNDS else None, depth + 1))
+                stack.append((v, f"{path}.{name}" if path else name, name if name in bounds() else None, depth + 1))
         elif isinstance(node, list | tuple):
             limit = MAX_CLUSTER_SIZES if key == "gpus" and depth > 0 else MAX_LIST
             if check_lists and len(node) > limit:

@@ -13,11 +13,32 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
-from madmax_opt.core.degrees import PARALLEL_DEGREES, SHARED_DEGREES
-from madmax_opt.model.spec import Plan
+from madmax_opt.model.spec import Plan, ProcessGroup
 
-__all__ = ["PARALLEL_DEGREES", "SHARED_DEGREES", "Setting", "degree_settings", "plan_text", "settings",
-           "training_only_degrees", "training_only_settings"]
+__all__ = ["PARALLEL_DEGREES", "SHARED_DEGREES", "Setting", "degree_settings", "parallel_degrees", "plan_text",
+           "process_group", "settings", "shared_degrees", "training_only_degrees", "training_only_settings"]
+
+
+def process_group(name: str, model: type[BaseModel] = Plan) -> ProcessGroup | None:
+    """The ``ProcessGroup`` mark of a plan field (None for a setting that is not a parallel degree)."""
+    return next((m for m in model.model_fields[name].metadata if isinstance(m, ProcessGroup)), None)
+
+
+@cache
+def parallel_degrees(model: type[BaseModel] = Plan) -> tuple[str, ...]:
+    """The plan fields marked ``ProcessGroup`` (each sizes a process group), in declaration order."""
+    return tuple(n for n in model.model_fields if process_group(n, model) is not None)
+
+
+@cache
+def shared_degrees(model: type[BaseModel] = Plan) -> tuple[str, ...]:
+    """The degrees base training and serving plans share (a serving plan has no context parallelism); a serving
+    plan adds its own settings (search/serving_space.ServingPlan) and refuses every other training setting."""
+    return tuple(n for n in parallel_degrees(model) if (g := process_group(n, model)) and g.serving)
+
+
+PARALLEL_DEGREES: tuple[str, ...] = parallel_degrees()
+SHARED_DEGREES: tuple[str, ...] = shared_degrees()
 
 Kind = Literal["int", "bool", "choice", "name", "list"]
 # Settings a label always shows, even at their default (the three degrees every plan has).
@@ -87,7 +108,7 @@ def degree_settings(model: type[BaseModel] = Plan) -> tuple[str, ...]:
 def training_only_degrees(model: type[BaseModel] = Plan) -> tuple[str, ...]:
     """The array settings of the training plan outside the shared degrees base (cp, vpp, mbs, zero, recompute, sp):
     what a serving plan or a serving space refuses."""
-    return tuple(n for n in degree_settings(model) if n not in SHARED_DEGREES)
+    return tuple(n for n in degree_settings(model) if n not in shared_degrees(model))
 
 
 @cache

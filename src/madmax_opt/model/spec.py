@@ -6,8 +6,9 @@ Everything here is SI units (bytes, seconds, FLOP/s, bytes/s). Catalog names are
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
@@ -41,6 +42,19 @@ class RC(IntEnum):
     NONE = RECOMPUTE_MODES.index("none")
     SELECTIVE = RECOMPUTE_MODES.index("selective")
     FULL = RECOMPUTE_MODES.index("full")
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    """Marks a plan field as a parallel degree: it sizes a process group, so input files bound it like a GPU count
+    (io/limits) and the plan-settings registry lists it (model/plan_settings.PARALLEL_DEGREES); ``serving``: a
+    serving plan shares it (plan_settings.SHARED_DEGREES), otherwise a serving plan refuses it."""
+
+    serving: bool = True
+
+
+Degree = Annotated[PositiveInt, ProcessGroup()]  # a degree training and serving plans share
+TrainingDegree = Annotated[PositiveInt, ProcessGroup(serving=False)]  # a degree only training plans have
 
 # ----------------------------------------------------------------------------------------------- models
 
@@ -352,16 +366,16 @@ def min_stage_layers(stage: int, pp: int, vpp: int) -> int:
 class Plan(Strict):
     """A parallelization plan (the public names). ``system`` picks the hardware option by name."""
 
-    dp: PositiveInt = 1
-    tp: PositiveInt = 1
-    pp: PositiveInt = 1
-    cp: PositiveInt = 1
+    dp: Degree = 1
+    tp: Degree = 1
+    pp: Degree = 1
+    cp: TrainingDegree = 1
     vpp: PositiveInt = 1
     mbs: PositiveInt = 1
     zero: int = Field(0, ge=0, le=3)
     recompute: Recompute = "none"
     sp: bool = False
-    ep: PositiveInt = Field(1, description="expert parallelism (MoE): experts sharded over ep ranks of dp x cp")
+    ep: Degree = Field(1, description="expert parallelism (MoE): experts sharded over ep ranks of dp x cp")
     system: str | None = None
     batch: PositiveInt | None = Field(None, description="inference: concurrent sequences per replica (dp replicas)")
     stage_layers: list[PositiveInt] | None = Field(

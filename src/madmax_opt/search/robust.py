@@ -18,7 +18,9 @@ import numpy as np
 from madmax_opt.analysis.records import Record
 from madmax_opt.model.groups import Groups
 from madmax_opt.model.objectives import Rates, objective_values
+from madmax_opt.model.plan_settings import PARALLEL_DEGREES
 from madmax_opt.model.problem import Problem
+from madmax_opt.model.spec import Plan
 
 
 def objective_value(problem: Problem, rec: Record) -> float:
@@ -26,8 +28,8 @@ def objective_value(problem: Problem, rec: Record) -> float:
     systems = {o.system.name: o.system for o in problem.hardware}
     plan = rec["plan"]
     if plan.get("stage_systems"):  # a mixed pipeline: each stage's GPUs on its own system
-        degrees = (float(plan.get(k, 1)) for k in ("dp", "tp", "pp", "cp", "ep"))
-        names, per = list(plan["stage_systems"]), Groups(*degrees).stage
+        degrees = Plan(**{k: plan[k] for k in PARALLEL_DEGREES if k in plan})
+        names, per = list(plan["stage_systems"]), Groups.of_plan(degrees).stage
     else:
         names, per = [str(plan.get("system") or rec["hardware"]["system"])], float(rec["hardware"]["gpus"])
     listed = tuple(systems[n] for n in dict.fromkeys(names))
