@@ -36,6 +36,7 @@ from madmax_opt.search.placement import (
     int_tables,
     solve_placement,
 )
+from madmax_opt.search.placement_bound import lower_bound, model_variables
 from madmax_opt.search.placement_brute import brute_force_placement, table_choices
 
 MAX_COMBINATIONS = 60_000  # brute-force size per instance (keeps the default suite fast)
@@ -275,3 +276,59 @@ def test_greedy_follows_its_rule() -> None:
             found += 1
             assert list(zip(got.option.tolist(), got.location.tolist(), got.count.tolist(), strict=True)) == want, seed
     assert found >= 20
+
+
+def identical_instance(seed: int) -> Any:
+    """Random identical tables (one group, a multiple of the GPU count) on 2-4 GPUs: greedy deals them evenly."""
+    rng = np.random.default_rng(seed)
+    gpus, node = [(2, 2), (4, 2), (4, 4)][int(rng.integers(3))]
+    lay = layout_of(toy_option(gpus, node, rng), DLRMStack())
+    task = DLRMTask(global_batch=int(rng.choice([256, 1024, 4096])) * 12, kind=str(rng.choice(["train", "inference"])))
+    shardings = sorted(set(rng.choice(list(SHARDINGS), size=int(rng.integers(1, 5)), replace=False)) | {"table_wise"})
+    count = gpus * int(rng.integers(1, 3)) if gpus < 4 else 4
+    table = TableGroup(name="t", count=count, rows=int(rng.integers(1_000, 3_000_000)), dim=int(rng.choice([8, 16])),
+                       pooling=float(rng.integers(1, 60)), precision=str(rng.choice(["fp16", "fp32"])))
+    model = DLRMModel(name="toy", tables=[table], dense_features=16, bottom_mlp={"layers": 2, "width": 32},
+                      top_mlp={"layers": 2, "width": 32}, interaction="cat", dense_precision="bf16")
+    opts = embedding_options(model, task, lay, tuple(shardings), (2,))
+    return int_tables(opts, lay, phase_weights(task), 1e18)
+
+
+def test_lower_bound_is_valid() -> None:
+    """The averaging bound (search/placement_bound.py) never exceeds the brute-force optimum (heterogeneous and
+    identical tables, with and without the greedy plan's lanes); on identical tables it proves greedy optimal
+    often, and then solve_placement returns greedy's plan as optimal without CP-SAT."""
+    proved = 0
+    for seed in SEEDS:
+        for it in (random_instance(seed)[-1], identical_instance(seed)):
+            bf = brute_force_placement(it)
+            if bf is None:
+                continue
+            greedy = greedy_placement(it)
+            assert lower_bound(it) <= bf[0], seed
+            if greedy is None:
+                continue
+            bound = lower_bound(it, greedy)
+            assert bound <= bf[0], seed
+            if bound >= int_objective(it, greedy)[0]:
+                proved += 1
+                res = solve_placement(it)
+                assert res is not None and res.status == "optimal" and res.objective == bf[0], seed
+                assert res.bound == res.objective and res.variables == model_variables(it)
+                for a, b in ((res.shards.option, greedy.option), (res.shards.location, greedy.location),
+                             (res.shards.count, greedy.count)):
+                    assert a.tolist() == b.tolist(), seed
+    assert proved >= 10
+
+
+def test_model_variables_counted() -> None:
+    """model_variables counts exactly the variables PlacementModel builds (random instances, the paper models)."""
+    instances = [random_instance(seed)[-1] for seed in range(30)] + [identical_instance(s) for s in range(30)]
+    for model, gpus in (("dlrm-a", 128), ("dlrm-i", 96)):
+        p = dlrm_problem_from_dict({"model": model, "hardware": {"system": "zionex", "gpus": gpus},
+                                    "task": {"global_batch": 61440}})
+        lay = layout_of(p.hardware[0], p.stack)
+        opts = embedding_options(p.model, p.task, lay, capacity_bytes=lay.capacity_bytes)
+        instances.append(int_tables(opts, lay, phase_weights(p.task), lay.capacity_bytes))
+    for i, it in enumerate(instances):
+        assert model_variables(it) == len(PlacementModel(it).model.proto.variables), i

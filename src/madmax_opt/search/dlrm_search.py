@@ -38,16 +38,13 @@ from madmax_opt.model.problem import DLRMProblem
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.placement import (
-    MEMORY,
-    IntTables,
     PlacementModel,
     PlacementResult,
     greedy_placement,
-    int_objective,
-    int_tables,
     solve_placement,
 )
 from madmax_opt.search.placement_brute import brute_force_placement
+from madmax_opt.search.placement_ints import MEMORY, IntTables, int_objective, int_tables
 
 # ===================================================================================== DLRM search
 

@@ -16,7 +16,8 @@ CP-SAT chooses, for every table group, how many tables take each option and wher
 
 The greedy baseline (what common planners do): every table table-wise, largest table first, to the GPU with the
 least load so far (lookup + its own communication) that still has memory room. It is also the solver's hint, so
-the solver never returns worse. The brute force (search/placement_brute.py) enumerates every option of every table
+the solver never returns worse; when an averaging lower bound (search/placement_bound.py) reaches its objective it
+is the optimum without a solve. The brute force (search/placement_brute.py) enumerates every option of every table
 (small instances only) over the same integer coefficients: the exactness reference."""
 
 from __future__ import annotations
@@ -29,9 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from madmax_opt.core.errors import InternalError
-from madmax_opt.core.numeric import IntArr
-from madmax_opt.core.units import MB, NS
-from madmax_opt.model.dlrm import Layout
+from madmax_opt.core.units import NS as NS  # re-exported (tests)
 from madmax_opt.model.dlrm_embedding import (
     COLLECTIVE_KIND,
     COLLECTIVE_LANES,
@@ -39,7 +38,6 @@ from madmax_opt.model.dlrm_embedding import (
     SELF,
     TERM_INDEX,
     TERMS,
-    EmbeddingOptions,
     ShardArrays,
     collective_maxima,
     collectives_used,
@@ -50,48 +48,12 @@ from madmax_opt.search.cpsat import gap as relative_gap
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.cpsat import run as cpsat_run
 from madmax_opt.search.ortools_import import load_cp_model
+from madmax_opt.search.placement_bound import lower_bound, model_variables
+from madmax_opt.search.placement_ints import MEMORY, IntTables, int_objective
+from madmax_opt.search.placement_ints import int_tables as int_tables  # re-exported (report, tests)
 
 if TYPE_CHECKING:  # imported where a CP-SAT model is built (search/ortools_import.py: without pandas)
     from ortools.sat.python import cp_model
-
-MEMORY = TERM_INDEX["memory"]
-
-
-# ===================================================================================== integer tables
-
-
-@dataclass(frozen=True)
-class IntTables:
-    """The placement instance in integers: coefficients (options, terms, 3), latencies, weights, capacity."""
-
-    opts: EmbeddingOptions
-    coef: IntArr
-    latency: dict[str, int]
-    weights: dict[str, int]
-    capacity_mb: int  # per GPU, for embeddings (HBM minus reserve minus the dense part)
-    layout: Layout
-
-
-def int_tables(opts: EmbeddingOptions, lay: Layout, weights: dict[str, int], capacity_bytes: float) -> IntTables:
-    """Round every coefficient once: times to the nearest ns, memory up to whole MB (so an integer-feasible plan
-    is feasible in bytes); capacity down to whole MB."""
-    seconds = opts.coef.copy()
-    seconds[:, MEMORY, :] = 0.0  # bytes: rounded separately (bytes x 1e9 would overflow int64)
-    coef = np.rint(seconds * NS).astype(np.int64)
-    coef[:, MEMORY, :] = np.ceil(opts.coef[:, MEMORY, :] / MB - 1e-9).astype(np.int64)
-    latency = {c: round(v * NS) for c, v in opts.latency_s.items()}
-    return IntTables(opts, coef, latency, weights, int(np.floor(capacity_bytes / MB)), lay)
-
-
-def int_objective(it: IntTables, shards: ShardArrays) -> tuple[int, bool]:
-    """(integer objective in ns, memory-feasible) of a placement: the same arithmetic CP-SAT optimises."""
-    totals = per_gpu_terms(it.coef, it.opts.options, shards, it.layout)
-    mx = collective_maxima(totals)
-    used = collectives_used(it.opts.options, shards)
-    obj = sum(it.weights[k] * int(mx[k]) for k in LOOKUPS)
-    obj += sum(it.weights[c] * (int(mx[c]) + (it.latency[c] if c in used else 0)) for c in COLLECTIVE_LANES)
-    return obj, bool(totals[MEMORY].max() <= it.capacity_mb)
-
 
 # ============================================================================================ greedy
 
@@ -371,7 +333,9 @@ def solve_placement(
 ) -> PlacementResult | None:
     """Minimise the integer placement objective under per-GPU memory; None when no placement fits.
 
-    Two phases (measured, ortools 9.15, on random small instances, DLRM-A/I at 96-512 GPUs, 50-200 heterogeneous
+    When the averaging lower bound (search/placement_bound.py) reaches the greedy plan's objective, the greedy
+    plan is the proven optimum and no CP-SAT model is built (identical tables dealt evenly: every example's
+    table-wise optimum). Otherwise two phases (measured, ortools 9.15, on random small instances, DLRM-A/I at 96-512 GPUs, 50-200 heterogeneous
     tables): (1) one worker following the decision strategies with quick restarts and the full LP relaxation
     proves every small and every grouped instance within PROOF_PHASE_LIMIT deterministic units: the first
     QUICK_PROOF_LIMIT units without presolve (the easy instances), the rest with presolve minus its symmetry
@@ -379,15 +343,20 @@ def solve_placement(
     (interleaved: deterministic with one worker) continues from the best plan for the rest of ``time_limit_s`` (or
     ``deterministic_limit`` units). The greedy plan is the first hint; the result is never worse than greedy.
     """
-    load_cp_model()  # without pandas (search/ortools_import.py)
-    from ortools.sat.python import cp_model
-
     t0 = time.perf_counter()
     opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
     time_limit_s = opts.time_limit_s
-    pm = PlacementModel(it)
     greedy = greedy_placement(it)
     greedy_obj = int_objective(it, greedy)[0] if greedy is not None else None
+    if greedy is not None and greedy_obj is not None and lower_bound(it, greedy) >= greedy_obj:
+        # the averaging bound (search/placement_bound.py) proves the greedy plan optimal: no CP-SAT model
+        return PlacementResult(shards=greedy, status="optimal", objective=greedy_obj, bound=float(greedy_obj),
+                               wall_s=time.perf_counter() - t0, variables=model_variables(it), greedy=greedy,
+                               greedy_objective=greedy_obj)
+    load_cp_model()  # without pandas (search/ortools_import.py); only where a model is built
+    from ortools.sat.python import cp_model
+
+    pm = PlacementModel(it)
     best: tuple[int, ShardArrays] | None = (greedy_obj, greedy) if greedy is not None and greedy_obj is not None \
         else None
     first = PROOF_PHASE_LIMIT if deterministic_limit is None else min(PROOF_PHASE_LIMIT, deterministic_limit)

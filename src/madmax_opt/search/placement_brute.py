@@ -17,7 +17,7 @@ from madmax_opt.model.dlrm_embedding import (
     collectives_used,
     per_gpu_terms,
 )
-from madmax_opt.search.placement import MEMORY, IntTables
+from madmax_opt.search.placement_ints import MEMORY, IntTables
 
 
 def table_choices(it: IntTables) -> list[list[tuple[int, tuple[int, ...]]]]:
