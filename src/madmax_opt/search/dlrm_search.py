@@ -62,8 +62,10 @@ class OptionResult:
 
 
 def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, shards: ShardArrays,
-            dense_plans: DensePlans, i: int, times: EmbeddingTimes) -> dict[str, Any]:
-    """The exact (float) evaluation of dense plan ``i`` with placement ``shards`` as a JSON-ready record."""
+            dense_plans: DensePlans, i: int, times: EmbeddingTimes,
+            placement: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The exact (float) evaluation of dense plan ``i`` with placement ``shards`` as a JSON-ready record
+    (``placement``: compact_placement of ``shards`` when already computed; a copy goes into the record)."""
     wl = lower(problem.model)
     one = DensePlans(dense_plans.strategy[i:i + 1], dense_plans.tp[i:i + 1], dense_plans.ep[i:i + 1])
     dt = dense_terms(wl, problem.task, problem.stack, lay, one)
@@ -87,7 +89,8 @@ def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, 
     exposed_a2a = t["a2a_fwd"][0] + t["a2a_bwd"][0]
     rec: dict[str, Any] = {
         "plan": {"system": opt.system.name, "gpus": opt.gpus, "dense": one.plan(0).model_dump(),
-                 "placement": compact_placement(shards, opts, problem.model)},
+                 "placement": [dict(e) for e in placement] if placement is not None
+                 else compact_placement(shards, opts, problem.model)},
         "hardware": {"system": opt.system.name, "gpu": opt.gpu.name, "gpus": opt.gpus},
         "feasible": not reasons,
         "infeasible_reason": "; ".join(reasons) or None,
@@ -165,20 +168,26 @@ def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, 
     opts = embedding_options(problem.model, task, lay, shardings, tuple(problem.space.column_splits), loosest)
     weights = phase_weights(task)
     solved: dict[int, PlacementResult | None] = {}
+    evaluated: dict[int, tuple[EmbeddingTimes, list[dict[str, Any]]]] = {}  # per placement (id): its times, plan
+    peak_mb: dict[int, int] = {}  # per placement (id)
     best: dict[str, Any] | None = None
     first: PlacementResult | None = None
     for i in sorted(ok.tolist(), key=lambda k: -budget[k]):
         it = int_tables(opts, lay, weights, float(budget[i]))
-        res = next((r for r in solved.values() if r is not None
-                    and int(per_gpu_terms(it.coef, opts.options, r.shards, lay)[MEMORY].max()) <= it.capacity_mb),
-                   None)
+        res = next((r for r in solved.values() if r is not None and peak_mb[id(r)] <= it.capacity_mb), None)
         if res is None and it.capacity_mb not in solved:
             res = solve_placement(it, cpsat=solver_opts)
             solved[it.capacity_mb] = res
+            if res is not None:  # its busiest GPU's embedding memory, MB (it.coef is the same for every budget)
+                peak_mb[id(res)] = int(per_gpu_terms(it.coef, opts.options, res.shards, lay)[MEMORY].max())
         if res is None:
             continue
         first = first or res
-        rec = _record(problem, hw, lay, opts, res.shards, dense, i, embedding_times(opts, res.shards, lay))
+        if id(res) not in evaluated:  # the same placement under several dense plans: evaluated once
+            evaluated[id(res)] = (embedding_times(opts, res.shards, lay), compact_placement(res.shards, opts,
+                                                                                           problem.model))
+        times, placement = evaluated[id(res)]
+        rec = _record(problem, hw, lay, opts, res.shards, dense, i, times, placement)
         if _admissible(problem, rec) and (best is None or objective_value(problem, rec) < objective_value(problem,
                                                                                                             best)):
             best = rec

@@ -22,7 +22,6 @@ is the optimum without a solve. The brute force (search/placement_brute.py) enum
 
 from __future__ import annotations
 
-import heapq
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from madmax_opt.core.errors import InternalError
+from madmax_opt.core.numeric import Arr, IntArr
 from madmax_opt.core.units import NS as NS  # re-exported (tests)
 from madmax_opt.model.dlrm_embedding import (
     COLLECTIVE_KIND,
@@ -60,42 +60,52 @@ if TYPE_CHECKING:  # imported where a CP-SAT model is built (search/ortools_impo
 
 def greedy_placement(it: IntTables) -> ShardArrays | None:
     """Every table table-wise: largest (bytes) first, each to the least-loaded GPU (its own lookup and
-    communication time so far, float coefficients) with memory room; None when some table fits nowhere."""
+    communication time so far, float coefficients; ties to the lowest index) with memory room; None when some table
+    fits nowhere. The identical tables of a group are dealt at once (``_deal``)."""
     opts, lay = it.opts, it.layout
     tw = {o.group: i for i, o in enumerate(opts.options) if o.sharding == "table_wise"}
+    if sum(opts.counts[j] for j in tw) != sum(opts.counts):
+        return None  # some group may not be held table-wise (not allowed, or a table exceeds a GPU)
     own_terms = [TERM_INDEX[k] for k in (*LOOKUPS, "tw_in.recv_intra", "tw_in.recv_inter", "tw_out.send_intra",
                                          "tw_out.send_inter")]
-    neg_bytes = {j: -float(opts.coef[o, MEMORY, SELF]) for j, o in tw.items()}
-    order = sorted((neg_bytes[j], j) for j in tw for _ in range(opts.counts[j]))
-    if len(order) != sum(opts.counts):
-        return None  # some group may not be held table-wise (not allowed, or a table exceeds a GPU)
-    cost = {o: float(opts.coef[o, own_terms, SELF].sum()) for o in tw.values()}  # load a table adds
-    size = {o: int(it.coef[o, MEMORY, SELF]) for o in tw.values()}
-    cap = int(it.capacity_mb)
-    mem = [0] * lay.gpus
-    rows = [[0] * lay.gpus for _ in opts.options]  # tables placed per (option, GPU)
-    heap = [(0.0, g) for g in range(lay.gpus)]  # (load, GPU): the least-loaded first, ties to the lowest index
-    for _, j in order:
+    load = np.zeros(lay.gpus)
+    mem = np.zeros(lay.gpus, dtype=np.int64)
+    placed = np.zeros((len(opts.options), lay.gpus), dtype=np.int64)  # tables per (option, GPU)
+    for _, j in sorted((-float(opts.coef[o, MEMORY, SELF]), j) for j, o in tw.items()):  # largest first
         o = tw[j]
-        z, c = size[o], cost[o]
-        if mem[heap[0][1]] + z > cap:
-            full = []  # least-loaded GPUs without room for this table (later, smaller tables may fit): put back
-            while heap and mem[heap[0][1]] + z > cap:
-                full.append(heapq.heappop(heap))
-            if not heap:
-                return None
-            g_load, g = heap[0]
-            heapq.heapreplace(heap, (g_load + c, g))  # pop the least-loaded, push it back with the table
-            for item in full:
-                heapq.heappush(heap, item)
-        else:
-            g_load, g = heap[0]
-            heapq.heapreplace(heap, (g_load + c, g))
-        mem[g] += z
-        rows[o][g] += 1
-    placed = np.array(rows, dtype=np.int64).reshape(len(opts.options), lay.gpus)
+        cost = float(opts.coef[o, own_terms, SELF].sum())  # the load one table adds
+        taken = _deal(load, mem, opts.counts[j], cost, int(it.coef[o, MEMORY, SELF]), int(it.capacity_mb))
+        if taken is None:
+            return None
+        placed[o] = taken
     o_idx, g_idx = np.nonzero(placed)
     return ShardArrays(o_idx.astype(np.int64), g_idx.astype(np.int64), placed[o_idx, g_idx])
+
+
+def _deal(load: Arr, mem: IntArr, count: int, cost: float, size_mb: int, cap_mb: int) -> IntArr | None:
+    """Tables per GPU when ``count`` identical tables go one by one to the least-loaded GPU (ties: lowest index)
+    with memory room; ``load`` and ``mem`` are updated in place. One by one, GPU g's k-th table arrives at load
+    load_g + cost + ... + cost (k-1 additions, in this order), so the tables go to the ``count`` smallest
+    (load, GPU) pairs over all GPUs (a k-way merge); a GPU has room for (cap - mem) // size of them."""
+    n = len(load)
+    room = np.clip((cap_mb - mem) // size_mb if size_mb > 0 else np.full(n, count), 0, count)
+    if int(room.sum()) < count:
+        return None
+    spread = (load.max() - load.min()) / cost if cost > 0 else float(count)
+    width = min(count, -(-count // n) + int(min(spread, count)) + 1)  # pairs per GPU that can be among the smallest
+    while True:
+        keys = np.full((n, width + 1), cost)
+        keys[:, 0] = load
+        np.add.accumulate(keys, axis=1, out=keys)  # sequential: the same floats as adding one table at a time
+        gpu, k = np.nonzero(np.arange(width)[None, :] < room[:, None])
+        first = np.lexsort((gpu, keys[gpu, k]))[:count]
+        taken = np.bincount(gpu[first], minlength=n)
+        if width == count or not np.any((taken == width) & (room > width)):
+            break
+        width = min(2 * width, count)  # a GPU took every pair it was given: look further
+    load[:] = keys[np.arange(n), taken]
+    mem += taken * size_mb
+    return taken
 
 
 # =========================================================================================== CP-SAT
