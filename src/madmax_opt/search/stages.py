@@ -56,6 +56,7 @@ from madmax_opt.search.space import enumerate_plans
 from madmax_opt.search.stage_bounds import shape_key, strong_bounds
 from madmax_opt.search.stage_compositions import Composition, compositions, stage_supply
 from madmax_opt.search.stage_limits import StepLimits, usd_per_hour
+from madmax_opt.search.stage_split_bound import SplitProofs
 
 if TYPE_CHECKING:  # imported where a CP-SAT model is built (search/ortools_import.py: without pandas)
     from ortools.sat.python import cp_model
@@ -263,10 +264,12 @@ def _solve_base(
     counts: dict[int, int] | None = None,
     vpp: int = 1,
     cap: int | None = None,
+    proofs: SplitProofs | None = None,
 ) -> tuple[str, float | None, list[int], int]:
     """CP-SAT over one base (``counts``: stages per hardware choice, when fixed); returns (status, step_us, chosen
     row indices, booleans). Only plans strictly faster than ``incumbent_us`` are of interest, and with p v T at most
-    ``cap`` (the problem's step-time constraints, stage_limits.py)."""
+    ``cap`` (the problem's step-time constraints, stage_limits.py). ``proofs``: what earlier models of the search
+    proved, consulted and extended (stage_split_bound.py)."""
     load_cp_model()  # without pandas (search/ortools_import.py)
     from ortools.sat.python import cp_model
 
@@ -299,11 +302,16 @@ def _solve_base(
         live = np.flatnonzero(row_lb <= limit)
         if any(not np.any(stage_all[live] == s) for s in range(p)):
             return "infeasible", None, [], 0
+        # the same rows: a bound proven on a superset, or by a dynamic programme per tmax (stage_split_bound.py)
+        if proofs is not None and proofs.excludes(cand, live, p, layers, coeff, limit, supply or [], counts):
+            return "infeasible", None, [], 0  # no split within the limit: CP-SAT would prove it infeasible
     mdl, x, objective = stage_model(cand, live, p, layers, supply, counts, vpp)
     mdl.minimize(objective)
     if limit is not None:
         mdl.add(objective <= limit)  # only strictly better plans within the constraints are of interest
     st, solver = cpsat_run(mdl, cpsat, "uneven-stage")
+    if proofs is not None and limit is not None and st in (cp_model.INFEASIBLE, cp_model.OPTIMAL):
+        proofs.proved(limit + 1 if st == cp_model.INFEASIBLE else round(solver.objective_value))
     if st == cp_model.INFEASIBLE:
         return "infeasible", None, [], len(x)
     if not has_solution(st):
@@ -392,6 +400,7 @@ def solve_uneven(
     best_plan, best_obj, best_us, exact, solved, booleans = None, float(incumbent), None, True, 0, 0
     pruned, out_of_time = 0, False
     open_bound = np.inf  # lowest lower bound of the bases / compositions not solved to optimality
+    proofs = SplitProofs()  # lower bounds proven on row sets, reused by later bases (stage_split_bound.py)
     for pos, j in enumerate(order):
         if lb[j] >= best_obj:
             pruned += len(order) - pos
@@ -427,7 +436,7 @@ def solve_uneven(
             status, step_us, chosen, nb = _solve_base(
                 cand, int(base.pp[0]), model.workload.layers, best_obj / rate - margin_us,
                 opts.with_time_limit(remaining),
-                supply, counts, vpp=int(base.vpp[0]), cap=cap,
+                supply, counts, vpp=int(base.vpp[0]), cap=cap, proofs=proofs,
             )
             solved += 1
             booleans = max(booleans, nb)

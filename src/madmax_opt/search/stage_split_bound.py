@@ -1,0 +1,168 @@
+"""Exact pruning inside one base of the uneven search: a lower bound on CP-SAT's objective over the base's own rows.
+
+``stages._solve_base`` minimises, over one candidate row per stage (layers n_s, recompute, hardware; time t_s, DP
+sync dp_s, optimizer opt_s in integer microseconds), the integer form of model/step_time.py
+
+    p v T = a tmax + b sum_s t_s + c dpmax + d optmax      (a = p v m, b = p - 1, c = d = p v; all >= 0)
+
+with sum_s n_s = L and per GPU type at most its supply's stages (a fixed composition: exactly k_h stages on h), and
+only plans with p v T <= ``limit`` are of interest. dpmax >= the mean of dp_s and optmax likewise, so with a row's
+cost w = p b t + c dp + d opt,
+
+    p x p v T >= p a tmax + sum_s w_s >= p a tmax + Q(tau)    for every split with tmax <= tau,
+
+where Q(tau) is the least sum_s w_s over one row per stage with t <= tau, layers summing to L and the stages on one
+tracked GPU type within its limits: an exact dynamic programme over stages x layers x stages on that type (with
+several limited types, each is tracked in turn and the largest Q kept: each drops the other limits). Q is
+nonincreasing in tau, so every split whose tmax lies in [x, y] has p x p v T >= p a x + Q(y).
+
+tmax is one of the rows' times, and only times where the rows can hold the L layers (``_can_hold``) and p a tmax
+plus the least possible sum of costs stays within p x ``limit`` are possible. That range is split until every part's
+bound exceeds p x ``limit`` (no split is within it: CP-SAT would prove the model infeasible) or a part down to one
+time is still within it (``split_bound_exceeds`` answers False and CP-SAT runs as before). Every quantity is an
+integer below 2^53 held in float64, so the comparisons are exact.
+
+``SplitProofs`` keeps what each model of one search proved (its optimum, or that nothing is within its limit) about
+its set of rows, as value tuples (stage, layers, hardware, t, dp, opt): a later model with the same step form and
+stage limits whose rows are a subset of such a set has no split below that bound either (every one of its splits is
+a split of the larger set, of equal objective). Bases that differ only where the objective does not see it (ZeRO-1
+vs ZeRO-2 with the same times: ZeRO-2 fits a superset of rows, and the rows within the limit are the same) then
+need no second CP-SAT proof.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from madmax_opt.core.numeric import Arr, IntArr
+
+ROW_FIELDS = ("stage", "layers", "hw", "t_us", "dp_us", "opt_us")  # what a row is to the objective
+
+POINTS = 128  # thresholds evaluated per round (one batched dynamic programme)
+ROUNDS = 6  # refinements of the thresholds' range before giving up (CP-SAT then decides)
+BoolArr = NDArray[np.bool_]
+Track = tuple[BoolArr, int, int]  # rows on one GPU type (bool per row), least and most stages on it
+
+
+def _least_sums(stage: IntArr, layers_of: IntArr, t: Arr, cost: Arr, track: Track, p: int, layers: int,
+                taus: Arr) -> Arr:
+    """[tau]: the least sum of ``cost`` over one row per stage with t <= tau, layers summing to ``layers`` and the
+    stages on the tracked type within its limits (inf where none)."""
+    tracked, lo, hi = track
+    k = min(hi, p) + 1  # stages on the tracked type so far: 0..hi (more cannot lead to a valid split)
+    if lo >= k:
+        return np.full(len(taus), np.inf)
+    on = tracked.astype(np.int64)
+    i, r = np.nonzero(t[None, :] <= taus[:, None])  # (threshold, row) pairs: the rows each threshold admits
+    best = np.full((len(taus), p, 2, layers + 1), np.inf)  # least cost per (threshold, stage, tracked, layers)
+    np.minimum.at(best, (i, stage[r], on[r], layers_of[r]), cost[r])
+    have = np.isfinite(best).any(axis=0)  # [stage, tracked, layers]
+    held = [np.flatnonzero(have[s].any(axis=0)) for s in range(p)]
+    fewest = np.array([h.min(initial=layers + 1) for h in held])
+    most = np.array([h.max(initial=-1) for h in held])
+    v = np.full((len(taus), k, layers + 1), np.inf)
+    v[:, 0, 0] = 0.0
+    low = high = 0  # layers the stages so far can hold (and still leave the others a count they can hold)
+    for s in range(p):
+        nxt = np.full_like(v, np.inf)
+        new_low = max(low + int(fewest[s]), layers - int(most[s + 1 :].sum()))
+        new_high = min(high + int(most[s]), layers - int(fewest[s + 1 :].sum()))
+        for g in range(min(2, k)):
+            for n in np.flatnonzero(have[s, g]).tolist():
+                first, last = max(new_low, low + n), min(new_high, high + n)  # layers after this stage
+                if first <= last:
+                    np.minimum(nxt[:, g:, first : last + 1],
+                               v[:, : k - g, first - n : last + 1 - n] + best[:, s, g, n, None, None],
+                               out=nxt[:, g:, first : last + 1])
+        v, low, high = nxt, new_low, new_high
+        if low > high:
+            return np.full(len(taus), np.inf)
+    return v[:, lo:, layers].min(axis=1)
+
+
+def _can_hold(stage: IntArr, layers_of: IntArr, t: Arr, p: int, layers: int, tracks: list[Track],
+              taus: Arr) -> BoolArr:
+    """[tau]: whether rows with t <= tau, each stage at its most layers, can make up ``layers`` (necessary for a split
+    with tmax <= tau; per tracked type, between lo and hi stages on it, as ``stage_bounds.least_max_mixed``)."""
+    none = -10 * (layers + 1) * p  # no row within tau: far below any count
+    ok = np.ones(len(taus), dtype=bool)
+    for on, lo, hi in tracks:
+        most = np.full((2, len(taus), p), none)  # [off / on the type, tau, stage]
+        for g in (0, 1):
+            for s in range(p):
+                rows = np.flatnonzero((stage == s) & (on == bool(g)))
+                within = t[rows][None, :] <= taus[:, None]
+                most[g, :, s] = np.where(within, layers_of[rows][None, :], none).max(axis=1, initial=none)
+        gain = -np.sort(-(most[1] - most[0]), axis=1)  # largest first: moving a stage onto the type
+        total = most[0].sum(axis=1) + gain[:, :lo].sum(axis=1) + np.maximum(gain[:, lo:hi], 0).sum(axis=1)
+        ok &= total >= layers
+    return ok
+
+
+def split_bound_exceeds(
+    stage: IntArr, layers_of: IntArr, t: Arr, dp: Arr, opt: Arr, hw: IntArr, p: int, layers: int,
+    coeff: dict[str, int], limit: int, groups: list[tuple[list[int], int, int]],
+) -> bool:
+    """True when every split of these rows (one per stage; ``groups``: hardware options, least and most stages on
+    them) has a p v T above ``limit`` (``coeff``: the integer form's coefficients, model/step_time.py)."""
+    a, b, c, d = (float(coeff[k]) for k in ("stage_max", "stage_sum", "dp_max", "optimizer_max"))
+    tracks: list[Track] = [(np.isin(hw, hws), lo, hi) for hws, lo, hi in groups if lo > 0 or hi < p] or [
+        (np.zeros(len(t), dtype=bool), 0, 0)]
+    cost = p * b * t + c * dp + d * opt  # p x a row's share of b sum t + c dpmax + d optmax (maxima >= means)
+    top = float(p) * limit
+
+    def least(taus: Arr) -> Arr:
+        return np.max([_least_sums(stage, layers_of, t, cost, track, p, layers, taus) for track in tracks], axis=0)
+
+    values = np.unique(t)  # tmax is one of the rows' times
+    rest = sum(float(cost[stage == s].min()) for s in range(p))  # every stage at its cheapest row, any layers
+    values = values[(p * a * values + rest <= top) & _can_hold(stage, layers_of, t, p, layers, tracks, values)]
+    parts = [(0, len(values) - 1)] if len(values) else []
+    for _ in range(ROUNDS):
+        if not parts:
+            return True
+        per = max(1, POINTS // len(parts))
+        pieces = []
+        for x, y in parts:  # [x, y] cut into up to ``per`` pieces, each bounded at its right end
+            ends = np.unique(np.floor(np.linspace(x - 1, y, min(per, y - x + 1) + 1)[1:]).astype(np.int64))
+            pieces += list(zip([x, *(ends[:-1] + 1).tolist()], ends.tolist(), strict=True))
+        lows = p * a * values[[x for x, _ in pieces]] + least(values[[y for _, y in pieces]])
+        parts = [(x, y) for (x, y), low in zip(pieces, lows.tolist(), strict=True) if low <= top]
+        if any(x == y for x, y in parts):
+            return False  # one tmax whose bound is within the limit: only CP-SAT can decide
+    return not parts
+
+
+class SplitProofs:
+    """Lower bounds on p v T proven over row sets during one uneven search (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._known: list[tuple[tuple[object, ...], frozenset[tuple[float, ...]], float]] = []
+        self._current: tuple[tuple[object, ...], frozenset[tuple[float, ...]]] | None = None
+
+    def excludes(self, cand: dict[str, Arr], live: IntArr, p: int, layers: int, coeff: dict[str, int], limit: int,
+                 supply: list[tuple[list[int], int]], counts: dict[int, int] | None) -> bool:
+        """True when no split of the rows ``live`` of ``cand`` has p v T <= ``limit``: by a bound proven on a
+        superset of them, or by ``split_bound_exceeds``; either way also remembered for later models."""
+        key = (p, layers, tuple(sorted(coeff.items())), tuple((tuple(h), a) for h, a in supply),
+               tuple(sorted((counts or {}).items())))
+        rows = frozenset(zip(*(cand[f][live].tolist() for f in ROW_FIELDS), strict=True))
+        if any(k == key and low > limit and rows <= known for k, known, low in self._known):
+            self._current = None  # nothing new is proven
+            return True
+        self._current = (key, rows)
+        groups = [(hws, 0, allowed) for hws, allowed in supply] + [([h], k, k) for h, k in (counts or {}).items()]
+        proved = split_bound_exceeds(cand["stage"][live].astype(np.int64), cand["layers"][live].astype(np.int64),
+                                     cand["t_us"][live], cand["dp_us"][live], cand["opt_us"][live],
+                                     cand["hw"][live].astype(np.int64), p, layers, coeff, limit, groups)
+        if proved:
+            self.proved(limit + 1)
+        return proved
+
+    def proved(self, lower: float) -> None:
+        """Every split of the rows last passed to ``excludes`` has p v T >= ``lower`` (CP-SAT's optimum, or the
+        limit + 1 when it proved nothing within the limit)."""
+        if self._current is not None:
+            self._known.append((*self._current, lower))
+            self._current = None
