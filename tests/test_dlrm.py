@@ -427,3 +427,29 @@ def test_shipped_dlrm_problems_load_and_the_plan_evaluates() -> None:
     # 4064 tables x 2.08 M rows / 8 GPUs x (188 B + 4 B state) = 203 GB of rows per GPU of node 0: infeasible
     assert not rec["feasible"] and "exceeds usable capacity" in rec["infeasible_reason"]
     assert rec["memory_bytes_per_gpu"]["embedding_max"] > 4064 * 2.08e6 / 8 * 192
+
+
+def test_dense_terms_of_one_plan_equal_its_row() -> None:
+    """DenseTerms.take(i), the row search_option evaluates, equals dense_terms of plan i alone to the bit (every
+    catalog model, training and inference, 8-512 GPUs, every dense plan of the default space)."""
+    from madmax_opt.model.dlrm_dense import enumerate_dense
+    from madmax_opt.model.dlrm_spec import DLRMSpace
+
+    checked = 0
+    for name in dlrm_models():
+        for gpus, kind in ((8, "train"), (96, "inference"), (512, "train")):
+            p = dlrm_problem_from_dict({"model": name, "hardware": {"system": "zionex", "gpus": gpus},
+                                        "task": {"global_batch": 61440 * 4, "kind": kind}})
+            lay = layout_of(p.hardware[0], p.stack)
+            plans = enumerate_dense(DLRMSpace(), p.model, lay)
+            every = dense_terms(lower(p.model), p.task, p.stack, lay, plans)
+            for i in range(len(plans)):
+                one = DensePlans(plans.strategy[i:i + 1], plans.tp[i:i + 1], plans.ep[i:i + 1])
+                alone, row = dense_terms(lower(p.model), p.task, p.stack, lay, one), every.take(i)
+                for field in DenseTerms.__dataclass_fields__:
+                    a, b = getattr(alone, field), getattr(row, field)
+                    pairs = [(a[k], b[k]) for k in a] if field == "memory" else [(a, b)]
+                    for x, y in pairs:
+                        assert x.tobytes() == y.tobytes(), (name, gpus, i, field)
+                checked += 1
+    assert checked >= 100

@@ -3,7 +3,7 @@ parallelism, vectorised over dense plans, and the step time that joins them with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -101,6 +101,15 @@ class DenseTerms:
     @property
     def memory_bytes(self) -> Arr:
         return np.sum(list(self.memory.values()), axis=0)
+
+    def take(self, i: int) -> DenseTerms:
+        """Plan ``i`` alone (arrays of length 1): the same floats as ``dense_terms`` of that plan alone, which is
+        elementwise over plans (+, -, x, /, min, max, floor, where)."""
+        def one(a: Any) -> Any:
+            return a[i:i + 1]
+
+        return DenseTerms(**{f.name: one(getattr(self, f.name)) for f in fields(self) if f.name != "memory"},
+                          memory={k: one(v) for k, v in self.memory.items()})
 
 
 def dense_peak_flops(gpu: GPU, precision: str, stack: DLRMStack) -> float:

@@ -14,6 +14,7 @@ from madmax_opt.model.dlrm import Layout, layout_of, lower
 from madmax_opt.model.dlrm_dense import (
     DENSE_INVALID,
     DensePlans,
+    DenseTerms,
     dense_peak_flops,
     dense_terms,
     enumerate_dense,
@@ -62,13 +63,13 @@ class OptionResult:
 
 
 def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, shards: ShardArrays,
-            dense_plans: DensePlans, i: int, times: EmbeddingTimes,
+            dense_plans: DensePlans, dense: DenseTerms, i: int, times: EmbeddingTimes,
             placement: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The exact (float) evaluation of dense plan ``i`` with placement ``shards`` as a JSON-ready record
-    (``placement``: compact_placement of ``shards`` when already computed; a copy goes into the record)."""
-    wl = lower(problem.model)
+    """The exact (float) evaluation of dense plan ``i`` (``dense``: dense_terms of ``dense_plans``) with placement
+    ``shards`` as a JSON-ready record (``placement``: compact_placement of ``shards`` when already computed; a copy
+    goes into the record)."""
     one = DensePlans(dense_plans.strategy[i:i + 1], dense_plans.tp[i:i + 1], dense_plans.ep[i:i + 1])
-    dt = dense_terms(wl, problem.task, problem.stack, lay, one)
+    dt = dense.take(i)
     t, hidden = step_terms(dt, times, problem.stack, problem.task)
     step = float(step_time_s(t)[0])
     opt = problem.hardware[hw]
@@ -187,7 +188,7 @@ def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, 
             evaluated[id(res)] = (embedding_times(opts, res.shards, lay), compact_placement(res.shards, opts,
                                                                                            problem.model))
         times, placement = evaluated[id(res)]
-        rec = _record(problem, hw, lay, opts, res.shards, dense, i, times, placement)
+        rec = _record(problem, hw, lay, opts, res.shards, dense, dt, i, times, placement)
         if _admissible(problem, rec) and (best is None or objective_value(problem, rec) < objective_value(problem,
                                                                                                             best)):
             best = rec
@@ -225,7 +226,7 @@ def paper_baseline(problem: DLRMProblem, hw: int, *, lay: Layout | None = None,
         shards = greedy_placement(it)
         if shards is None:
             continue
-        rec = _record(problem, hw, lay, opts, shards, dense, i, embedding_times(opts, shards, lay))
+        rec = _record(problem, hw, lay, opts, shards, dense, dt, i, embedding_times(opts, shards, lay))
         if rec["feasible"] and (best is None or rec["step_time_s"] < best["step_time_s"]):
             best = rec
     return best
@@ -272,7 +273,7 @@ def evaluate_dlrm(problem: DLRMProblem, plans: list[DLRMPlan], source: str | Non
             opts = embedding_options(problem.model, problem.task, lay, splits=splits or (2,))
             prefix = f"[{k}].placement" if len(plans) > 1 else "placement"
             shards = shards_from_plan(plan.placement, problem.model, opts, lay, file=source, field=prefix)
-        out.append(_record(problem, hw, lay, opts, shards, dense, 0, embedding_times(opts, shards, lay)))
+        out.append(_record(problem, hw, lay, opts, shards, dense, dt, 0, embedding_times(opts, shards, lay)))
     return out
 
 
