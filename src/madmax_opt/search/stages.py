@@ -17,8 +17,10 @@ Bases are explored best-first by a valid lower bound, (m + (p - 1)/v)/p * (L * c
 the mean, recomputation and exposed ZeRO-3 traffic only add. A base whose bound is not below the incumbent
 (initially the best uniform plan) cannot improve it, so the search is exact when it finishes within its budget.
 A second bound per base (``stage_bounds.py``: memory, the layer split, DP sync and optimizer; with mixed stages the
-least over the systems a stage may use), computed for all bases at once, skips the bases it proves cannot improve
-the incumbent before their rows are built. The visiting order stays the first bound's, so every base that reaches
+least over the systems a stage may use), computed for the bases ahead in chunks as the search reaches them, skips
+the bases it proves cannot improve the incumbent before their rows are built. Within a base, a bound over its own
+rows and the bounds earlier models proved (``stage_split_bound.py``) skip CP-SAT where it could only prove that
+nothing beats the incumbent. The visiting order stays the first bound's, so every base that reaches
 CP-SAT sees the same incumbent, hence builds the same model and returns the same split, as without the second bound.
 
 Objectives (model/objectives.py): at fixed hardware every objective is rate x T (rate: integer objective units per
@@ -57,6 +59,8 @@ from madmax_opt.search.stage_bounds import shape_key, strong_bounds
 from madmax_opt.search.stage_compositions import Composition, compositions, stage_supply
 from madmax_opt.search.stage_limits import StepLimits, usd_per_hour
 from madmax_opt.search.stage_split_bound import SplitProofs
+
+STRONG_CHUNK = 128  # bases whose strong bound is computed first (then all the others still below the incumbent)
 
 if TYPE_CHECKING:  # imported where a CP-SAT model is built (search/ortools_import.py: without pandas)
     from ortools.sat.python import cp_model
@@ -384,18 +388,22 @@ def solve_uneven(
 
     order = np.lexsort((np.arange(len(bases)), lb))
     modes = sorted(set(np.unique(enumerate_plans(pr).recompute).tolist()))
-    # a bound on p v T per base that sees memory and the layer split (stage_bounds.py; mixed: least over systems)
-    strong = np.full(len(bases), -np.inf)
-    live = np.flatnonzero(lb < incumbent)
-    if len(live):
+    # a bound on p v T per base that sees memory and the layer split (stage_bounds.py; mixed: least over systems),
+    # computed when the search reaches a base: first for the next STRONG_CHUNK bases in order, then for all the
+    # others still below the incumbent (a base's bound depends on that base only, and the search often stops within
+    # the first chunk; each call costs a fixed ~20 ms, so there are at most two, and one for up to 2 chunks of bases)
+    strong = np.full(len(bases), np.nan)  # nan: not computed yet
+    chunk = STRONG_CHUNK if int(np.sum(lb < incumbent)) > 2 * STRONG_CHUNK else len(order)
+
+    def fill_strong(idx: NDArray[np.int64]) -> None:
         mixed_hws: list[int] | None = None
         limits: list[tuple[list[int], NDArray[np.int64]]] | None = None
         if pr.space.mixed_stages:  # every base: the same GPU types with a supply, its own stages per type
-            mixed_hws = jobs[int(live[0])][0]
-            limits = [(hws, np.array([jobs[int(j)][1][i][1] for j in live])) for i, (hws, _) in
-                      enumerate(jobs[int(live[0])][1])]
-        strong[live] = strong_bounds(model, bases.take(live), total_us[live], modes, hw_choices=mixed_hws,
-                                     supply=limits)
+            mixed_hws = jobs[int(idx[0])][0]
+            limits = [(hws, np.array([jobs[int(j)][1][i][1] for j in idx])) for i, (hws, _) in
+                      enumerate(jobs[int(idx[0])][1])]
+        strong[idx] = strong_bounds(model, bases.take(idx), total_us[idx], modes, hw_choices=mixed_hws,
+                                    supply=limits)
     n_micro = pr.training_task.global_batch / (bases.dp * bases.mbs)
     best_plan, best_obj, best_us, exact, solved, booleans = None, float(incumbent), None, True, 0, 0
     pruned, out_of_time = 0, False
@@ -405,6 +413,10 @@ def solve_uneven(
         if lb[j] >= best_obj:
             pruned += len(order) - pos
             break
+        if np.isnan(strong[j]):
+            ahead = order[pos : pos + chunk]
+            fill_strong(ahead[(lb[ahead] < best_obj) & np.isnan(strong[ahead])])
+            chunk = len(order)
         if strong[j] == np.inf or (np.isfinite(strong[j]) and np.isfinite(best_obj)):
             # the thresholds of _solve_base (one per composition: its rate); inf: no split fits in memory
             pv = int(bases.pp[j] * bases.vpp[j])
