@@ -185,3 +185,16 @@ def test_uncalibrated_text_names_the_family_that_priced_it() -> None:
     runs = catalog.families()["megatron"].fit.runs
     text = calibration_text({"calibration": calibration.record_dict(gpu, "megatron-core")})  # type: ignore[typeddict-item]
     assert text == f"[yellow]uncalibrated[/yellow] (h200-sxm / megatron-core: family:megatron, pooled fit on {runs} runs)"
+
+
+def test_the_training_order_does_not_depend_on_the_catalog_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The training hardware order is hardware_spec.hardware_order's two passes: every catalog GPU under every
+    training framework gets the same calibration whichever order the catalog lists the GPUs in (the one-pass order
+    it replaced moved a calibration GPU by GPU, in catalog order)."""
+    from madmax_opt.model.spec import FRAMEWORKS
+
+    gpus = catalog.gpus()
+    forward = {(g, f): calibration.with_framework(gpu, f).calibration for g, gpu in gpus.items() for f in FRAMEWORKS}
+    monkeypatch.setattr(catalog, "gpus", lambda: dict(reversed(list(gpus.items()))))
+    backward = {(g, f): calibration.with_framework(gpu, f).calibration for g, gpu in gpus.items() for f in FRAMEWORKS}
+    assert forward == backward

@@ -1,6 +1,6 @@
 """Physical invariants, step 2: hardware dominance across calibration levels and monotonicity (hypothesis).
 
-A GPU at least as good as another on every datasheet figure (io.calibration.dominates), in the same system (same
+A GPU at least as good as another on every datasheet figure (model/hardware_spec.dominates), in the same system (same
 network, price and power), prices every plan no slower and every optimum no worse, whatever level calibrates each
 (a pair fit, a framework family's pooled fit, a prior): the pairs below cross all three. More HBM, more bandwidth
 and more GPU options never worsen the optimum; longer sequences and deeper models never make a plan faster.
@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from madmax_opt.analysis.evaluator import Model, metrics
 from madmax_opt.io import calibration, catalog
 from madmax_opt.io.problem import problem_from_dict
+from madmax_opt.model.hardware_spec import dominates
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import FRAMEWORKS
@@ -75,7 +76,7 @@ def test_a_dominating_gpu_is_never_slower(model: dict[str, Any], task: dict[str,
     better, worse, sys_name = pair
     if task["precision"] == "fp8" and "fp8" not in catalog.gpus()[worse].peak_flops:
         task = {**task, "precision": "bf16"}
-    assert calibration.dominates(catalog.gpus()[better], catalog.gpus()[worse])
+    assert dominates(catalog.gpus()[better], catalog.gpus()[worse])
     runs = [priced(build(model, [{"system": system(sys_name, g), "gpus": [gpus]}], task, framework))
             for g in (better, worse)]
     (_, step_b, ok_b), (_, step_w, ok_w) = runs

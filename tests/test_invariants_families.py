@@ -16,11 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from madmax_opt.io import catalog
-from madmax_opt.io.calibration import dominates
 from madmax_opt.io.dlrm_problem import dlrm_problem_from_dict
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.io.serving_catalog import serving_catalog
-from madmax_opt.model.hardware_spec import System
+from madmax_opt.model.hardware_spec import System, dominates
 from madmax_opt.model.queueing import max_rate, service_table
 from madmax_opt.model.serving_calibration import SERVING_PEAKS
 from madmax_opt.search.dlrm_search import dlrm_solve_result, objective_value

@@ -43,8 +43,13 @@ def no_worse(better: dict[str, float], worse: dict[str, float]) -> list[str]:
     return [k for k in worse if k in better and better[k] < worse[k] - REL * abs(worse[k])]
 
 
-def test_one_definition_of_dominance() -> None:
-    assert calibration.dominates is hardware_spec.dominates
+def test_one_definition_of_dominance_and_of_the_order() -> None:
+    """Training's and serving's hardware orders are one function over one dominance (each with its own field
+    bounds and peaks)."""
+    from madmax_opt.model import serving_calibration
+
+    assert calibration.hardware_order is hardware_spec.hardware_order
+    assert serving_calibration.hardware_order is hardware_spec.hardware_order
 
 
 def test_every_dominating_catalog_pair_is_priced_no_worse_under_every_framework() -> None:

@@ -25,7 +25,7 @@ from pydantic import Field, model_validator
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.model.hardware import CalibrationRecord, HardwareOption, StepInterval
-from madmax_opt.model.hardware_spec import dominates
+from madmax_opt.model.hardware_spec import TRAINING_PEAKS, hardware_order
 from madmax_opt.model.serving_calibration import FitRecord, ServingParams
 from madmax_opt.model.spec import (
     FRAMEWORK_FAMILY,
@@ -135,14 +135,14 @@ def with_framework(gpu: GPU, framework: str, overlay: Overlay | None = None) -> 
     dominated by (``ordered``; ``dominates`` compares only GPUs of one platform: Megatron-Core / Transformer Engine and
     PyTorch run other kernels on ROCm than on CUDA)."""
     own = _own(gpu, framework, overlay)
-    calibration, own_trust = own.calibration, trust(own, framework, overlay)
-    for other in catalog.gpus().values():
-        if other.name == gpu.name.split("+", 1)[0]:
-            continue
-        if dominates(gpu, other) or dominates(other, gpu):
-            other_own = _own(other, framework, overlay)
-            calibration = ordered(calibration, gpu, own_trust, other_own.calibration, other,
-                                  trust(other_own, framework, overlay))
+    base = gpu.name.split("+", 1)[0]  # a derived what-if GPU is not ordered against the GPU it was derived from
+
+    def own_of(name: str) -> tuple[Calibration, int]:
+        g = own if name == gpu.name else _own(catalog.gpus()[name], framework, overlay)
+        return g.calibration, trust(g, framework, overlay)
+
+    others = {n: g for n, g in catalog.gpus().items() if n != base}
+    calibration, _ = hardware_order(gpu, own_of, others, ordered, TRAINING_PEAKS)
     return own.model_copy(update={"calibration": calibration})
 
 
@@ -158,19 +158,16 @@ def trust(gpu: GPU, framework: str, overlay: Overlay | None = None) -> int:
     return 1 if family_fit(gpu, framework) is not None else 0
 
 
-def ordered(cal: Calibration, gpu: GPU, own_trust: int, other_cal: Calibration, other: GPU,
-            other_trust: int) -> Calibration:
-    """``cal`` moved so that the dominating one of ``gpu`` and ``other`` runs every kernel at least as fast:
-    absolute rates (peak x efficiency, HBM bandwidth x efficiency) at least the other's, GEMM half-dimension and
-    per-layer overhead at most, MoE and MXFP8 ratios at least. The GPU whose calibration rests on fewer runs
-    moves (``trust``; the dominating one on a tie): a GPU on a prior or family fit that dominates a fitted one is
-    raised to it, a GPU on a prior that a fitted one dominates is lowered to it. Without this, calibration levels
-    (pair fit, family fit, prior) could price a better GPU slower than a worse one."""
-    if dominates(gpu, other) and own_trust <= other_trust:
-        return _bounded(cal, gpu, other_cal, other, raise_=True)
-    if dominates(other, gpu) and own_trust < other_trust:
-        return _bounded(cal, gpu, other_cal, other, raise_=False)
-    return cal
+def ordered(cal: Calibration, gpu: GPU, other_cal: Calibration, other: GPU, raise_: bool
+            ) -> tuple[Calibration, list[str]]:
+    """``cal`` (pricing ``gpu``) raised to (``raise_``: gpu dominates other) or lowered to ``other``'s absolute
+    rates (peak x efficiency, HBM bandwidth x efficiency; GEMM half-dimension and per-layer overhead at most / at
+    least, MoE and MXFP8 ratios at least / at most), and the fields that moved: the training ``bounded`` of
+    hardware_spec.hardware_order, which decides which GPU moves (the one whose calibration rests on fewer runs,
+    ``trust``). Without the order, calibration levels (pair fit, family fit, prior) could price a better GPU slower
+    than a worse one."""
+    moved = _bounded(cal, gpu, other_cal, other, raise_)
+    return moved, sorted(k for k, v in moved.model_dump().items() if v != getattr(cal, k))
 
 
 def _bounded(cal: Calibration, gpu: GPU, other_cal: Calibration, other: GPU, raise_: bool) -> Calibration:

@@ -5,9 +5,9 @@ all of them). SI units throughout (bytes, seconds, FLOP/s, bytes/s, W, US$).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
@@ -165,6 +165,50 @@ def dominates(x: GPU, y: GPU, peaks: tuple[str, ...] = TRAINING_PEAKS) -> bool:
                 for p in peaks if p in y.peak_flops)
             and x.hbm_bytes >= y.hbm_bytes and x.hbm_bw >= y.hbm_bw)
 
+
+
+P = TypeVar("P")
+# (params of x, x, params of y, y, raise_) -> params of x raised to (raise_) or lowered to y's rates, moved fields
+Bounder = Callable[[P, "GPU", P, "GPU", bool], tuple[P, list[str]]]
+
+
+def hardware_order(spec: GPU, own: Callable[[str], tuple[P, int]], gpus: Mapping[str, GPU], bounded: Bounder[P],
+                   peaks: tuple[str, ...], label: Callable[[str], str] = str) -> tuple[P, list[str]]:
+    """The calibration parameters pricing ``spec`` in the hardware order over ``gpus`` (training's in
+    io/calibration.py, serving's in model/serving_calibration.py): ``own(name)`` gives a GPU's own parameters and
+    their trust (how much they rest on runs), ``bounded`` moves parameters to another GPU's rates. Two passes, so
+    that the result is the same whatever order the GPUs come in and a GPU that dominates another is never priced
+    below it: (1) the parameters are lowered to every GPU that strictly dominates ``spec`` with more trust; (2)
+    raised to every GPU ``spec`` dominates with at least its trust, each taken as lowered by (1). Returns the
+    parameters and the moves ("raised to LABEL: fields")."""
+    cache: dict[str, tuple[P, int]] = {}
+
+    def own_of(name: str) -> tuple[P, int]:
+        if name not in cache:
+            cache[name] = own(name)
+        return cache[name]
+
+    def lowered(g: GPU, params: P, level: int, moves: list[str] | None) -> P:
+        for name, other in gpus.items():
+            if name != g.name and dominates(other, g, peaks) and not dominates(g, other, peaks):
+                q, t = own_of(name)
+                if t > level:
+                    params, fields = bounded(params, g, q, other, False)
+                    if fields and moves is not None:
+                        moves.append(f"lowered to {label(name)}: {', '.join(fields)}")
+        return params
+
+    moves: list[str] = []
+    mine, level = own_of(spec.name)
+    params = lowered(spec, mine, level, moves)
+    for name, other in gpus.items():
+        if name != spec.name and dominates(spec, other, peaks):
+            q, t = own_of(name)
+            if t >= level:
+                params, fields = bounded(params, spec, lowered(other, q, t, None), other, True)
+                if fields:
+                    moves.append(f"raised to {label(name)}: {', '.join(fields)}")
+    return params, moves
 
 class Tier(Strict):
     """One level of the network: GPUs in one domain of this tier, per-GPU one-way bandwidth, latency."""

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.numeric import Arr
 from madmax_opt.model.hardware import CalibrationRecord, HardwareOption
-from madmax_opt.model.hardware_spec import dominates
+from madmax_opt.model.hardware_spec import hardware_order
 from madmax_opt.model.serving_workload import PRECISIONS, gemm_precision
 from madmax_opt.model.spec import GPU, ServingFrameworkName, Stack
 
@@ -303,6 +303,14 @@ def _ratios(spec: GPU, other: GPU) -> dict[str, list[float]]:
     return {"gemm_eff": gemm or [1.0], "attn_eff": [r16], "hbm_eff": [float(other.hbm_bw / spec.hbm_bw)]}
 
 
+def ordered(spec: GPU, framework: str, own: Callable[[str], tuple[ServingParams, int]],
+            gpus: Mapping[str, GPU]) -> tuple[ServingParams, list[str]]:
+    """The serving parameters pricing ``spec`` under ``framework`` in the hardware order over ``gpus``
+    (hardware_spec.hardware_order with ``bounded`` and SERVING_PEAKS; ``own``: a GPU name's own parameters and
+    trust, ``spec.name`` included); also the moves ("raised to GPU/FRAMEWORK: fields")."""
+    return hardware_order(spec, own, gpus, bounded, SERVING_PEAKS, lambda name: f"{name}/{framework}")
+
+
 def bounded(p: ServingParams, spec: GPU, q: ServingParams, other: GPU, raise_: bool) -> tuple[ServingParams, list[str]]:
     """``p`` (pricing ``spec``) raised to (``raise_``: spec dominates other) or lowered to the rates of ``q``
     (pricing ``other``), field by field; also the fields that moved."""
@@ -319,44 +327,6 @@ def bounded(p: ServingParams, spec: GPU, q: ServingParams, other: GPU, raise_: b
         if new != cur:
             out[name] = new
     return (p.model_copy(update=out) if out else p), sorted(out)
-
-
-def ordered(spec: GPU, framework: str, own: Callable[[str], tuple[ServingParams, int]],
-            gpus: Mapping[str, GPU]) -> tuple[ServingParams, list[str]]:
-    """The parameters pricing ``spec`` under ``framework`` in the hardware order over the GPUs ``gpus`` (``own``:
-    a GPU name's own parameters and trust, before ordering; ``spec.name`` included). Two passes, so that the result
-    is the same whatever order the GPUs come in and a GPU that dominates another is never priced below it:
-    (1) a calibration is lowered to every GPU that dominates it with more trust; (2) it is raised to every GPU it
-    dominates with at least its trust, each taken as lowered by (1). Returns the parameters and the moves
-    ("raised to GPU/FRAMEWORK: fields")."""
-    cache: dict[str, tuple[ServingParams, int]] = {}
-
-    def own_of(name: str) -> tuple[ServingParams, int]:
-        if name not in cache:
-            cache[name] = own(name)
-        return cache[name]
-
-    def lowered(g: GPU, params: ServingParams, level: int, moves: list[str] | None) -> ServingParams:
-        for name, other in gpus.items():
-            if name != g.name and dominates(other, g, SERVING_PEAKS) and not dominates(g, other, SERVING_PEAKS):
-                q, t = own_of(name)
-                if t > level:
-                    params, fields = bounded(params, g, q, other, raise_=False)
-                    if fields and moves is not None:
-                        moves.append(f"lowered to {name}/{framework}: {', '.join(fields)}")
-        return params
-
-    moves: list[str] = []
-    mine, level = own_of(spec.name)
-    params = lowered(spec, mine, level, moves)
-    for name, other in gpus.items():
-        if name != spec.name and dominates(spec, other, SERVING_PEAKS):
-            q, t = own_of(name)
-            if t >= level:
-                params, fields = bounded(params, spec, lowered(other, q, t, None), other, raise_=True)
-                if fields:
-                    moves.append(f"raised to {name}/{framework}: {', '.join(fields)}")
-    return params, moves
 
 
 @dataclass(frozen=True)
