@@ -14,7 +14,7 @@ import pytest
 from madmax_opt.io.problem import load_problem
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.solver import solve_records
-from madmax_opt.search.stage_split_bound import SplitProofs, split_bound_exceeds
+from madmax_opt.search.stage_split_bound import SplitProofs, split_bound, split_bound_exceeds
 
 COEFF = {"stage_max": 24, "stage_sum": 2, "dp_max": 3, "optimizer_max": 3}  # p v m, p - 1, p v, p v at p 3, v 1
 
@@ -93,3 +93,26 @@ def test_mixed_pipeline_example_same_plan_with_fewer_cp_sat_models(monkeypatch: 
     assert (fast.uneven.status, fast.uneven.objective, fast.uneven.bases_solved) == (
         slow.uneven.status, slow.uneven.objective, slow.uneven.bases_solved)
     assert fast_models < slow_models
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_returned_split_is_one_row_per_stage_within_every_limit(seed: int) -> None:
+    """When the bound cannot exclude the limit, the split it returns (CP-SAT's hint) is a split that meets it."""
+    rng = np.random.default_rng(seed)
+    p, layers = 3, int(rng.integers(6, 10))
+    r = _rows(rng, p, layers)
+    groups = [([1], 0, int(rng.integers(1, 3)))] if seed % 2 else [([1], 1, 1)]
+    opt = _optimum(r, p, layers, groups)
+    if not np.isfinite(opt):
+        pytest.skip("no split")
+    limit = int(opt * 1.05)
+    excluded, rows = split_bound(r["stage"], r["layers"], r["t"], r["dp"], r["opt"], r["hw"], p, layers, COEFF, limit,
+                                 groups)
+    assert not excluded
+    if rows is not None:
+        assert sorted(r["stage"][rows].tolist()) == list(range(p))
+        assert r["layers"][rows].sum() == layers
+        assert all(lo <= np.isin(r["hw"][rows], hws).sum() <= hi for hws, lo, hi in groups)
+        value = (COEFF["stage_max"] * r["t"][rows].max() + COEFF["stage_sum"] * r["t"][rows].sum()
+                 + COEFF["dp_max"] * r["dp"][rows].max() + COEFF["optimizer_max"] * r["opt"][rows].max())
+        assert opt <= value <= limit

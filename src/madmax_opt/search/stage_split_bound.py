@@ -100,12 +100,13 @@ def _can_hold(stage: IntArr, layers_of: IntArr, t: Arr, p: int, layers: int, tra
     return ok
 
 
-def split_bound_exceeds(
+def split_bound(
     stage: IntArr, layers_of: IntArr, t: Arr, dp: Arr, opt: Arr, hw: IntArr, p: int, layers: int,
     coeff: dict[str, int], limit: int, groups: list[tuple[list[int], int, int]],
-) -> bool:
-    """True when every split of these rows (one per stage; ``groups``: hardware options, least and most stages on
-    them) has a p v T above ``limit`` (``coeff``: the integer form's coefficients, model/step_time.py)."""
+) -> tuple[bool, list[int] | None]:
+    """(True when every split of these rows, one per stage, ``groups``: hardware options, least and most stages on
+    them, has a p v T above ``limit``; else a split within the limit when the bound's best tmax yields one, as row
+    indices, one per stage). ``coeff``: the integer form's coefficients (model/step_time.py)."""
     a, b, c, d = (float(coeff[k]) for k in ("stage_max", "stage_sum", "dp_max", "optimizer_max"))
     tracks: list[Track] = [(np.isin(hw, hws), lo, hi) for hws, lo, hi in groups if lo > 0 or hi < p] or [
         (np.zeros(len(t), dtype=bool), 0, 0)]
@@ -115,13 +116,19 @@ def split_bound_exceeds(
     def least(taus: Arr) -> Arr:
         return np.max([_least_sums(stage, layers_of, t, cost, track, p, layers, taus) for track in tracks], axis=0)
 
+    def within(rows: list[int]) -> bool:
+        """The split meets every group's limits and the limit itself."""
+        on = [int(np.isin(hw[rows], hws).sum()) for hws, _, _ in groups]
+        value = a * t[rows].max() + b * t[rows].sum() + c * dp[rows].max() + d * opt[rows].max()
+        return all(lo <= k <= hi for k, (_, lo, hi) in zip(on, groups, strict=True)) and value <= limit
+
     values = np.unique(t)  # tmax is one of the rows' times
     rest = sum(float(cost[stage == s].min()) for s in range(p))  # every stage at its cheapest row, any layers
     values = values[(p * a * values + rest <= top) & _can_hold(stage, layers_of, t, p, layers, tracks, values)]
     parts = [(0, len(values) - 1)] if len(values) else []
     for _ in range(ROUNDS):
         if not parts:
-            return True
+            return True, None
         per = max(1, POINTS // len(parts))
         pieces = []
         for x, y in parts:  # [x, y] cut into up to ``per`` pieces, each bounded at its right end
@@ -129,9 +136,63 @@ def split_bound_exceeds(
             pieces += list(zip([x, *(ends[:-1] + 1).tolist()], ends.tolist(), strict=True))
         lows = p * a * values[[x for x, _ in pieces]] + least(values[[y for _, y in pieces]])
         parts = [(x, y) for (x, y), low in zip(pieces, lows.tolist(), strict=True) if low <= top]
-        if any(x == y for x, y in parts):
-            return False  # one tmax whose bound is within the limit: only CP-SAT can decide
-    return not parts
+        singles = sorted((low, x) for (x, y), low in zip(pieces, lows.tolist(), strict=True) if low <= top and x == y)
+        if singles:  # a tmax whose bound is within the limit: only CP-SAT can decide; its best split is a hint
+            tau = float(values[singles[0][1]])
+            splits = [_best_split(stage, layers_of, t, cost, track, p, layers, tau) for track in tracks]
+            return False, next((rows for rows in splits if rows is not None and within(rows)), None)
+    return not parts, None
+
+
+def split_bound_exceeds(
+    stage: IntArr, layers_of: IntArr, t: Arr, dp: Arr, opt: Arr, hw: IntArr, p: int, layers: int,
+    coeff: dict[str, int], limit: int, groups: list[tuple[list[int], int, int]],
+) -> bool:
+    """True when every split of these rows has a p v T above ``limit`` (``split_bound``)."""
+    return split_bound(stage, layers_of, t, dp, opt, hw, p, layers, coeff, limit, groups)[0]
+
+
+def _best_split(stage: IntArr, layers_of: IntArr, t: Arr, cost: Arr, track: Track, p: int, layers: int,
+                tau: float) -> list[int] | None:
+    """Row indices (one per stage) of a split of least sum of ``cost`` with t <= ``tau`` and the tracked type's
+    limits (``_least_sums`` at one threshold, with its choices kept); None when there is none."""
+    tracked, lo, hi = track
+    k = min(hi, p) + 1
+    if lo >= k:
+        return None
+    on = tracked.astype(np.int64)
+    rows = np.flatnonzero(t <= tau)
+    keys = (stage[rows] * 2 + on[rows]) * (layers + 1) + layers_of[rows]
+    order = np.lexsort((cost[rows], keys))  # per (stage, tracked, layers): its cheapest row first
+    _, first = np.unique(keys[order], return_index=True)
+    pick = rows[order[first]]
+    best = np.full((p, 2, layers + 1), np.inf)
+    row_of = np.full((p, 2, layers + 1), -1)
+    best[stage[pick], on[pick], layers_of[pick]] = cost[pick]
+    row_of[stage[pick], on[pick], layers_of[pick]] = pick
+    v = np.full((k, layers + 1), np.inf)
+    v[0, 0] = 0.0
+    choices = []
+    for s in range(p):
+        nxt = np.full_like(v, np.inf)
+        came = np.full((k, layers + 1, 2), -1)  # (tracked, layers) of the stage's row on the best path
+        for g in range(min(2, k)):
+            for n in np.flatnonzero(np.isfinite(best[s, g])).tolist():
+                value = v[: k - g, : layers + 1 - n] + best[s, g, n]
+                better = value < nxt[g:, n:]
+                nxt[g:, n:][better] = value[better]
+                came[g:, n:][better] = (g, n)
+        v = nxt
+        choices.append(came)
+    count = lo + int(np.argmin(v[lo:, layers]))
+    if not np.isfinite(v[count, layers]):
+        return None
+    split, left = [], layers
+    for s in range(p - 1, -1, -1):
+        g, n = (int(x) for x in choices[s][count, left])
+        split.append(int(row_of[s, g, n]))
+        count, left = count - g, left - n
+    return split[::-1]
 
 
 class SplitProofs:
@@ -140,6 +201,8 @@ class SplitProofs:
     def __init__(self) -> None:
         self._known: list[tuple[tuple[object, ...], frozenset[tuple[float, ...]], float]] = []
         self._current: tuple[tuple[object, ...], frozenset[tuple[float, ...]]] | None = None
+        self.hint: list[int] | None = None  # a split within the limit of the rows last passed to ``excludes``
+        self.hinted = False  # whether the last model solved was given ``hint``
 
     def excludes(self, cand: dict[str, Arr], live: IntArr, p: int, layers: int, coeff: dict[str, int], limit: int,
                  supply: list[tuple[list[int], int]], counts: dict[int, int] | None) -> bool:
@@ -148,14 +211,15 @@ class SplitProofs:
         key = (p, layers, tuple(sorted(coeff.items())), tuple((tuple(h), a) for h, a in supply),
                tuple(sorted((counts or {}).items())))
         rows = frozenset(zip(*(cand[f][live].tolist() for f in ROW_FIELDS), strict=True))
+        self.hint = None
         if any(k == key and low > limit and rows <= known for k, known, low in self._known):
             self._current = None  # nothing new is proven
             return True
         self._current = (key, rows)
         groups = [(hws, 0, allowed) for hws, allowed in supply] + [([h], k, k) for h, k in (counts or {}).items()]
-        proved = split_bound_exceeds(cand["stage"][live].astype(np.int64), cand["layers"][live].astype(np.int64),
-                                     cand["t_us"][live], cand["dp_us"][live], cand["opt_us"][live],
-                                     cand["hw"][live].astype(np.int64), p, layers, coeff, limit, groups)
+        proved, self.hint = split_bound(cand["stage"][live].astype(np.int64), cand["layers"][live].astype(np.int64),
+                                        cand["t_us"][live], cand["dp_us"][live], cand["opt_us"][live],
+                                        cand["hw"][live].astype(np.int64), p, layers, coeff, limit, groups)
         if proved:
             self.proved(limit + 1)
         return proved

@@ -313,6 +313,11 @@ def _solve_base(
     mdl.minimize(objective)
     if limit is not None:
         mdl.add(objective <= limit)  # only strictly better plans within the constraints are of interest
+    hint = set(proofs.hint) if proofs is not None and limit is not None and proofs.hint is not None else None
+    if proofs is not None:
+        proofs.hinted = hint is not None
+    for j, var in enumerate(x if hint is not None else []):  # a split within the limit (stage_split_bound.py)
+        mdl.add_hint(var, j in (hint or ()))
     st, solver = cpsat_run(mdl, cpsat, "uneven-stage")
     if proofs is not None and limit is not None and st in (cp_model.INFEASIBLE, cp_model.OPTIMAL):
         proofs.proved(limit + 1 if st == cp_model.INFEASIBLE else round(solver.objective_value))
@@ -323,6 +328,18 @@ def _solve_base(
     chosen = [int(live[j]) for j in range(len(x)) if solver.value(x[j])]
     status = "optimal" if st == cp_model.OPTIMAL else "feasible"
     return status, solver.objective_value / pv, chosen, len(x)
+
+
+def _plan(model: Model, base: PlanArrays, cand: dict[str, NDArray[np.float64]], chosen: list[int]) -> Plan:
+    """The plan of ``base`` with the candidate rows ``chosen`` (one per stage)."""
+    pr = model.problem
+    rows = sorted(chosen, key=lambda i: int(cand["stage"][i]))
+    return base.plan(0, system=pr.hardware[int(base.hw[0])].system.name).model_copy(update={
+        "recompute": RECOMPUTE_MODES[int(cand["recompute"][rows[0]])],
+        "stage_layers": [int(cand["layers"][i]) for i in rows],
+        "stage_recompute": [RECOMPUTE_MODES[int(cand["recompute"][i])] for i in rows],
+        "stage_systems": [pr.hardware[int(cand["hw"][i])].system.name for i in rows] if pr.space.mixed_stages
+        else None})
 
 
 def solve_uneven(
@@ -409,6 +426,8 @@ def solve_uneven(
     pruned, out_of_time = 0, False
     open_bound = np.inf  # lowest lower bound of the bases / compositions not solved to optimality
     proofs = SplitProofs()  # lower bounds proven on row sets, reused by later bases (stage_split_bound.py)
+    resolve: tuple[PlanArrays, tuple[dict[str, NDArray[np.float64]], int, int, float], list[tuple[list[int], int]],
+                   dict[int, int] | None, int, int | None] | None = None
     for pos, j in enumerate(order):
         if lb[j] >= best_obj:
             pruned += len(order) - pos
@@ -445,32 +464,27 @@ def solve_uneven(
             if not step_lims.deployment_ok(int(base.gpus[0]), hourly):
                 continue  # over max_gpus or max_cost_per_hour: no plan of this composition is admissible
             cap = step_lims.max_objective(pv, hourly) if step_lims.active else None
-            status, step_us, chosen, nb = _solve_base(
-                cand, int(base.pp[0]), model.workload.layers, best_obj / rate - margin_us,
-                opts.with_time_limit(remaining),
-                supply, counts, vpp=int(base.vpp[0]), cap=cap, proofs=proofs,
-            )
+            args = (cand, int(base.pp[0]), model.workload.layers, best_obj / rate - margin_us)
+            status, step_us, chosen, nb = _solve_base(*args, opts.with_time_limit(remaining), supply, counts,
+                                                      vpp=int(base.vpp[0]), cap=cap, proofs=proofs)
             solved += 1
             booleans = max(booleans, nb)
             if status in ("unknown", "feasible"):
                 exact = False
                 open_bound = min(open_bound, bound)
             if step_us is not None and step_us * rate < best_obj:
-                best_obj, best_us = step_us * rate, step_us
-                order_stages = sorted(chosen, key=lambda i: int(cand["stage"][i]))
-                opt = pr.hardware[int(base.hw[0])]
-                best_plan = base.plan(0, system=opt.system.name).model_copy(
-                    update={
-                        "recompute": RECOMPUTE_MODES[int(cand["recompute"][order_stages[0]])],
-                        "stage_layers": [int(cand["layers"][i]) for i in order_stages],
-                        "stage_recompute": [RECOMPUTE_MODES[int(cand["recompute"][i])] for i in order_stages],
-                        "stage_systems": [pr.hardware[int(cand["hw"][i])].system.name for i in order_stages]
-                        if pr.space.mixed_stages
-                        else None,
-                    }
-                )
+                best_obj, best_us, best_plan = step_us * rate, step_us, _plan(model, base, cand, chosen)
+                # a hint may lead CP-SAT to another split of the same optimum: the model is solved again without
+                # it, if this plan stays the best, so that the split returned is the one the model alone gives
+                resolve = (base, args, supply, counts, int(base.vpp[0]), cap) if proofs.hinted else None
         if out_of_time:
             break
+    if resolve is not None and time_limit_s > time.perf_counter() - t0:
+        base, args, supply, counts, vpp, cap = resolve
+        status, step_us, chosen, _ = _solve_base(*args, opts.with_time_limit(time_limit_s - (time.perf_counter() - t0)),
+                                                 supply, counts, vpp=vpp, cap=cap)
+        if status == "optimal" and step_us == best_us:
+            best_plan = _plan(model, base, args[0], chosen)
     status = (
         ("optimal" if exact else "feasible")
         if best_plan is not None
