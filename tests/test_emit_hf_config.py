@@ -13,7 +13,7 @@ from madmax_opt.io.problem import model_from_hf_config
 from madmax_opt.launch.hf_config import hf_config
 
 SHAPE = ("layers", "hidden", "heads", "kv_heads", "ffn", "ffn_kind", "vocab", "tied_embeddings", "norm", "bias",
-         "mla_kv_dim")
+         "mla")
 
 
 @pytest.mark.parametrize("name", sorted(models()))

@@ -197,7 +197,8 @@ DEEPSEEK_CONFIG = {"model_type": "deepseek_v3", "hidden_size": 7168, "intermedia
                    "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
                    "num_experts_per_tok": 8, "num_attention_heads": 128, "num_hidden_layers": 61,
                    "num_key_value_heads": 128, "vocab_size": 129280, "hidden_act": "silu", "rms_norm_eps": 1e-6,
-                   "kv_lora_rank": 512, "qk_rope_head_dim": 64, "tie_word_embeddings": False}
+                   "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                   "v_head_dim": 128, "tie_word_embeddings": False}
 
 
 @pytest.mark.parametrize(("config", "name"), [(MIXTRAL_CONFIG, "mixtral-8x7b"), (DEEPSEEK_CONFIG, "deepseek-v3")])
@@ -206,7 +207,7 @@ def test_moe_hf_configs_import_as_the_catalog_models(tmp_path: Path, config: dic
     (tmp_path / "config.json").write_text(json.dumps(config))
     model = problem_from_dict(TRAIN | {"model": {"hf_config": "config.json"}}, source=str(tmp_path / "p.yaml")).model
     ref = catalog.models()[name]
-    for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "ffn_kind", "mla_kv_dim"):
+    for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "ffn_kind", "mla"):
         assert getattr(model, field) == getattr(ref, field), field
     assert model.moe is not None and ref.moe is not None
     assert (model.moe.num_experts, model.moe.top_k, model.moe.expert_ffn, model.moe.shared_experts) == (

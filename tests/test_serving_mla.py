@@ -53,3 +53,16 @@ def _problem(model: str) -> dict[str, object]:
     return {"model": model, "hardware": {"gpu": "h200-sxm", "gpus": 8},
             "task": {"kind": "inference", "prompt_len": 1000, "output_len": 100, "precision": "fp8"},
             "stack": {"framework": "sglang"}}
+
+
+def test_mla_widths_come_from_the_model_not_from_deepseek_v3() -> None:
+    """An MLA model of other widths (half of DeepSeek-V3's, no query compression as in DeepSeek-V2-Lite) is priced
+    with its own: prefill 2 a (d_nope + d_rope + d_v), decode 2 a ((kv_lora_rank + d_rope) + kv_lora_rank), a cache
+    of kv_lora_rank + d_rope values per token and layer."""
+    half = {"kv_lora_rank": 256, "q_lora_rank": None, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32,
+            "v_head_dim": 64}
+    model = {**catalog.models()["deepseek-r1"].model_dump(exclude={"name", "source", "mla"}), "mla": half}
+    m = ServingModel(problem_from_dict({**_problem("deepseek-r1"), "model": model}))
+    assert m.workload.attn_flops_per_key == 2 * 128 * (64 + 32 + 64)
+    assert m.workload.decode_attn_flops_per_key == 2 * 128 * ((256 + 32) + 256)
+    assert m.workload.model.mla_kv_dim == 256 + 32

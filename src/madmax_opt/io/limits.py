@@ -42,7 +42,8 @@ _FIXED_BOUNDS: dict[str, Bound] = {
     "vpp": _LAYERS,
     # transformer shapes
     "layers": _LAYERS, "frozen_layers": _LAYERS, "stage_layers": _LAYERS,
-    "hidden": _HIDDEN, "lora_rank": _HIDDEN, "mla_kv_dim": _HIDDEN, "width": _HIDDEN,
+    "hidden": _HIDDEN, "lora_rank": _HIDDEN, "kv_lora_rank": _HIDDEN, "q_lora_rank": _HIDDEN, "qk_nope_head_dim": _HIDDEN,
+    "qk_rope_head_dim": _HIDDEN, "v_head_dim": _HIDDEN, "width": _HIDDEN,
     "heads": _HEADS, "kv_heads": _HEADS,
     "ffn": _FFN, "expert_ffn": _FFN,
     "vocab": Bound(50_000_000, "256,000 tokens (Gemma)"),

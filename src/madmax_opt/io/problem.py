@@ -26,6 +26,7 @@ from madmax_opt.model.serving_calibration import serving_framework
 from madmax_opt.model.spec import (
     FRAMEWORKS,
     GPU,
+    MLA,
     Space,
     System,
     TransformerModel,
@@ -274,7 +275,8 @@ def model_from_hf_config(path: Path, *, file: str | None) -> TransformerModel:
 
 # Mixture-of-experts keys of Hugging Face configs (transformers, src/transformers/models/: mixtral/configuration_mixtral.py
 # @ad467bd: num_local_experts, num_experts_per_tok; deepseek_v3/configuration_deepseek_v3.py @0fc683d: n_routed_experts,
-# n_shared_experts, moe_intermediate_size, kv_lora_rank, qk_rope_head_dim; qwen2_moe/configuration_qwen2_moe.py
+# n_shared_experts, moe_intermediate_size, and MLA's kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+# v_head_dim; qwen2_moe/configuration_qwen2_moe.py
 # @765e4fb: num_experts, moe_intermediate_size, shared_expert_intermediate_size). gpt-oss and Llama 4 use Mixtral's.
 _HF_EXPERTS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
 _HF_TOP_K = ("num_experts_per_tok", "moe_top_k", "experts_per_token")
@@ -282,7 +284,7 @@ _HF_TOP_K = ("num_experts_per_tok", "moe_top_k", "experts_per_token")
 
 def _hf_moe(cfg: dict[str, Any], ffn: Any, *, path: Path, file: str | None) -> dict[str, Any]:
     """The MoE fields of a Hugging Face config ({} for a dense model): experts, top-k, expert width (ffn = the
-    expert width, as in the catalog's MoE entries), shared experts, and DeepSeek's MLA cache width for serving."""
+    expert width, as in the catalog's MoE entries), shared experts, and DeepSeek's MLA widths."""
     experts_key = next((k for k in _HF_EXPERTS if cfg.get(k) is not None), None)
     if experts_key is None or cfg[experts_key] in (0, 1):  # no experts, or a single expert: a dense MLP
         return {}
@@ -298,6 +300,6 @@ def _hf_moe(cfg: dict[str, Any], ffn: Any, *, path: Path, file: str | None) -> d
         shared = max(1, round(shared_width / width))  # Qwen-MoE: one shared MLP as wide as this many experts
     out: dict[str, Any] = {"ffn": width, "moe": {"num_experts": cfg[experts_key], "top_k": cfg[top_key],
                                                 "expert_ffn": width, "shared_experts": shared}}
-    if cfg.get("kv_lora_rank") is not None:  # DeepSeek MLA caches the latent plus the RoPE key per token and layer
-        out["mla_kv_dim"] = cfg["kv_lora_rank"] + (cfg.get("qk_rope_head_dim") or 0)
+    if cfg.get("kv_lora_rank") is not None:  # DeepSeek MLA: its widths, as config.json names them
+        out["mla"] = {k: cfg.get(k) for k in MLA.model_fields}
     return out

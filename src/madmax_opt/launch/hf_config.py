@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from madmax_opt.launch.startup import positions_of
-from madmax_opt.model.serving_workload import MLA_QK_NOPE_DIM, MLA_ROPE_DIM, MLA_V_DIM
 from madmax_opt.model.spec import TransformerModel
 
 # the checkpoint's torch_dtype by the catalog's native precision (fp8 / mxfp4 checkpoints keep bf16 non-quantized
@@ -59,15 +58,13 @@ def hf_config(m: TransformerModel) -> dict[str, Any] | str:
     return cfg
 
 
-# DeepSeek-V3's config.json keys that the catalog does not hold (the cost model prices MLA as MHA plus the cached
-# latent, mla_kv_dim, and the 3 dense layers as MoE layers: data/models.yaml), as the Hugging Face config.json of
-# deepseek-ai/DeepSeek-V3 and deepseek-ai/DeepSeek-R1-0528 ship them (the two are identical on these keys):
-# query LoRA rank, per-head no-RoPE / RoPE / value dimensions, the dense layers before the first MoE layer and their
-# FFN width, the router (noaux_tc top-k over 8 groups, 4 of them kept; sigmoid scores, normalised, scaled 2.5), the
-# multi-token-prediction layer, RMSNorm eps, YaRN's attention-scale keys and the block-scaled FP8 weights.
-# The per-head widths are the serving model's (model/serving_workload.py MLA_*_DIM, which prices MLA attention).
-DEEPSEEK_V3_MLA = {
-    "q_lora_rank": 1536, "qk_rope_head_dim": MLA_ROPE_DIM, "qk_nope_head_dim": MLA_QK_NOPE_DIM, "v_head_dim": MLA_V_DIM,
+# DeepSeek-V3's config.json keys that the catalog does not hold (the cost model prices the 3 dense layers as MoE
+# layers: data/models.yaml), as the Hugging Face config.json of deepseek-ai/DeepSeek-V3 and
+# deepseek-ai/DeepSeek-R1-0528 ship them (the two are identical on these keys): the dense layers before the first
+# MoE layer and their FFN width, the router (noaux_tc top-k over 8 groups, 4 of them kept; sigmoid scores,
+# normalised, scaled 2.5), the multi-token-prediction layer, RMSNorm eps, YaRN's attention-scale keys and the
+# block-scaled FP8 weights. The MLA widths are the catalog model's (``mla``, which prices MLA attention).
+DEEPSEEK_V3_REST = {
     "first_k_dense_replace": 3, "intermediate_size": 18432, "moe_layer_freq": 1,
     "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4, "scoring_func": "sigmoid", "norm_topk_prob": True,
     "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-6,
@@ -79,10 +76,10 @@ DEEPSEEK_CHECKPOINTS = ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1-0528
 
 def _deepseek_v3(m: TransformerModel) -> dict[str, Any] | str:
     """DeepseekV3ForCausalLM's config.json: the catalog's shape (layers, hidden, heads, routed / shared experts,
-    top-k, expert width, vocab, the MLA latent = kv_lora_rank + qk_rope_head_dim, RoPE and context), the rest
-    from :data:`DEEPSEEK_V3_MLA` (a DeepSeek-V3 checkpoint's)."""
-    pos, moe, latent = positions_of(m), m.moe, m.mla_kv_dim
-    if m.hf_id not in DEEPSEEK_CHECKPOINTS or moe is None or latent is None or pos.scaling is None or pos.scaling.type != "yarn" \
+    top-k, expert width, vocab, the MLA widths, RoPE and context), the rest from :data:`DEEPSEEK_V3_REST` (a
+    DeepSeek-V3 checkpoint's)."""
+    pos, moe, mla = positions_of(m), m.moe, m.mla
+    if m.hf_id not in DEEPSEEK_CHECKPOINTS or moe is None or mla is None or pos.scaling is None or pos.scaling.type != "yarn" \
             or pos.context is None:
         return f"{m.name}: an MLA model other than DeepSeek-V3 / R1 (its MLA ranks and router are not known here)"
     if m.native_precision not in ("fp8", *TORCH_DTYPE):
@@ -94,8 +91,7 @@ def _deepseek_v3(m: TransformerModel) -> dict[str, Any] | str:
         "vocab_size": m.vocab, "hidden_act": "silu", "tie_word_embeddings": m.tied_embeddings,
         "attention_bias": m.bias, "n_routed_experts": moe.num_experts, "n_shared_experts": moe.shared_experts,
         "num_experts_per_tok": moe.top_k, "moe_intermediate_size": moe.expert_ffn or m.ffn,
-        **DEEPSEEK_V3_MLA,
-        "kv_lora_rank": latent - MLA_ROPE_DIM,
+        **mla.model_dump(), **DEEPSEEK_V3_REST,
         "rope_theta": pos.rope_theta, "max_position_embeddings": pos.context,
         "rope_scaling": {**DEEPSEEK_V3_YARN, "factor": s.factor,
                          "original_max_position_embeddings": s.original_max_position_embeddings, "type": s.type},

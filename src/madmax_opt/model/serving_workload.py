@@ -203,11 +203,6 @@ def serving_workload(model: TransformerModel, task: InferenceTask, stack: Stack)
     return ServingWorkload(wl=wl, requests=reqs, share=weights / weights.sum())
 
 
-# DeepSeek-V2 / V3 MLA head widths (config.json of deepseek-ai/DeepSeek-V3 and DeepSeek-R1-0528: qk_nope_head_dim
-# 128, qk_rope_head_dim 64, v_head_dim 128, kv_lora_rank 512; the catalog's mla_kv_dim 576 = kv_lora_rank + rope)
-MLA_QK_NOPE_DIM, MLA_ROPE_DIM, MLA_V_DIM = 128, 64, 128
-
-
 def mla_attn_flops_per_key(model: TransformerModel, *, decode: bool) -> float:
     """Attention FLOPs of one query token against one key, all heads a, for MLA (DeepSeek-V2, arXiv 2405.04434,
     Sec. 2.1.2-2.1.3). Prefill runs the decompressed multi-head form: QK^T over d_nope + d_rope = 192 and AV over
@@ -215,12 +210,13 @@ def mla_attn_flops_per_key(model: TransformerModel, *, decode: bool) -> float:
     attention), each head attending the cached latent directly: QK^T over the latent and rope key (mla_kv_dim =
     576) and AV over the latent (kv_lora_rank = 512), 2 a (576 + 512): 9.7x the MHA-of-head-dim-56 count, which
     makes MLA decode attention compute-bound (FlashMLA README: 'computation-bound' configurations at up to 580 - 660
-    TFLOPS on H800)."""
-    assert model.mla_kv_dim is not None
+    TFLOPS on H800). The widths are the catalog model's (``TransformerModel.mla``)."""
+    mla = model.mla
+    assert mla is not None
     heads = float(model.heads)
     if decode:
-        return 2.0 * heads * (model.mla_kv_dim + model.mla_kv_dim - MLA_ROPE_DIM)
-    return 2.0 * heads * (MLA_QK_NOPE_DIM + MLA_ROPE_DIM + MLA_V_DIM)
+        return 2.0 * heads * (mla.kv_dim + mla.kv_lora_rank)
+    return 2.0 * heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim)
 
 
 def kv_bytes_per_token(model: TransformerModel, kv_bytes_per_value: float) -> float:

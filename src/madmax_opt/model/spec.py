@@ -59,6 +59,24 @@ TrainingDegree = Annotated[PositiveInt, ProcessGroup(serving=False)]  # a degree
 # ----------------------------------------------------------------------------------------------- models
 
 
+class MLA(Strict):
+    """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): keys and values come from a cached
+    latent of ``kv_lora_rank`` values plus a decoupled RoPE key of ``qk_rope_head_dim`` per token and layer; the
+    names are those of the Hugging Face config.json."""
+
+    kv_lora_rank: PositiveInt = Field(description="width of the cached key/value latent c_KV")
+    q_lora_rank: PositiveInt | None = Field(None, description="width of the query latent; None: queries are not "
+                                            "compressed (DeepSeek-V2-Lite)")
+    qk_nope_head_dim: PositiveInt = Field(description="per-head query/key width without RoPE")
+    qk_rope_head_dim: PositiveInt = Field(description="per-head query/key width with RoPE (the key shared by heads)")
+    v_head_dim: PositiveInt = Field(description="per-head value width")
+
+    @property
+    def kv_dim(self) -> int:
+        """Cached values per token and layer: kv_lora_rank + qk_rope_head_dim (DeepSeek-V2 Sec. 2.1.3)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
 class MoE(Strict):
     """Mixture-of-experts MLP: every layer's MLP is ``num_experts`` experts of which each token uses ``top_k``."""
 
@@ -113,12 +131,14 @@ class TransformerModel(Strict):
     patch_size: PositiveInt | None = None
     channels: PositiveInt = 3
     moe: MoE | None = Field(None, description="mixture-of-experts MLP (replaces the dense MLP of every layer)")
-    mla_kv_dim: PositiveInt | None = Field(
-        None,
-        description="serving: multi-head latent attention caches this many values per token and layer (DeepSeek: "
-        "kv_lora_rank 512 + rope 64 = 576), the same on every TP rank; default 2 x kv_heads x head_dim",
-    )
+    mla: MLA | None = Field(None, description="multi-head latent attention (DeepSeek-V2 / V3): its widths")
     source: str = "inline"
+
+    @property
+    def mla_kv_dim(self) -> int | None:
+        """Values MLA caches per token and layer (the latent plus the RoPE key), the same on every TP rank; None
+        without MLA (the cache is then 2 x kv_heads x head_dim)."""
+        return None if self.mla is None else self.mla.kv_dim
 
     @model_validator(mode="after")
     def _shapes(self) -> TransformerModel:
