@@ -44,7 +44,6 @@ from madmax_opt.search.placement import (
     greedy_placement,
     solve_placement,
 )
-from madmax_opt.search.placement_brute import brute_force_placement
 from madmax_opt.search.placement_ints import MEMORY, IntTables, int_objective, int_tables
 
 # ===================================================================================== DLRM search
@@ -281,7 +280,6 @@ __all__ = [
     "IntTables",
     "PlacementModel",
     "PlacementResult",
-    "brute_force_placement",
     "dlrm_status",
     "evaluate_dlrm",
     "greedy_placement",
