@@ -36,3 +36,16 @@ def test_dlrm_examples_solve_with_few_cpsat_runs(name: str, runs: int, cpu_s: fl
     assert best["placement_solver"]["variables"] > 0  # the model's size is still reported
     if cpu_s is not None:
         assert used_s < cpu_s
+
+
+def test_export_model_still_builds_and_writes_the_placement_model(tmp_path: Path) -> None:
+    """--export-model (or --solver-params) asks for the CP-SAT model: the bound's shortcut steps aside and the
+    placement model is built, written and solved as without the bound, to the same answer."""
+    problem = load_dlrm_problem(ROOT / "problems" / "dlrm" / "dlrm-a-zionex.yaml")
+    plain, exported = CpSatOptions(time_limit_s=30.0), CpSatOptions(time_limit_s=30.0, export_model=tmp_path / "m.txt")
+    best, _ = solve_dlrm(problem, cpsat=plain)
+    again, _ = solve_dlrm(problem, cpsat=exported)
+    assert not plain.solved and exported.solved == ["table placement"]
+    assert (tmp_path / "m.txt").read_text().startswith("variables")
+    assert again["plan"] == best["plan"] and again["step_time_s"] == best["step_time_s"]
+    assert again["placement_solver"]["variables"] == best["placement_solver"]["variables"]

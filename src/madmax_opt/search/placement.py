@@ -345,7 +345,7 @@ def solve_placement(
 
     When the averaging lower bound (search/placement_bound.py) reaches the greedy plan's objective, the greedy
     plan is the proven optimum and no CP-SAT model is built (identical tables dealt evenly: every example's
-    table-wise optimum). Otherwise two phases (measured, ortools 9.15, on random small instances, DLRM-A/I at 96-512 GPUs, 50-200 heterogeneous
+    table-wise optimum), unless --export-model or --solver-params ask for the model. Otherwise two phases (measured, ortools 9.15, on random small instances, DLRM-A/I at 96-512 GPUs, 50-200 heterogeneous
     tables): (1) one worker following the decision strategies with quick restarts and the full LP relaxation
     proves every small and every grouped instance within PROOF_PHASE_LIMIT deterministic units: the first
     QUICK_PROOF_LIMIT units without presolve (the easy instances), the rest with presolve minus its symmetry
@@ -358,7 +358,8 @@ def solve_placement(
     time_limit_s = opts.time_limit_s
     greedy = greedy_placement(it)
     greedy_obj = int_objective(it, greedy)[0] if greedy is not None else None
-    if greedy is not None and greedy_obj is not None and lower_bound(it, greedy) >= greedy_obj:
+    wants_model = opts.export_model is not None or bool(opts.params)  # --export-model / --solver-params: CP-SAT
+    if greedy is not None and greedy_obj is not None and not wants_model and lower_bound(it, greedy) >= greedy_obj:
         # the averaging bound (search/placement_bound.py) proves the greedy plan optimal: no CP-SAT model
         return PlacementResult(shards=greedy, status="optimal", objective=greedy_obj, bound=float(greedy_obj),
                                wall_s=time.perf_counter() - t0, variables=model_variables(it), greedy=greedy,
