@@ -5,8 +5,9 @@ Residual r = ln(measured / predicted) of a fitted case, grouped by framework fam
 ``calibrated`` and ``family`` are the case's leave-one-source-out prediction at the level its LOSO reached
 (validation_modern.summarize_modern); ``prior`` is the case predicted with its GPU's prior (never fitted to
 these runs). A group with runs from fewer than two sources, or fewer than core.intervals.MIN_RUNS (its coverage
-could not be measured on its own) takes the family's fit residuals (``fits``: its calibrated and family levels
-together), else the level's residuals pooled over the families.
+could not be measured on its own) takes the same level's residuals pooled over the families: an interval comes from
+residuals of the level it prices (a family-level prediction errs more than a calibrated one), never from another
+level's.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from madmax_opt.studies.validation_modern import LEVELS, ModernSummary, family_o
 
 INTERVALS_FILE = ("data", "training_intervals.yaml")
 POOLED = "pooled"
-FITS = "fits"  # a family's leave-one-source-out residuals at both fitted levels (calibrated and family)
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,7 @@ def residual_groups(s: ModernSummary) -> dict[tuple[str, str], Group]:
     out: dict[tuple[str, str], Group] = {}
 
     def add(family: str, level: str, r: float, source: str) -> None:
-        fits = [(family, FITS)] if level != "prior" else []
-        for key in ((family, level), (POOLED, level), *fits):
+        for key in ((family, level), (POOLED, level)):
             g = out.setdefault(key, Group(key[0], level, [], []))
             g.residuals.append(r)
             g.sources.append(source)
@@ -74,11 +73,8 @@ def residual_groups(s: ModernSummary) -> dict[tuple[str, str], Group]:
 
 def chosen(groups: dict[tuple[str, str], Group], family: str, level: str) -> Group | None:
     """The group whose residuals price (family, level): its own, else the level pooled over families."""
-    for key in ((family, level), (family, FITS)):
-        g = groups.get(key)
-        if g is not None and g.own and (key[1] == level or level != "prior"):
-            return g
-    return groups.get((POOLED, level))
+    g = groups.get((family, level))
+    return g if g is not None and g.own else groups.get((POOLED, level))
 
 
 def intervals_yaml(groups: dict[tuple[str, str], Group]) -> str:
@@ -92,8 +88,7 @@ def intervals_yaml(groups: dict[tuple[str, str], Group]) -> str:
             if g is None or iv is None:
                 continue
             cov, n = g.coverage
-            basis = ("own" if g.level == level else "the family's fitted levels together") if g.family == fam \
-                else "pooled over families"
+            basis = "own" if g.family == fam else "pooled over families"
             body.setdefault(fam, {})[level] = {
                 "lo": round(iv.lo, 4), "hi": round(iv.hi, 4), "runs": iv.runs, "sources": sorted(set(g.sources)),
                 "basis": basis,
@@ -130,7 +125,7 @@ def coverage_lines(s: ModernSummary) -> list[str]:
         cov, n = g.coverage
         span = "-" if iv is None else f"{iv.lo:.3f} - {iv.hi:.3f}"
         verdict = "-" if np.isnan(cov) else ("pass" if 0.75 <= cov <= 0.85 else "**outside 75-85 %**")
-        note = "" if g.own or fam == POOLED else f" (priced with {fam} {FITS} or the pooled row)"
+        note = "" if g.own or fam == POOLED else " (priced with the pooled row)"
         covered = "- (one source)" if np.isnan(cov) else f"{100 * cov:.1f} % of {n}"
         lines.append(f"| {fam} | {level}{note} | {len(g.residuals)} | {len(set(g.sources))} | {span} "
                      f"| {covered} | {verdict} |")
