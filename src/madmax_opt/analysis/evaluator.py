@@ -25,7 +25,7 @@ from madmax_opt.core.numeric import Arr
 from madmax_opt.core.units import SECONDS_PER_HOUR
 from madmax_opt.model.groups import Groups
 from madmax_opt.model.hardware import HardwareOption, HardwareTable
-from madmax_opt.model.objectives import energy_mwh, run_cost_usd, usd_per_million_units
+from madmax_opt.model.objectives import energy_mwh, run_cost_usd, stage_rates, usd_per_million_units
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan, System
@@ -343,7 +343,9 @@ def _mixed_hardware(model: Model, plan: Plan, stage_hw: list[int], rec: Training
     """Hardware, price and supply of a pipeline whose stages run on different systems."""
     per_stage = int(Groups.of_plan(plan).stage)
     options = [model.problem.hardware[i] for i in stage_hw]
-    hourly = sum(o.system.price_per_gpu_hour * per_stage for o in options)
+    systems = [o.system for o in model.problem.hardware]
+    rates = stage_rates(np.array([np.nan]), systems, stage_hw, per_stage)  # the deployment's price and power only
+    hourly = float(rates.usd_per_hour[0])
     use: dict[str, int] = {}
     for o in options:
         use[o.gpu.name] = use.get(o.gpu.name, 0) + per_stage
@@ -354,7 +356,7 @@ def _mixed_hardware(model: Model, plan: Plan, stage_hw: list[int], rec: Training
     if "time_to_train" in rec:
         tt = rec["time_to_train"]
         tt["cost_usd"] = run_cost_usd(tt["hours"], hourly)
-        tt["energy_mwh"] = energy_mwh(tt["hours"], sum(o.system.power_w_per_gpu * per_stage for o in options))
+        tt["energy_mwh"] = energy_mwh(tt["hours"], float(rates.watts[0]))
     for o in model.problem.hardware:
         if o.supply is not None and use.get(o.gpu.name, 0) > o.supply and rec["feasible"]:
             rec["feasible"] = False

@@ -73,6 +73,14 @@ def uniform_rates(seconds_per_unit: Arr, systems: Sequence[System], hw: IntArr, 
                  total_units, throughput_per_gpu)
 
 
+def stage_rates(seconds_per_unit: Arr, systems: Sequence[System], stage_hw: Sequence[int], gpus_per_stage: float,
+                total_units: float | None = None) -> Rates:
+    """Rates of one pipeline whose stages may run on different systems: one part per stage, stage s on
+    ``systems[stage_hw[s]]`` with ``gpus_per_stage`` GPUs (dp x tp x cp)."""
+    parts = tuple((np.array([h], dtype=np.int64), np.array([float(gpus_per_stage)])) for h in stage_hw)
+    return Rates(np.asarray(seconds_per_unit, dtype=np.float64), tuple(systems), parts, total_units)
+
+
 @dataclass(frozen=True)
 class IntegerUnit:
     """How a search rounds an objective to integers: ``scale`` integers per unit of ``value`` (per token or sample;

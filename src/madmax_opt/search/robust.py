@@ -17,7 +17,7 @@ import numpy as np
 
 from madmax_opt.analysis.records import Record
 from madmax_opt.model.groups import Groups
-from madmax_opt.model.objectives import Rates, objective_values
+from madmax_opt.model.objectives import objective_values, stage_rates
 from madmax_opt.model.plan_settings import PARALLEL_DEGREES
 from madmax_opt.model.problem import Problem
 from madmax_opt.model.spec import Plan
@@ -34,8 +34,8 @@ def objective_value(problem: Problem, rec: Record) -> float:
         names, per = [str(plan.get("system") or rec["hardware"]["system"])], float(rec["hardware"]["gpus"])
     listed = tuple(systems[n] for n in dict.fromkeys(names))
     index = {s.name: j for j, s in enumerate(listed)}
-    rates = Rates(np.array([1.0 / rec["tokens_per_s"]]), listed,
-                  tuple((np.array([index[n]]), np.array([per])) for n in names), problem.training_task.train_tokens)
+    rates = stage_rates(np.array([1.0 / rec["tokens_per_s"]]), listed, [index[n] for n in names], per,
+                        problem.training_task.train_tokens)  # a uniform plan: one "stage" of all its GPUs
     return float(objective_values(problem.objective, rates)[0])
 
 
