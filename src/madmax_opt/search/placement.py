@@ -15,10 +15,11 @@ CP-SAT chooses, for every table group, how many tables take each option and wher
   of maxima: one integer per phase / collective with ``>=`` every GPU's lane load; memory per GPU ``<=`` capacity.
 
 The greedy baseline (what common planners do): every table table-wise, largest table first, to the GPU with the
-least load so far (lookup + its own communication) that still has memory room. It is also the solver's hint, so
-the solver never returns worse; when an averaging lower bound (search/placement_bound.py) reaches its objective it
-is the optimum without a solve. The brute force (search/placement_brute.py) enumerates every option of every table
-(small instances only) over the same integer coefficients: the exactness reference."""
+least load so far (lookup + its own communication) that still has memory room. It is also the solver's hint
+(search/placement_hint.py may start it lower), so the solver never returns worse; when an averaging lower bound
+(search/placement_bound.py) reaches its objective it is the optimum without a solve. The brute force
+(search/placement_brute.py) enumerates every option of every table (small instances only) over the same integer
+coefficients: the exactness reference."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.cpsat import run as cpsat_run
 from madmax_opt.search.ortools_import import load_cp_model
 from madmax_opt.search.placement_bound import lower_bound, model_variables
+from madmax_opt.search.placement_hint import improved_hint
 from madmax_opt.search.placement_ints import MEMORY, IntTables, int_objective
 from madmax_opt.search.placement_ints import int_tables as int_tables  # re-exported (report, tests)
 
@@ -351,7 +353,8 @@ def solve_placement(
     QUICK_PROOF_LIMIT units without presolve (the easy instances), the rest with presolve minus its symmetry
     detection (that alone cost up to 30 s over identical GPUs); (2) if not proven, CP-SAT's portfolio with LNS
     (interleaved: deterministic with one worker) continues from the best plan for the rest of ``time_limit_s`` (or
-    ``deterministic_limit`` units). The greedy plan is the first hint; the result is never worse than greedy.
+    ``deterministic_limit`` units). The first hint is the greedy plan, or where a group of many identical tables
+    does not divide over the GPUs a better start (search/placement_hint.py); the result is never worse than greedy.
     """
     t0 = time.perf_counter()
     opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
@@ -368,11 +371,12 @@ def solve_placement(
     from ortools.sat.python import cp_model
 
     pm = PlacementModel(it)
-    best: tuple[int, ShardArrays] | None = (greedy_obj, greedy) if greedy is not None and greedy_obj is not None \
-        else None
+    best: tuple[int, ShardArrays] | None = None
+    if greedy is not None and greedy_obj is not None:  # the first hint: greedy, or a better start for big groups
+        best = improved_hint(it, greedy_obj, greedy_placement) or (greedy_obj, greedy)
     first = PROOF_PHASE_LIMIT if deterministic_limit is None else min(PROOF_PHASE_LIMIT, deterministic_limit)
     quick = min(QUICK_PROOF_LIMIT, first)
-    st, solver = _phase(pm, greedy, cpsat=opts, deterministic_limit=quick, portfolio=False)
+    st, solver = _phase(pm, best[1] if best else None, cpsat=opts, deterministic_limit=quick, portfolio=False)
     bound = float(solver.best_objective_bound) if st != cp_model.INFEASIBLE else 0.0
     best = _better(it, pm, solver, st, best)
     left_s = time_limit_s - (time.perf_counter() - t0)
