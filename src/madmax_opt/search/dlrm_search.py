@@ -201,6 +201,7 @@ def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, 
 def _solver_info(res: PlacementResult) -> dict[str, Any]:
     return {
         "status": res.status,
+        "proved_by": res.proved_by,  # cp-sat, or the averaging bound (search/placement_bound.py): no model built
         "objective_s": res.objective / NS,
         "bound_s": res.bound / NS,
         "gap": res.gap,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -123,6 +123,7 @@ class PlacementResult:
     variables: int
     greedy: ShardArrays | None
     greedy_objective: int | None  # ns, integer model
+    proved_by: Literal["cp-sat", "bound"] = "cp-sat"  # bound: the averaging bound met greedy, no model was built
 
     @property
     def gap(self) -> float:
@@ -366,7 +367,7 @@ def solve_placement(
         # the averaging bound (search/placement_bound.py) proves the greedy plan optimal: no CP-SAT model
         return PlacementResult(shards=greedy, status="optimal", objective=greedy_obj, bound=float(greedy_obj),
                                wall_s=time.perf_counter() - t0, variables=model_variables(it), greedy=greedy,
-                               greedy_objective=greedy_obj)
+                               greedy_objective=greedy_obj, proved_by="bound")
     load_cp_model()  # without pandas (search/ortools_import.py); only where a model is built
     from ortools.sat.python import cp_model
 
