@@ -8,10 +8,11 @@ as the random-access row-gather efficiency too), every lookup counted as a disti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from numpy.typing import NDArray
+from typing_extensions import NotRequired
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.numeric import Arr, IntArr
@@ -377,7 +378,17 @@ def shards_from_plan(entries: list[ShardEntry], model: DLRMModel, opts: Embeddin
     return ShardArrays(arr[:, 0], arr[:, 1], arr[:, 2])
 
 
-def compact_placement(shards: ShardArrays, opts: EmbeddingOptions, model: DLRMModel) -> list[dict[str, Any]]:
+class ShardEntryJSON(TypedDict):
+    """A plan file's placement entry (model/dlrm_spec.ShardEntry) as records write it: only the keys it has."""
+
+    group: str
+    count: int
+    sharding: str
+    gpus: NotRequired[list[int]]  # table_wise, column_wise
+    node: NotRequired[int]  # table_row_wise
+
+
+def compact_placement(shards: ShardArrays, opts: EmbeddingOptions, model: DLRMModel) -> list[ShardEntryJSON]:
     """Shard rows back to plan entries (column shards of one table regrouped; equal entries merged)."""
     merged: dict[tuple[int, str, tuple[int, ...], int], int] = {}
     cw: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -396,7 +407,7 @@ def compact_placement(shards: ShardArrays, opts: EmbeddingOptions, model: DLRMMo
             merged[key] = merged.get(key, 0) + 1
     out = []
     for (grp, sharding, loc, _), k in sorted(merged.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
-        entry: dict[str, Any] = {"group": model.tables[grp].name, "count": k, "sharding": sharding}
+        entry: ShardEntryJSON = {"group": model.tables[grp].name, "count": k, "sharding": sharding}
         if LOCATED[sharding] == "gpu":
             entry["gpus"] = list(loc)
         elif LOCATED[sharding] == "node":

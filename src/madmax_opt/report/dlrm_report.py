@@ -13,6 +13,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from madmax_opt.analysis.dlrm_records import DLRMRecord
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.core.units import GB
 from madmax_opt.io import catalog
@@ -31,14 +32,14 @@ MS = 1e3
 # ============================================================================================ solve / evaluate
 
 
-def plan_text(rec: dict[str, Any]) -> str:
+def plan_text(rec: DLRMRecord) -> str:
     d = rec["plan"]["dense"]
     dense = d["strategy"] + (f" tp{d['tp']}" if d["tp"] > 1 else "") + (f" ep{d['ep']}" if d["ep"] > 1 else "")
     shard = ", ".join(f"{k} {v:g}" for k, v in rec["embedding"]["tables_by_sharding"].items())
     return f"{dense}; tables: {shard}"
 
 
-def record_table(rec: dict[str, Any], title: str) -> Table:
+def record_table(rec: DLRMRecord, title: str) -> Table:
     hw = rec["hardware"]
     t = metric_table(title, plan_text(rec), hw)
     if not rec["feasible"]:
@@ -88,7 +89,7 @@ def print_result(result: dict[str, Any], console: Console) -> None:
         console.print(f"[bold]speedup over baseline: {result['speedup_vs_baseline']:.2f}x[/bold]")
 
 
-def print_evaluations(records: list[dict[str, Any]], console: Console) -> None:
+def print_evaluations(records: list[DLRMRecord], console: Console) -> None:
     """The tables of ``evaluate`` on a recommender problem: one per plan."""
     for i, rec in enumerate(records):
         console.print(record_table(rec, f"plan {i + 1}" if len(records) > 1 else "plan"))
@@ -112,7 +113,7 @@ def _problem(model: str, system: str, gpus: int) -> DLRMProblem:
     })
 
 
-def _solve(problem: DLRMProblem) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
+def _solve(problem: DLRMProblem) -> tuple[DLRMRecord | None, DLRMRecord | None, str | None]:
     """(best record, paper-style baseline record, reason when nothing fits)."""
     try:
         best, results = solve_dlrm(problem)
@@ -121,12 +122,12 @@ def _solve(problem: DLRMProblem) -> tuple[dict[str, Any] | None, dict[str, Any] 
     return best, results[0].baseline, None
 
 
-def _dense_text(rec: dict[str, Any]) -> str:
+def _dense_text(rec: DLRMRecord) -> str:
     d = rec["plan"]["dense"]
     return d["strategy"].upper() + (f" + TP{d['tp']}" if d["tp"] > 1 else "")
 
 
-def _place_text(rec: dict[str, Any]) -> str:
+def _place_text(rec: DLRMRecord) -> str:
     return ", ".join(f"{k.replace('_', '-')} {v:g}" for k, v in rec["embedding"]["tables_by_sharding"].items())
 
 

@@ -4,10 +4,16 @@ objective registry; the paper-style baseline; evaluation of given DLRM plans."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from madmax_opt.analysis.dlrm_records import (
+    DensePlanJSON,
+    DLRMOptionJSON,
+    DLRMRecord,
+    DLRMSolveResult,
+    PlacementSolverJSON,
+)
 from madmax_opt.core.errors import InfeasibleError
 from madmax_opt.core.units import NS, SECONDS_PER_HOUR
 from madmax_opt.model.dlrm import Layout, layout_of, lower
@@ -25,6 +31,7 @@ from madmax_opt.model.dlrm_embedding import (
     EmbeddingOptions,
     EmbeddingTimes,
     ShardArrays,
+    ShardEntryJSON,
     compact_placement,
     embedding_options,
     embedding_times,
@@ -54,8 +61,8 @@ class OptionResult:
     """The best plan found on one hardware option, with its placement solve and the paper-style baseline."""
 
     hw: int
-    record: dict[str, Any] | None
-    baseline: dict[str, Any] | None
+    record: DLRMRecord | None
+    baseline: DLRMRecord | None
     placement: PlacementResult | None
     reason: str | None = None
     status: str = "optimal"  # feasible when any placement solved for this option was not proven optimal
@@ -63,7 +70,7 @@ class OptionResult:
 
 def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, shards: ShardArrays,
             dense_plans: DensePlans, dense: DenseTerms, i: int, times: EmbeddingTimes,
-            placement: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+            placement: list[ShardEntryJSON] | None = None) -> DLRMRecord:
     """The exact (float) evaluation of dense plan ``i`` (``dense``: dense_terms of ``dense_plans``) with placement
     ``shards`` as a JSON-ready record (``placement``: compact_placement of ``shards`` when already computed; a copy
     goes into the record)."""
@@ -87,9 +94,11 @@ def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, 
         s = opts.options[o]
         counts[s.sharding] = counts.get(s.sharding, 0) + k / s.split
     exposed_a2a = t["a2a_fwd"][0] + t["a2a_bwd"][0]
-    rec: dict[str, Any] = {
-        "plan": {"system": opt.system.name, "gpus": opt.gpus, "dense": one.plan(0).model_dump(),
-                 "placement": [dict(e) for e in placement] if placement is not None
+    d = one.plan(0)
+    rec: DLRMRecord = {
+        "plan": {"system": opt.system.name, "gpus": opt.gpus,
+                 "dense": DensePlanJSON(strategy=d.strategy, tp=d.tp, ep=d.ep),
+                 "placement": [ShardEntryJSON(**e) for e in placement] if placement is not None
                  else compact_placement(shards, opts, problem.model)},
         "hardware": {"system": opt.system.name, "gpu": opt.gpu.name, "gpus": opt.gpus},
         "feasible": not reasons,
@@ -126,7 +135,7 @@ def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, 
     return rec
 
 
-def _rates(problem: DLRMProblem, rec: dict[str, Any]) -> Rates:
+def _rates(problem: DLRMProblem, rec: DLRMRecord) -> Rates:
     """The objective registry's inputs for one record (model/objectives.py; the unit of work is a sample)."""
     opt = next(o for o in problem.hardware
                if o.system.name == rec["hardware"]["system"] and o.gpus == rec["hardware"]["gpus"])
@@ -134,12 +143,12 @@ def _rates(problem: DLRMProblem, rec: dict[str, Any]) -> Rates:
                          np.array([float(opt.gpus)]), problem.task.train_samples)
 
 
-def objective_value(problem: DLRMProblem, rec: dict[str, Any]) -> float:
+def objective_value(problem: DLRMProblem, rec: DLRMRecord) -> float:
     """The problem's objective of a record (float, the registry's unit: s, $ or J per sample, s of training)."""
     return float(objective_values(problem.objective, _rates(problem, rec))[0])
 
 
-def _admissible(problem: DLRMProblem, rec: dict[str, Any]) -> bool:
+def _admissible(problem: DLRMProblem, rec: DLRMRecord) -> bool:
     c = problem.constraints
     return bool(rec["feasible"]
                 and (c.max_gpus is None or rec["hardware"]["gpus"] <= c.max_gpus)
@@ -168,9 +177,9 @@ def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, 
     opts = embedding_options(problem.model, task, lay, shardings, tuple(problem.space.column_splits), loosest)
     weights = phase_weights(task)
     solved: dict[int, PlacementResult | None] = {}
-    evaluated: dict[int, tuple[EmbeddingTimes, list[dict[str, Any]]]] = {}  # per placement (id): its times, plan
+    evaluated: dict[int, tuple[EmbeddingTimes, list[ShardEntryJSON]]] = {}  # per placement (id): its times, plan
     peak_mb: dict[int, int] = {}  # per placement (id)
-    best: dict[str, Any] | None = None
+    best: DLRMRecord | None = None
     first: PlacementResult | None = None
     for i in sorted(ok.tolist(), key=lambda k: -budget[k]):
         it = int_tables(opts, lay, weights, float(budget[i]))
@@ -198,7 +207,7 @@ def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, 
     return OptionResult(hw, best, baseline, first, reason, "optimal" if proven else "feasible")
 
 
-def _solver_info(res: PlacementResult) -> dict[str, Any]:
+def _solver_info(res: PlacementResult) -> PlacementSolverJSON:
     return {
         "status": res.status,
         "proved_by": res.proved_by,  # cp-sat, or the averaging bound (search/placement_bound.py): no model built
@@ -213,14 +222,14 @@ def _solver_info(res: PlacementResult) -> dict[str, Any]:
 
 
 def paper_baseline(problem: DLRMProblem, hw: int, *, lay: Layout | None = None,
-                   opts_full: EmbeddingOptions | None = None) -> dict[str, Any] | None:
+                   opts_full: EmbeddingOptions | None = None) -> DLRMRecord | None:
     """MAD-Max's baseline: embeddings table-wise over all GPUs (greedy), MLPs DDP or FSDP (the better one)."""
     lay = lay or layout_of(problem.hardware[hw], problem.stack)
     wl = lower(problem.model)
     dense = DensePlans.of([DensePlan(strategy="ddp"), DensePlan(strategy="fsdp")])
     dt = dense_terms(wl, problem.task, problem.stack, lay, dense)
     opts = opts_full or embedding_options(problem.model, problem.task, lay, ("table_wise",))
-    best = None
+    best: DLRMRecord | None = None
     for i in range(len(dense)):
         it = int_tables(opts, lay, phase_weights(problem.task), lay.capacity_bytes - float(dt.memory_bytes[i]))
         shards = greedy_placement(it)
@@ -233,7 +242,7 @@ def paper_baseline(problem: DLRMProblem, hw: int, *, lay: Layout | None = None,
 
 
 def solve_dlrm(problem: DLRMProblem, *, time_limit_s: float = 30.0, workers: int = 1,
-               cpsat: CpSatOptions | None = None) -> tuple[dict[str, Any], list[OptionResult]]:
+               cpsat: CpSatOptions | None = None) -> tuple[DLRMRecord, list[OptionResult]]:
     """The best plan over every hardware option by the problem's objective (at fixed hardware every objective
     ranks plans by step time; across options the registry's value decides). InfeasibleError names the reason."""
     opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers)
@@ -252,7 +261,7 @@ def dlrm_status(results: list[OptionResult]) -> str:
     return "optimal" if all(r.status == "optimal" for r in results) else "feasible"
 
 
-def evaluate_dlrm(problem: DLRMProblem, plans: list[DLRMPlan], source: str | None = None) -> list[dict[str, Any]]:
+def evaluate_dlrm(problem: DLRMProblem, plans: list[DLRMPlan], source: str | None = None) -> list[DLRMRecord]:
     """Exact evaluation of given plans (placement entries, or ``greedy``)."""
     out = []
     for k, plan in enumerate(plans):
@@ -295,10 +304,10 @@ __all__ = [
 
 def dlrm_solve_result(
     problem: DLRMProblem, time_limit_s: float, workers: int, cpsat: CpSatOptions | None = None
-) -> dict[str, Any]:
+) -> DLRMSolveResult:
     """The JSON object of ``solve --json`` for a DLRM problem: best plan, per-option results, baseline."""
     best, results = solve_dlrm(problem, time_limit_s=time_limit_s, workers=workers, cpsat=cpsat)
-    baseline: dict[str, Any] | None
+    baseline: DLRMRecord | None
     if problem.baseline is not None:
         baseline = evaluate_dlrm(problem, [problem.baseline], problem.source)[0]
     else:
@@ -311,9 +320,9 @@ def dlrm_solve_result(
         "objective": problem.objective,
         "best": best,
         "options": [
-            {"hardware": problem.hardware[r.hw].name, "feasible": r.record is not None, "reason": r.reason,
-             "step_time_s": r.record["step_time_s"] if r.record else None,
-             "samples_per_s": r.record["samples_per_s"] if r.record else None}
+            DLRMOptionJSON(hardware=problem.hardware[r.hw].name, feasible=r.record is not None, reason=r.reason,
+                           step_time_s=r.record["step_time_s"] if r.record else None,
+                           samples_per_s=r.record["samples_per_s"] if r.record else None)
             for r in results
         ],
         "baseline": baseline,

@@ -97,7 +97,7 @@ def _solve_online(problem: Problem, o: SearchOptions) -> dict[str, Any]:
 def _solve_recommender(problem: DLRMProblem, o: SearchOptions) -> dict[str, Any]:
     from madmax_opt.search.dlrm_search import dlrm_solve_result
 
-    return dlrm_solve_result(problem, o.time_limit_s, o.workers, cpsat=o.cpsat)
+    return dict(dlrm_solve_result(problem, o.time_limit_s, o.workers, cpsat=o.cpsat))
 
 
 def _evaluate_training(problem: Problem, plans: Sequence[Plan], plan_file: str) -> list[Any]:
