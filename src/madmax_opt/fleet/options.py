@@ -339,9 +339,9 @@ def _serving_bests(job: Job, pool: Pool, sizes: list[int]) -> dict[int, tuple[Ma
         return {}
     top = list(best.values())
     outcome = serving.ServingOutcome("optimal", top, None, None, 0.0, c, 0)
-    records = serving.to_records(model, c, top)
+    records = serving.serving_records(model, c, top)
     serving.cross_check(outcome, records, "throughput")
-    return {n: (rec, "optimal") for n, rec in zip(best, records, strict=True)}
+    return {n: (rec.to_json(), "optimal") for n, rec in zip(best, records, strict=True)}
 
 
 def search_option(job: Job, pool: Pool, gpus: int, limit: float) -> dict[str, Any]:
@@ -402,7 +402,7 @@ def _serving_best(problem: Problem, limit: float) -> tuple[Mapping[str, Any], st
 
     model = serving.ServingModel(problem)
     outcome = serving.solve_serving(problem, top_k=1, time_limit_s=limit, workers=1, model=model)
-    records = serving.to_records(model, outcome.candidates, outcome.top)
+    records = serving.serving_records(model, outcome.candidates, outcome.top)
     serving.cross_check(outcome, records, "throughput")
-    return records[0], outcome.status
+    return records[0].to_json(), outcome.status
 

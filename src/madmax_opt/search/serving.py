@@ -253,15 +253,11 @@ def best_batch_record(model: ServingModel, plan: ServingPlan) -> ServingRecord:
     return serving_records(model, c, [best])[0]
 
 
-def cross_check(
-    outcome: ServingOutcome, records: list[ServingRecord] | list[dict[str, Any]], objective: str
-) -> None:
-    """Each returned plan, re-evaluated in floating point, must be feasible and match its integer objective
-    (``records``: typed, or their JSON objects as fleet/options.py holds them)."""
+def cross_check(outcome: ServingOutcome, records: list[ServingRecord], objective: str) -> None:
+    """Each returned plan, re-evaluated in floating point, must be feasible and match its integer objective."""
     c = outcome.candidates
     per_value = serving_units(objective).per_value
-    for i, item in zip(outcome.top, records, strict=True):
-        rec = item if isinstance(item, ServingRecord) else ServingRecord.model_validate(item)
+    for i, rec in zip(outcome.top, records, strict=True):
         gpus = float(rec.hardware.gpus)
         # from the record's own floats, not the integer columns
         rates = uniform_rates(np.array([1.0 / rec.output_tokens_per_s]), c.systems, c.plans.hw[i:i + 1],
