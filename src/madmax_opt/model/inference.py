@@ -25,7 +25,10 @@ kernel that streams its weights while computing takes max(compute, memory) time;
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +63,12 @@ from madmax_opt.model.serving_workload import (  # noqa: F401  (re-exported: the
 )
 from madmax_opt.model.spec import InferenceTask, Stack
 from madmax_opt.model.workload import ACT_BYTES
+
+
+def ordered_sum(terms: Iterable[Arr]) -> Arr:
+    """The terms added left to right, elementwise. np.sum(list, axis=0) adds more than 8 terms pairwise when the
+    arrays hold one plan and row by row when they hold several, so a plan's last bit depended on its batch."""
+    return functools.reduce(operator.add, terms)
 
 
 def roofline_s(compute_s: Arr, memory_s: Arr) -> Arr:
@@ -333,7 +342,7 @@ def inference_terms(
     lay["attention"] = lay["attention"] * straggle
     head = head_pass_s(sw, dev, micro * (1.0 + d))
     hop = p2p(micro * (1.0 + d))
-    t_layer = np.sum(list(lay.values()), axis=0)
+    t_layer = ordered_sum(lay.values())
     bottleneck = layers / pp * t_layer + head + hop  # the last stage (it also runs the head)
     whole = (
         layers * t_layer + head + pp * hop
@@ -350,7 +359,7 @@ def inference_terms(
     if d > 0:
         draft_layer = layer_pass_s(sw, dev, micro, context, micro * context, group, decode=True)
         draft_layer["attention"] = draft_layer["attention"] * straggle
-        step["draft"] = d * n_micro * (np.sum(list(draft_layer.values()), axis=0) + head_pass_s(sw, dev, micro))
+        step["draft"] = d * n_micro * (ordered_sum(draft_layer.values()) + head_pass_s(sw, dev, micro))
         decode_s = decode_s + step["draft"]
     # a round emits E = sum_{i=0..d} a^i tokens per sequence (draft i accepted with probability a^i: each draft
     # given the previous with probability a; Leviathan et al. 2023, Sec. 3.1): decode terms are per emitted token
@@ -365,22 +374,22 @@ def inference_terms(
         one = layer_pass_s(sw, dev, p, p / 2.0, p)  # causal: a query attends p/2 keys on average
         ones = np.ones_like(batch)
         latencies.append(  # + the runtime's fixed cost of a prefill pass (scheduling, sampling, host sync)
-            layers * np.sum(list(one.values()), axis=0) + head_pass_s(sw, dev, ones) + (pp - 1) * p2p(p)
+            layers * ordered_sum(one.values()) + head_pass_s(sw, dev, ones) + (pp - 1) * p2p(p)
             + dev.prefill_overhead_s
         )
         k = max(1.0, np.floor(PREFILL_PASS_TOKENS / r.prompt_len))
         lay_k = layer_pass_s(sw, dev, k * p, p / 2.0, k * p)
         # stage = layers/pp x layer + max(head, send) + fixed: the last stage runs the head, the others send
         head_or_send = np.maximum(head_pass_s(sw, dev, k * ones), p2p(k * p))
-        stage_k = layers / pp * np.sum(list(lay_k.values()), axis=0) + head_or_send + dev.prefill_overhead_s
+        stage_k = layers / pp * ordered_sum(lay_k.values()) + head_or_send + dev.prefill_overhead_s
         occupancy.append(stage_k / k)  # pipelined: a stage takes a new pass every stage time
         shard = r.prompt_len * layers / pp * kv_values_per_gpu(m, tp) * dev.kv_bytes
         transfers.append(
             p2p_s(shard, tp * pp, dev.tiers)
         )  # each GPU sends its KV shard to the decode replica
     share = sw.share
-    prefill_per_request = np.sum([w * t for w, t in zip(share, occupancy, strict=True)], axis=0)
-    kv_transfer = np.sum([w * t for w, t in zip(share, transfers, strict=True)], axis=0)
+    prefill_per_request = ordered_sum(w * t for w, t in zip(share, occupancy, strict=True))
+    kv_transfer = ordered_sum(w * t for w, t in zip(share, transfers, strict=True))
     prefill_latency = np.max(latencies, axis=0)
     mean_out = sw.mean_output
     arrivals = batch / mean_out  # requests joining (and leaving) per decode round
@@ -388,7 +397,7 @@ def inference_terms(
     disagg = plans.prefill_dp > 0
     step["prefill"] = np.where(disagg, 0.0, arrivals * prefill_per_request)
     step["kv_transfer"] = np.where(disagg, kv_transfer / mean_out, 0.0)
-    tpot = np.sum([step[k] for k in STEP_TERMS], axis=0)
+    tpot = ordered_sum(step[k] for k in STEP_TERMS)
     others = np.maximum(arrivals - 1.0, 0.0) * prefill_per_request
     # closed loop of N clients, B admitted (Little's law): residence N E[o] T / B, of which E[o] T running
     queue_wait = np.maximum(offered / batch - 1.0, 0.0) * mean_out * tpot
