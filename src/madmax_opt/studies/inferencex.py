@@ -60,6 +60,13 @@ FRAMEWORKS: dict[str, str] = {
 # (benchmarks/dsr1_fp8_mi355x_atom_mtp.sh @6da3382b): DeepSeek-R1's single MTP module, 1 draft token [inferred]
 MTP_DRAFT_TOKENS: dict[str, int] = {"sglang": 2, "tensorrt-llm": 3, "atom": 1, "vllm": 1}
 MTP_DRAFT_TOKENS_DP_ATTENTION: dict[str, int] = {"tensorrt-llm": 1}
+# KV-cache precision of the InferenceX launches where it is not the serving model's default (the weights'): SGLang on
+# Hopper runs FlashInfer MLA without --kv-cache-dtype, and "auto" is the checkpoint's dtype, BF16 for DeepSeek-R1
+# (benchmarks/single_node/fixed_seq_len/dsr1_fp8_h200.sh @843c6254; NVIDIA/srt-slurm recipes/h100/8k1k/*.yaml and
+# recipes/h200/8k1k/*.yaml @c88ef731; SGLang server_args --kv-cache-dtype: '"auto" will use model data type'); its
+# Blackwell and AMD launches set --kv-cache-dtype fp8_e4m3 (dsr1_fp8_b200.sh, dsr1_fp8_mi355x.sh @843c6254), and
+# TensorRT-LLM's kv_cache_config dtype fp8 (dsr1_fp8_h200_trt.sh): the default. Keyed by (framework, GPU family).
+KV_PRECISION: dict[tuple[str, str], str] = {("sglang", "hopper"): "bf16"}
 METRICS: tuple[str, ...] = ("tput_per_gpu", "tpot")
 # Data-quality rule, applied to every row before any fit: a stream whose p99 inter-token gap exceeds 20 x its own
 # median gap stalled (a hung, preempting or restarting server: ix-0077 has 19 s silences in a 114 s request), and the
@@ -138,6 +145,9 @@ def _engine(row: dict[str, Any], part: dict[str, Any], model: str, gpu: str, fra
     }
     if draft:
         task["speculative_tokens"] = draft
+    kv = KV_PRECISION.get((framework, serving_catalog().gpu_family_of().get(gpu, "")))
+    if kv is not None:
+        task["kv_precision"] = kv
     batch = max(1, int(np.ceil(concurrency / (workers * dp))))
     data = {"model": model, "hardware": {"gpu": gpu, "gpus": gpus}, "task": task, "stack": {"framework": framework}}
     plan = ServingPlan(dp=dp, tp=tp, ep=ep, batch=batch, precision=row["precision"])
