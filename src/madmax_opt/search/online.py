@@ -189,18 +189,24 @@ def solve_online(problem: Problem, top_k: int = 1, model: ServingModel | None = 
     systems = [model.problem.hardware[int(h)].system.name for h in plans.hw]
     best_of: dict[str, tuple[int, int]] = {}  # system -> (objective, index) of its best
     if each_system:  # the search goes on over the systems whose best is not settled yet
-        rest = order[start:]
-        for o, i in found:
-            best_of[systems[i]] = min(best_of.get(systems[i], (o, i)), (o, i))
-        while rest:
-            # a candidate can still be its system's best while its bound is at most that system's best objective
-            rest = [i for i in rest if systems[i] not in best_of or lb[i] <= best_of[systems[i]][0]]
-            if not rest:
-                break
-            idx = np.array(rest[:CHUNK], dtype=np.int64)
-            rest = rest[CHUNK:]
-            for o, i in evaluate(idx):
+        number = {n: k for k, n in enumerate(dict.fromkeys(systems))}
+        system_of = np.array([number[n] for n in systems], dtype=np.int64)  # per plan: its system's number
+        best_objective = np.full(len(number), np.inf)  # per system: its best objective so far (inf: none yet)
+
+        def settle(pairs: list[tuple[int, int]]) -> None:
+            for o, i in pairs:
                 best_of[systems[i]] = min(best_of.get(systems[i], (o, i)), (o, i))
+                best_objective[system_of[i]] = best_of[systems[i]][0]
+
+        settle(found)
+        rest = np.array(order[start:], dtype=np.int64)
+        while rest.size:
+            # a candidate can still be its system's best while its bound is at most that system's best objective
+            rest = rest[lb[rest] <= best_objective[system_of[rest]]]
+            if not rest.size:
+                break
+            idx, rest = rest[:CHUNK], rest[CHUNK:]
+            settle(evaluate(idx))
     sel = np.array(top + [i for _, i in best_of.values()], dtype=np.int64)
     sub_table = table.take(sel)
     at_rate = latency(sub_table, np.full(len(sel), task.arrival_rate) / sub_table.replicas)
