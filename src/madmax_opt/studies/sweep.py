@@ -144,8 +144,10 @@ def _run_pool(
     """Run the queue on one pool until it is empty or the pool breaks; returns the problems then in flight."""
     pool = _new_pool(workers)
     pending: dict[Future[dict[str, Any]], Job] = {}
+    _INTERRUPT.pool_running = True
     try:
         while queue or pending:
+            _INTERRUPT.check()
             while queue and len(pending) < 4 * workers:
                 t = queue.popleft()
                 try:
@@ -153,7 +155,7 @@ def _run_pool(
                 except BrokenProcessPool:
                     queue.appendleft(t)
                     return list(pending.values())
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            done, _ = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
             broken = False
             for fut in done:
                 exc = fut.exception()
@@ -166,17 +168,25 @@ def _run_pool(
                 return list(pending.values())
         return []
     finally:
+        _INTERRUPT.pool_running = False
         _stop(pool)
 
 
 def _isolated(t: Job, source: str, solver: dict[str, Any], fn: SolveFn) -> dict[str, Any]:
     """One problem alone in a one-worker pool: if the worker dies, the row records that."""
     pool = _new_pool(1)
+    _INTERRUPT.pool_running = True
     try:
-        return pool.submit(fn, t[0], t[1], t[2], source, solver).result()
+        fut = pool.submit(fn, t[0], t[1], t[2], source, solver)
+        while True:
+            try:
+                return fut.result(timeout=POLL_S)
+            except TimeoutError:
+                _INTERRUPT.check()
     except BrokenProcessPool:
         return error_row(t, "WorkerDied", "the worker process died while solving this problem")
     finally:
+        _INTERRUPT.pool_running = False
         _stop(pool)
 
 
@@ -271,8 +281,33 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM, turned into an interrupt so that the sweep stops the same way as on Ctrl-C."""
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise _Terminated()
+@dataclass
+class _Interrupt:
+    """SIGINT / SIGTERM while a process pool runs: the handler only records it, and the pool loop raises it between
+    two waits. Raised inside the handler, it could land while the main thread holds a future's lock (inside
+    concurrent.futures.wait), and the pool's shutdown then waited on that lock forever (seen: a sweep that printed
+    'interrupted (SIGTERM)' and never exited)."""
+
+    pool_running: bool = False
+    caught: KeyboardInterrupt | None = None
+
+    def check(self) -> None:
+        """Raise the recorded interrupt, if any (a safe point: no lock held)."""
+        exc, self.caught = self.caught, None
+        if exc is not None:
+            raise exc
+
+
+_INTERRUPT = _Interrupt()
+POLL_S = 0.1  # the pool loop's longest wait between two looks at a recorded interrupt
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    exc = _Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    if _INTERRUPT.pool_running:
+        _INTERRUPT.caught = exc
+        return
+    raise exc
 
 
 def run_sweep(
@@ -341,7 +376,8 @@ def _run_locked(
     solver = sweep.spec.solver.model_dump(mode="json")
     log = ResultsLog(results)
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main_thread \
+        else {}
     progress = Progress(
         TextColumn("[bold]sweep[/bold]"),
         BarColumn(),
@@ -372,8 +408,9 @@ def _run_locked(
     except KeyboardInterrupt as exc:
         run.interrupted = "SIGTERM" if isinstance(exc, _Terminated) else "SIGINT"
     finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _INTERRUPT.caught = None  # one that came after the pool stopped
         log.close()
         run.wall_s = time.perf_counter() - t0
         ordered = [rows[k] for k in manifest["keys"] if k in rows]
