@@ -1,4 +1,5 @@
-"""A serving plan's numbers do not depend on the other plans evaluated with it (model/inference.ordered_sum)."""
+"""A serving plan's numbers do not depend on the other plans evaluated with it (model/inference.py adds its terms
+with core/numeric.ordered_sum)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from madmax_opt.core.numeric import ordered_sum
 from madmax_opt.io.problem import load_problem
-from madmax_opt.model.inference import ordered_sum
 from madmax_opt.search import serving
 from madmax_opt.search.serving import candidates
 

@@ -19,13 +19,11 @@ thereby split between its intra- and inter-node phases (collectives.members_per_
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Callable, Sequence
-from functools import reduce
 
 import numpy as np
 
-from madmax_opt.core.numeric import Arr
+from madmax_opt.core.numeric import Arr, ordered_sum
 from madmax_opt.model.hardware import HardwareOption, HardwareTable
 from madmax_opt.model.training import TrainingTerms
 
@@ -104,7 +102,7 @@ def bottleneck_shares(
 ) -> list[dict[str, float]]:
     """Per plan, ``{category: share of the step time}``; the shares sum to 1 (the terms are distributed whole)."""
     seconds = attribute(terms.time, options, terms_at)
-    total = reduce(operator.add, (seconds[c] for c in CATEGORIES))  # a left fold: bitwise the same in any batch
+    total = ordered_sum(seconds[c] for c in CATEGORIES)  # a left fold: bitwise the same in any batch
     return [{c: float(seconds[c][i] / total[i]) for c in CATEGORIES} for i in range(len(total))]
 
 

@@ -25,17 +25,14 @@ kernel that streams its weights while computing takes max(compute, memory) time;
 
 from __future__ import annotations
 
-import functools
 import math
-import operator
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from madmax_opt.core.numeric import Arr, IntArr
+from madmax_opt.core.numeric import Arr, IntArr, ordered_sum
 from madmax_opt.model.collectives import Tiers, all_reduce_s, p2p_s
 from madmax_opt.model.compute import gemm_time_s, memory_bound_time_s
 from madmax_opt.model.hardware import HardwareTable
@@ -63,12 +60,6 @@ from madmax_opt.model.serving_workload import (  # noqa: F401  (re-exported: the
 )
 from madmax_opt.model.spec import InferenceTask, Stack
 from madmax_opt.model.workload import ACT_BYTES
-
-
-def ordered_sum(terms: Iterable[Arr]) -> Arr:
-    """The terms added left to right, elementwise. np.sum(list, axis=0) adds more than 8 terms pairwise when the
-    arrays hold one plan and row by row when they hold several, so a plan's last bit depended on its batch."""
-    return functools.reduce(operator.add, terms)
 
 
 def roofline_s(compute_s: Arr, memory_s: Arr) -> Arr:
