@@ -14,7 +14,7 @@ import pytest
 from madmax_opt.io.problem import load_problem
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.solver import solve_records
-from madmax_opt.search.stage_split_bound import SplitProofs, split_bound, split_bound_exceeds
+from madmax_opt.search.stage_split_bound import SplitProofs, split_bound
 
 COEFF = {"stage_max": 24, "stage_sum": 2, "dp_max": 3, "optimizer_max": 3}  # p v m, p - 1, p v, p v at p 3, v 1
 
@@ -58,8 +58,8 @@ def test_split_bound_proves_only_limits_no_split_meets(seed: int) -> None:
     opt = _optimum(r, p, layers, groups)
     proved_below = 0
     for limit in (opt - 1, opt, opt + 1, opt - 50, 0.9 * opt) if np.isfinite(opt) else (10**6,):
-        got = split_bound_exceeds(r["stage"], r["layers"], r["t"], r["dp"], r["opt"], r["hw"], p, layers, COEFF,
-                                  int(limit), groups)
+        got, _ = split_bound(r["stage"], r["layers"], r["t"], r["dp"], r["opt"], r["hw"], p, layers, COEFF,
+                             int(limit), groups)
         if limit >= opt:
             assert not got, f"limit {limit} is met by a split of p v T {opt}"
         proved_below += got
@@ -71,7 +71,7 @@ def test_no_split_holds_the_layers() -> None:
     stage, layers_of = np.array([0, 1]), np.array([1, 1])
     t = np.array([5.0, 5.0])
     zero = np.zeros(2)
-    assert split_bound_exceeds(stage, layers_of, t, zero, zero, np.zeros(2, dtype=np.int64), 2, 5, COEFF, 10**9, [])
+    assert split_bound(stage, layers_of, t, zero, zero, np.zeros(2, dtype=np.int64), 2, 5, COEFF, 10**9, [])[0]
 
 
 def test_mixed_pipeline_example_same_plan_with_fewer_cp_sat_models(monkeypatch: pytest.MonkeyPatch) -> None:

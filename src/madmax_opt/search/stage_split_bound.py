@@ -19,7 +19,7 @@ nonincreasing in tau, so every split whose tmax lies in [x, y] has p x p v T >= 
 tmax is one of the rows' times, and only times where the rows can hold the L layers (``_can_hold``) and p a tmax
 plus the least possible sum of costs stays within p x ``limit`` are possible. That range is split until every part's
 bound exceeds p x ``limit`` (no split is within it: CP-SAT would prove the model infeasible) or a part down to one
-time is still within it (``split_bound_exceeds`` answers False and CP-SAT runs as before). Every quantity is an
+time is still within it (``split_bound`` answers False and CP-SAT runs as before). Every quantity is an
 integer below 2^53 held in float64, so the comparisons are exact.
 
 ``SplitProofs`` keeps what each model of one search proved (its optimum, or that nothing is within its limit) about
@@ -144,14 +144,6 @@ def split_bound(
     return not parts, None
 
 
-def split_bound_exceeds(
-    stage: IntArr, layers_of: IntArr, t: Arr, dp: Arr, opt: Arr, hw: IntArr, p: int, layers: int,
-    coeff: dict[str, int], limit: int, groups: list[tuple[list[int], int, int]],
-) -> bool:
-    """True when every split of these rows has a p v T above ``limit`` (``split_bound``)."""
-    return split_bound(stage, layers_of, t, dp, opt, hw, p, layers, coeff, limit, groups)[0]
-
-
 def _best_split(stage: IntArr, layers_of: IntArr, t: Arr, cost: Arr, track: Track, p: int, layers: int,
                 tau: float) -> list[int] | None:
     """Row indices (one per stage) of a split of least sum of ``cost`` with t <= ``tau`` and the tracked type's
@@ -207,7 +199,7 @@ class SplitProofs:
     def excludes(self, cand: dict[str, Arr], live: IntArr, p: int, layers: int, coeff: dict[str, int], limit: int,
                  supply: list[tuple[list[int], int]], counts: dict[int, int] | None) -> bool:
         """True when no split of the rows ``live`` of ``cand`` has p v T <= ``limit``: by a bound proven on a
-        superset of them, or by ``split_bound_exceeds``; either way also remembered for later models."""
+        superset of them, or by ``split_bound``; either way also remembered for later models."""
         key = (p, layers, tuple(sorted(coeff.items())), tuple((tuple(h), a) for h, a in supply),
                tuple(sorted((counts or {}).items())))
         rows = frozenset(zip(*(cand[f][live].tolist() for f in ROW_FIELDS), strict=True))
