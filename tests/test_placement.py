@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import toy_gpu, toy_system
+from madmax_opt.core.units import NS
 from madmax_opt.io.dlrm_problem import dlrm_problem_from_dict
 from madmax_opt.model.dlrm import layout_of
 from madmax_opt.model.dlrm_embedding import (
@@ -28,16 +29,10 @@ from madmax_opt.model.dlrm_spec import SHARDINGS, DLRMModel, DLRMStack, DLRMTask
 from madmax_opt.model.hardware import HardwareOption
 from madmax_opt.model.spec import Tier
 from madmax_opt.search.dlrm_search import solve_dlrm
-from madmax_opt.search.placement import (
-    NS,
-    PlacementModel,
-    greedy_placement,
-    int_objective,
-    int_tables,
-    solve_placement,
-)
+from madmax_opt.search.placement import PlacementModel, greedy_placement, solve_placement
 from madmax_opt.search.placement_bound import lower_bound, model_variables
 from madmax_opt.search.placement_brute import brute_force_placement, table_choices
+from madmax_opt.search.placement_ints import int_objective, int_tables
 
 MAX_COMBINATIONS = 60_000  # brute-force size per instance (keeps the default suite fast)
 

@@ -155,10 +155,9 @@ def test_placement_quick_then_presolved_proof_equals_one_proof() -> None:
         PlacementModel,
         _phase,
         greedy_placement,
-        int_objective,
-        int_tables,
         solve_placement,
     )
+    from madmax_opt.search.placement_ints import int_objective, int_tables
 
     problem = load_dlrm_problem(ROOT / "problems" / "dlrm" / "dlrm-i-zionex.yaml")
     lay = layout_of(problem.hardware[0], problem.stack)

@@ -24,7 +24,8 @@ from madmax_opt.model.dlrm_spec import MLP, DLRMModel, TableGroup
 from madmax_opt.model.problem import DLRMProblem
 from madmax_opt.report.report import metric_table
 from madmax_opt.search.dlrm_search import solve_dlrm
-from madmax_opt.search.placement import int_tables, solve_placement
+from madmax_opt.search.placement import solve_placement
+from madmax_opt.search.placement_ints import int_tables
 
 MS = 1e3
 

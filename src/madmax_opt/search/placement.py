@@ -31,7 +31,6 @@ import numpy as np
 
 from madmax_opt.core.errors import InternalError
 from madmax_opt.core.numeric import Arr, IntArr
-from madmax_opt.core.units import NS as NS  # re-exported (tests)
 from madmax_opt.model.dlrm_embedding import (
     COLLECTIVE_KIND,
     COLLECTIVE_LANES,
@@ -52,7 +51,6 @@ from madmax_opt.search.ortools_import import load_cp_model
 from madmax_opt.search.placement_bound import lower_bound, model_variables
 from madmax_opt.search.placement_hint import improved_hint
 from madmax_opt.search.placement_ints import MEMORY, IntTables, int_objective
-from madmax_opt.search.placement_ints import int_tables as int_tables  # re-exported (report, tests)
 
 if TYPE_CHECKING:  # imported where a CP-SAT model is built (search/ortools_import.py: without pandas)
     from ortools.sat.python import cp_model

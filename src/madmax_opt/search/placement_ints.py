@@ -24,7 +24,6 @@ from madmax_opt.model.dlrm_embedding import (
 MEMORY = TERM_INDEX["memory"]
 
 
-
 @dataclass(frozen=True)
 class IntTables:
     """The placement instance in integers: coefficients (options, terms, 3), latencies, weights, capacity."""
