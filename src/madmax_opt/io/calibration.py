@@ -132,8 +132,8 @@ def _fitted_values(current: Calibration, prior: Calibration, fitted: FrameworkCa
 def with_framework(gpu: GPU, framework: str, overlay: Overlay | None = None) -> GPU:
     """The GPU with the calibration that prices ``framework``: the overlay's fit, else the catalog's, else the
     family's or the prior; then ordered against every catalog GPU of its software platform it dominates or is
-    dominated by (``ordered``; ``dominates`` compares only GPUs of one platform: Megatron-Core / Transformer Engine and
-    PyTorch run other kernels on ROCm than on CUDA)."""
+    dominated by (hardware_spec.hardware_order with ``bounded``; ``dominates`` compares only GPUs of one platform:
+    Megatron-Core / Transformer Engine and PyTorch run other kernels on ROCm than on CUDA)."""
     own = _own(gpu, framework, overlay)
     base = gpu.name.split("+", 1)[0]  # a derived what-if GPU is not ordered against the GPU it was derived from
 
@@ -142,7 +142,7 @@ def with_framework(gpu: GPU, framework: str, overlay: Overlay | None = None) -> 
         return g.calibration, trust(g, framework, overlay)
 
     others = {n: g for n, g in catalog.gpus().items() if n != base}
-    calibration, _ = hardware_order(gpu, own_of, others, ordered, TRAINING_PEAKS)
+    calibration, _ = hardware_order(gpu, own_of, others, bounded, TRAINING_PEAKS)
     return own.model_copy(update={"calibration": calibration})
 
 
@@ -158,20 +158,14 @@ def trust(gpu: GPU, framework: str, overlay: Overlay | None = None) -> int:
     return 1 if family_fit(gpu, framework) is not None else 0
 
 
-def ordered(cal: Calibration, gpu: GPU, other_cal: Calibration, other: GPU, raise_: bool
+def bounded(cal: Calibration, gpu: GPU, other_cal: Calibration, other: GPU, raise_: bool
             ) -> tuple[Calibration, list[str]]:
     """``cal`` (pricing ``gpu``) raised to (``raise_``: gpu dominates other) or lowered to ``other``'s absolute
     rates (peak x efficiency, HBM bandwidth x efficiency; GEMM half-dimension and per-layer overhead at most / at
-    least, MoE and MXFP8 ratios at least / at most), and the fields that moved: the training ``bounded`` of
+    least, MoE and MXFP8 ratios at least / at most), and the fields that moved: training's bound for
     hardware_spec.hardware_order, which decides which GPU moves (the one whose calibration rests on fewer runs,
     ``trust``). Without the order, calibration levels (pair fit, family fit, prior) could price a better GPU slower
     than a worse one."""
-    moved = _bounded(cal, gpu, other_cal, other, raise_)
-    return moved, sorted(k for k, v in moved.model_dump().items() if v != getattr(cal, k))
-
-
-def _bounded(cal: Calibration, gpu: GPU, other_cal: Calibration, other: GPU, raise_: bool) -> Calibration:
-    """``cal`` raised to (``raise_``) or lowered to the other GPU's absolute rates, field by field."""
     def ratio(p: str) -> float:
         return float(other.peak_flops.get(p, 0.0) / gpu.peak_flops.get(p, 1.0))  # type: ignore[call-overload]
 
@@ -180,7 +174,7 @@ def _bounded(cal: Calibration, gpu: GPU, other_cal: Calibration, other: GPU, rai
     r8 = ratio("fp8") if "fp8" in other.peak_flops and "fp8" in gpu.peak_flops else r16
     gemm = up(cal.gemm_eff, min(1.0, other_cal.gemm_eff * r16))
     fp8 = up(cal.value("fp8_gemm_eff"), min(1.0, other_cal.value("fp8_gemm_eff") * r8))
-    return cal.model_copy(update={
+    moved = cal.model_copy(update={
         "gemm_eff": gemm,
         "fp8_gemm_eff": fp8 if (cal.fp8_gemm_eff is not None or fp8 != gemm) else None,
         "gemm_half_dim": down(cal.gemm_half_dim, other_cal.gemm_half_dim),
@@ -190,6 +184,7 @@ def _bounded(cal: Calibration, gpu: GPU, other_cal: Calibration, other: GPU, rai
         "grouped_gemm_ratio": up(cal.grouped_gemm_ratio, other_cal.grouped_gemm_ratio),
         "mxfp8_gemm_ratio": up(cal.mxfp8_gemm_ratio, other_cal.mxfp8_gemm_ratio),
     })
+    return moved, sorted(k for k, v in moved.model_dump().items() if v != getattr(cal, k))
 
 
 def _own(gpu: GPU, framework: str, overlay: Overlay | None = None) -> GPU:
