@@ -67,8 +67,8 @@ def model_limits(fmt: str, m: TransformerModel) -> list[str]:
     return out
 
 
-def priced(problem: Problem, fmt: str) -> LaunchedModel:
-    """What the cost model priced, as a launch must run it."""
+def priced(problem: Problem, fmt: str, tp: int = 1) -> LaunchedModel:
+    """What the cost model priced, as a launch must run it (experts sharded by the plan's ``tp``)."""
     m, task, stack = problem.model, problem.training_task, problem.stack
     pos = positions_of(m)
     moe = m.moe
@@ -78,6 +78,7 @@ def priced(problem: Problem, fmt: str) -> LaunchedModel:
         vocab=m.vocab, norm=m.norm, bias=m.bias, tied_embeddings=m.tied_embeddings,
         num_experts=moe.num_experts if moe else None, top_k=moe.top_k if moe else None,
         expert_ffn=moe.expert_ffn if moe else None, shared_experts=moe.shared_experts if moe else 0,
+        expert_tp=tp if moe else None,
         positions=pos.kind, rope_theta=pos.rope_theta if pos.kind == "rope" else None,
         rotary_percent=pos.rotary_percent, rope_scaling_factor=pos.scaling.factor if pos.scaling else None,
         precision=task.precision, flash_attention=stack.flash_attention,
@@ -93,7 +94,7 @@ def priced(problem: Problem, fmt: str) -> LaunchedModel:
 
 def check_round_trip(problem: Problem, plan: Plan, fmt: str) -> Emitted:
     e = emit(problem, plan, fmt)
-    assert launched_model(e) == priced(problem, fmt), (fmt, problem.model.name)
+    assert launched_model(e) == priced(problem, fmt, plan.tp), (fmt, problem.model.name)
     carried = {"system", "stage_systems", "sp"}  # node counts carry the system; sp: below
     assert parse_emitted(e).model_dump(exclude=carried) == plan.model_dump(exclude=carried)
     assert parse_emitted(e).sp == (plan.sp and (plan.tp > 1 or fmt not in ("nemo", "torchtitan")))
@@ -499,3 +500,15 @@ def test_the_checkers_catch_bf16_moments_without_the_distributed_optimizer() -> 
     assert "optimizer.use_precision_aware_optimizer=true" in args
     no_dist = nemo.model_copy(update={"commands": [nemo.commands[0].model_copy(update={"args": args})]})
     assert "nemo.precision-aware-optimizer" in violations(no_dist)
+
+
+def test_deepspeed_moe_experts_are_sharded_by_tp_as_priced() -> None:
+    """Megatron-DeepSpeed slices experts by tp only with --enable-expert-tensor-parallelism (layers.py @4efb479);
+    the cost model shards them by tp, so a tp > 1 MoE launch must set it, and a tp 1 launch need not."""
+    problem = problem_of({"layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 16, "ffn": 4096, "ffn_kind": "swiglu",
+                          "norm": "rmsnorm", "vocab": 32000, "bias": False, "tied_embeddings": False,
+                          "moe": {"num_experts": 8, "top_k": 2, "expert_ffn": 4096}})
+    for tp, flag in ((2, True), (1, False)):
+        e = emit(problem, Plan(dp=8 // tp, tp=tp, ep=2, zero=1), "deepspeed")
+        assert ("--enable-expert-tensor-parallelism" in e.commands[0].args) is flag
+        assert launched_model(e).expert_tp == tp

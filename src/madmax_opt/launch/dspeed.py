@@ -99,6 +99,9 @@ def ds_emit(ctx: Context) -> Emitted:
         ("--disable-bias-linear", not m.bias),
         ("--num-experts", moe.num_experts if moe else None), ("--moe-expert-parallel-size", p.ep if moe else None),
         ("--topk", moe.top_k if moe else None), ("--expert-interval", 1 if moe else None),
+        # experts sharded by tp as priced; without the flag every tp rank holds whole experts
+        # (Megatron-DeepSpeed megatron/core/tensor_parallel/layers.py lines 529-531 @4efb479)
+        ("--enable-expert-tensor-parallelism", moe is not None and p.tp > 1),
     ])
     if p.ep > 1 and moe is None:
         raise refuse(FMT, f"ep={p.ep}", "expert parallelism needs a mixture-of-experts model")

@@ -34,6 +34,7 @@ class LaunchedModel(Strict):
     top_k: int | None = None
     expert_ffn: int | None = None
     shared_experts: int = 0
+    expert_tp: int | None = None  # MoE only: the tensor-parallel degree expert weights are sharded over
     positions: str  # rope or learned
     rope_theta: int | None = None
     rotary_percent: float = 1.0
@@ -72,6 +73,8 @@ def _megatron(v: Mapping[str, object]) -> LaunchedModel:
         num_experts=num("--num-experts") if moe else None, top_k=num("--moe-router-topk") if moe else None,
         expert_ffn=expert_ffn,
         shared_experts=num("--moe-shared-expert-intermediate-size") // expert_ffn if expert_ffn else 0,
+        # unset: tensor_model_parallel_size (Megatron-LM megatron/training/arguments.py lines 569-570 @5be9626)
+        expert_tp=num("--expert-tensor-parallel-size", num("--tensor-model-parallel-size", 1)) if moe else None,
         positions="rope" if rope else "learned", rope_theta=num("--rotary-base", 10000) if rope else None,
         rotary_percent=_f(v.get("--rotary-percent", 1.0)),
         rope_scaling_factor=_f(v.get("--rope-scaling-factor", 8.0)) if on("--use-rope-scaling") else None,
@@ -108,6 +111,9 @@ def _nemo(m: Mapping[str, str]) -> LaunchedModel:
         num_experts=num("num_moe_experts") if moe else None, top_k=num("moe_router_topk") if moe else None,
         expert_ffn=expert_ffn,
         shared_experts=num("moe_shared_expert_intermediate_size") // expert_ffn if expert_ffn else 0,
+        # unset: 1 when ep > 1, else tp (Megatron-Bridge models/transformer_config.py line 87 @067f987)
+        expert_tp=num("expert_tensor_parallel_size", 1 if num("expert_model_parallel_size", 1) > 1
+                      else num("tensor_model_parallel_size", 1)) if moe else None,
         positions="rope" if rope else "learned", rope_theta=num("rotary_base") if rope else None,
         rotary_percent=_f(m.get("model.rotary_percent", 1.0)),
         rope_scaling_factor=_f(m["model.rope_scaling_factor"]) if on("rope_scaling") else None,
@@ -157,6 +163,10 @@ def _deepspeed(v: Mapping[str, object]) -> LaunchedModel:
         bias=not on("--disable-bias-linear"), tied_embeddings=not on("--untie-embeddings-and-output-weights"),
         num_experts=num("--num-experts") if moe else None, top_k=num("--topk", 1) if moe else None,
         expert_ffn=num("--ffn-hidden-size") if moe else None,  # DeepSpeed-MoE experts are ffn_hidden_size wide
+        # experts are sliced by tp only with --enable-expert-tensor-parallelism, else whole on every tp rank
+        # (deepspeedai/Megatron-DeepSpeed megatron/core/tensor_parallel/layers.py lines 529-531 @4efb479)
+        expert_tp=(num("--tensor-model-parallel-size", 1) if on("--enable-expert-tensor-parallelism") else 1)
+        if moe else None,
         positions="rope" if rope else "learned",
         rope_theta=num("--rotary-position-embeddings-theta", 10000) if rope else None,
         rotary_percent=_f(v.get("--rotary-percent", 1.0)),
