@@ -143,6 +143,8 @@ def test_schema_validates_the_example() -> None:
         ({"jobs": {"s": {"problem": SERVE}}, "objective": "cost"}, "jobs.s.duration_h", "horizon_h"),
         ({"jobs": {"t": {"problem": "train.yaml", "weight": -1}}}, "jobs.t.weight", "> 0"),
         ({"jobs": {}}, "jobs", "at least 1"),
+        ({"jobs": 5}, "jobs", "a mapping"),  # an internal TypeError before
+        ({"systems": 5}, "systems", "a mapping"),
         ({"jobs": {"my job": {"problem": "train.yaml"}}}, "jobs.my job", "letters, digits"),
         ({"jobs": {"s": {"problem": dict(SERVE, task=dict(SERVE["task"], arrival_rate=5.0))}}},
          "task.arrival_rate", "arrival_rate_rps"),

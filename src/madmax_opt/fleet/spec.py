@@ -180,7 +180,8 @@ def load_fleet(path: str | Path) -> Fleet:
         if data.get(key) in ({}, []):
             raise ProblemError(f"empty; allowed: a mapping of {what} names to {what}s, at least 1", file=file,
                                field=key)
-        bad = [k for k in data.get(key) or {} if isinstance(data[key], dict) and not re.match(NAME_PATTERN, str(k))]
+        named = data.get(key)  # anything but a mapping is the schema's error (validate below)
+        bad = [k for k in named if not re.match(NAME_PATTERN, str(k))] if isinstance(named, dict) else []
         if bad:
             raise ProblemError(f"{what} name {bad[0]!r}; allowed: letters, digits, '_', '.' and '-', starting with a "
                                "letter or digit, at most 64 characters", file=file, field=f"{key}.{bad[0]}")
