@@ -27,6 +27,10 @@ MERGE_PLANS = CHUNK_PLANS  # consecutive memory rounds evaluated in one pass whi
 # vpp = 1 plans enumerated per batch of hardware options in ``best_candidates`` (~0.5 kB each with their terms while
 # the batch is pruned): bounds the memory of a search over many options
 BATCH_PLANS = 1 << 17
+# with a floor per option (``best_candidates``), an option waits for the best of its system's option of least floor
+# when its own floor is this many times larger (a search order only: a smaller ratio skips more options, at more
+# batches)
+WAIT_RATIO = 1.25
 LAST_ROUND = 1 << 40  # round key of the vpp > 1 plans: after every memory round of the vpp = 1 plans
 Score = Callable[[PlanArrays, Metrics], tuple[IntArr, NDArray[np.bool_]]]  # integer objective, admissible
 
@@ -207,7 +211,7 @@ def _siblings(plans: PlanArrays, index: IntArr, layers: int) -> PlanArrays:
 
 def _batch_candidates(
     model: Model, plans: PlanArrays, keep_best: int, lazy_vpp: bool, score: Score
-) -> tuple[PlanArrays, TrainingTerms | None, IntArr, int]:
+) -> tuple[PlanArrays, TrainingTerms | None, IntArr, int, IntArr]:
     """Every hardware option's ``keep_best`` best admissible plans among the ``space_candidates`` of a batch of
     whole hardware options (in its round order), their terms and round keys, and the plans evaluated; ``lazy_vpp``:
     ``plans`` are the vpp = 1 plans of a default space, and the vpp > 1 plans are built here, only those the vpp
@@ -230,7 +234,7 @@ def _batch_candidates(
             keys.append(np.full(len(more), LAST_ROUND, dtype=np.int64))
             evaluated += len(more)
     if not parts:
-        return plans.take(order), None, keys[0], evaluated
+        return plans.take(order), None, keys[0], evaluated, np.zeros(0, dtype=np.int64)
     scored = [score(p, metrics(model, p, t)) for p, t in parts]
     at = np.concatenate(rows)
     obj, ok = np.concatenate([o for o, _ in scored])[at], np.concatenate([a for _, a in scored])[at]
@@ -248,56 +252,89 @@ def _batch_candidates(
         local = want[pos] - (ends[j] - len(parts[j][0]))
         pieces.append((pos, parts[j][0].take(local), take_rows(parts[j][1], local)))
     if not pieces:
-        return plans.take(order[:0]), None, keys[0][:0], evaluated
+        return plans.take(order[:0]), None, keys[0][:0], evaluated, np.zeros(0, dtype=np.int64)
     back = np.argsort(np.concatenate([pos for pos, _, _ in pieces]), kind="stable")
     kept = PlanArrays.concat([p for _, p, _ in pieces]).take(back)
     terms = take_rows(concat_chunks([t for _, _, t in pieces]), back) if len(pieces) > 1 else \
         take_rows(pieces[0][2], back)
-    return kept, terms, np.concatenate(keys)[top], evaluated
+    return kept, terms, np.concatenate(keys)[top], evaluated, obj[top]
 
 
-def best_candidates(model: Model, keep_best: int, score: Score) -> tuple[PlanArrays, Metrics, int]:
-    """The space's candidates that can be in the top-``keep_best`` (and the plans evaluated to find them): every
-    hardware option's ``keep_best`` best admissible plans by (integer objective, position in ``space_candidates``'
-    order), in that order. Within one option every constraint is monotone in the objective (``assemble``), so
-    ``pick_best`` and a brute-force sort give the same answer on these as on all of ``space_candidates``.
+def best_candidates(
+    model: Model, keep_best: int, score: Score, floor: IntArr | None = None
+) -> tuple[PlanArrays, Metrics, int]:
+    """The space's candidates that can be in the top-``keep_best`` or be their system's best (and the plans
+    evaluated to find them): the ``keep_best`` best admissible plans by (integer objective, position in
+    ``space_candidates``' order) of every hardware option that can hold one of those, in that order. Within one
+    option every constraint is monotone in the objective (``assemble``), so ``pick_best``, a brute-force sort and
+    each system's best (``solves.compare_systems``) give the same answer on these as on all of ``space_candidates``.
 
     The space is enumerated and pruned a batch of hardware options at a time (at most ``BATCH_PLANS`` vpp = 1
     plans), and only the top plans of each batch are kept, so the memory of a search over a whole catalog is that
     of one batch. In a default vpp space the vpp > 1 plans (three quarters of it) are never enumerated whole: only
     the siblings of the vpp = 1 plans the vpp bound lets through. ``score``: integer objective and admissibility of
-    evaluated plans (``solver.Candidates`` and ``solver.limits``)."""
+    evaluated plans (``solver.Candidates`` and ``solver.limits``). ``floor``: per option, an objective no admissible
+    plan of it is below (``option_bound.objective_floor``); options are then searched by ascending floor, and one
+    whose floor exceeds both the ``keep_best``-th best objective kept so far and its system's best kept so far is
+    never enumerated (its plans could only tie neither; exact)."""
     problem = model.problem
-    check_space_size(problem)
     lazy = problem.space.vpp is None
+    rows = check_space_size(problem, vpp_one=lazy)
     plans: list[PlanArrays] = []
     terms: list[TrainingTerms] = []
     keys: list[IntArr] = []
     evaluated = 0
-    batch: list[PlanArrays] = []
+    batch: dict[int, PlanArrays] = {}  # the vpp = 1 plans of each option of the batch being built
+    system = [o.system.name for o in problem.hardware]
+    kept_obj: list[int] = []  # objectives of every kept plan (all admissible)
+    system_best: dict[str, int] = {}
 
     def flush() -> None:
         nonlocal evaluated
-        together = PlanArrays.concat(batch) if batch else None
+        together = PlanArrays.concat([batch[hw] for hw in sorted(batch)]) if batch else None
         batch.clear()
         if together is None or not len(together):  # options whose space is empty (tp 3 on 8 GPUs) add nothing
             return
-        kept, t, key, n = _batch_candidates(model, together, keep_best, lazy, score)
+        kept, t, key, n, obj = _batch_candidates(model, together, keep_best, lazy, score)
         evaluated += n
         if t is not None and len(kept):
             plans.append(kept)
             terms.append(t)
             keys.append(key)
+            kept_obj.extend(obj.tolist())
+            for h, o in zip(kept.hw.tolist(), obj.tolist(), strict=True):
+                system_best[system[h]] = min(o, system_best.get(system[h], o))
 
-    for hw in range(len(problem.hardware)):
-        batch.append(enumerate_plans(problem, options=[hw], vpp_one=lazy))
-        if sum(map(len, batch)) >= BATCH_PLANS:
-            flush()
-    flush()
+    def needed(hw: int) -> bool:  # can hw hold a top-keep_best plan or its system's best?
+        if floor is None or len(kept_obj) < keep_best or system[hw] not in system_best:
+            return True
+        kth = sorted(kept_obj)[keep_best - 1]
+        return int(floor[hw]) <= max(kth, system_best[system[hw]])
+
+    queue = list(range(len(problem.hardware))) if floor is None else np.argsort(floor, kind="stable").tolist()
+    # with ``floor`` over more than one batch: first each system's option of least floor, the others once their
+    # system's best is known; then batches in floor order
+    wait = floor is not None and sum(rows) > BATCH_PLANS
+    while queue:
+        later: list[int] = []
+        cut = False
+        for i, hw in enumerate(queue):
+            if not needed(hw):
+                continue
+            if wait and floor is not None and any(system[b] == system[hw] and WAIT_RATIO * floor[b] < floor[hw] for b in batch):
+                later.append(hw)  # the best of its system's option in the batch may make it unneeded
+                continue
+            batch[hw] = enumerate_plans(problem, options=[hw], vpp_one=lazy)
+            if sum(map(len, batch.values())) >= BATCH_PLANS:
+                later.extend(queue[i + 1 :])
+                cut = True
+                break
+        flush()
+        queue, wait = later, wait and cut
     if not plans or not sum(map(len, plans)):
         empty = enumerate_plans(problem, options=[])
         return empty, metrics(model, empty), evaluated
     every = PlanArrays.concat(plans)
-    order = enumeration_order(every, np.concatenate(keys))
-    every = every.take(order)
-    return every, metrics(model, every, take_rows(concat_chunks(terms), order)), evaluated
+    order_ = enumeration_order(every, np.concatenate(keys))
+    every = every.take(order_)
+    return every, metrics(model, every, take_rows(concat_chunks(terms), order_)), evaluated

@@ -49,6 +49,7 @@ from madmax_opt.search.assemble import (
 from madmax_opt.search.cpsat import INT_LIMIT, CpSatOptions, time_limit_error, to_int, warn_if_unused
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.objectives import UUSD, integer_objective, training_units  # noqa: F401 (UUSD: re-export)
+from madmax_opt.search.option_bound import objective_floor
 from madmax_opt.search.prune import ROUNDING_TOLERANCE_S, best_candidates, space_candidates
 from madmax_opt.search.selection import METHOD, select_best
 from madmax_opt.search.space import empty_space_reason
@@ -91,7 +92,8 @@ class Candidates:
 def candidates(model: Model, plans: PlanArrays | None = None, keep_best: int = 1, top_only: bool = False) -> Candidates:
     """``plans`` evaluated; by default the problem's space less the plans proven infeasible or proven outside every
     hardware option's ``keep_best`` best (``space_candidates``); ``top_only``: only every option's ``keep_best``
-    best admissible plans, the space streamed in bounded memory (``prune.best_candidates``)."""
+    best admissible plans of the options that can hold a top-``keep_best`` plan or their system's best, the space
+    streamed in bounded memory (``prune.best_candidates``; the others skipped by ``option_bound.objective_floor``)."""
     if plans is not None:
         return Candidates(plans, metrics(model, plans))
     if top_only:
@@ -101,7 +103,7 @@ def candidates(model: Model, plans: PlanArrays | None = None, keep_best: int = 1
             c = Candidates(p, met)
             return c.objective(objective), admissible(model, c)
 
-        return Candidates(*best_candidates(model, keep_best, score))
+        return Candidates(*best_candidates(model, keep_best, score, objective_floor(model, objective)))
     plans, met = space_candidates(model, keep_best)
     return Candidates(plans, met)
 

@@ -176,17 +176,23 @@ def _too_many(problem: Problem, option: HardwareOption) -> ProblemError:
     )
 
 
-def check_space_size(problem: Problem, uneven: bool = False) -> None:
+def check_space_size(problem: Problem, uneven: bool = False, vpp_one: bool = False) -> list[int]:
     """Refuse a space of more than MAX_PLANS plans (rows before duplicates go), as ``enumerate_plans`` does, without
-    enumerating it (for searches that enumerate it option by option)."""
+    enumerating it (for searches that enumerate it option by option). Returns the rows of each hardware option
+    (``vpp_one``: of its vpp = 1 plans, as ``enumerate_plans(..., vpp_one=True)`` builds them before duplicates go)."""
     total = 0
+    rows = []
     for option in problem.hardware:
         kv = knob_values(problem, option, uneven)
         fixed = len(kv["zero"]) * len(kv["recompute"]) * len(kv["sp"]) * len(kv["ep"])
-        total += _shape_count(_option_shapes(option, kv), kv, fixed, problem.model.layers,
-                              problem.training_task.global_batch, uneven)
+        shapes = _option_shapes(option, kv)
+        layers, batch = problem.model.layers, problem.training_task.global_batch
+        count = _shape_count(shapes, kv, fixed, layers, batch, uneven)
+        total += count
         if total > MAX_PLANS:
             raise _too_many(problem, option)
+        rows.append(_shape_count(shapes, {**kv, "vpp": [1]}, fixed, layers, batch, uneven) if vpp_one else count)
+    return rows
 
 
 def enumerate_plans(
