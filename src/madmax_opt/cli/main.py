@@ -23,7 +23,7 @@ from madmax_opt.cli import (  # noqa: F401  (each module registers its commands 
     sweep,
     timeline,
 )
-from madmax_opt.cli.app import app, group_commands
+from madmax_opt.cli.app import app, command_name, group_commands
 from madmax_opt.core.errors import InputWarning, MadmaxError
 
 group_commands()  # bench and development commands apart from the user's in --help
@@ -65,6 +65,15 @@ def _outputs() -> str:
     return f"cannot write {', '.join(named)}: " if named else ""
 
 
+def _named_command(argv: list[str]) -> list[typer.models.CommandInfo] | None:
+    """The registered command the command line names first (``madmax-opt solve ...``), alone; None when it names
+    none (``--help``, ``--version``, no arguments, a misspelt command: the whole app answers, listing them)."""
+    if not argv or argv[0].startswith("-"):
+        return None
+    named = [info for info in app.registered_commands if command_name(info) == argv[0]]
+    return named or None
+
+
 def main() -> None:
     """Entry point: one-line errors, exit codes 2 (input), 3 (infeasible), 4 (internal), 5 (time limit, no plan found); no tracebacks."""
 
@@ -93,7 +102,11 @@ def main() -> None:
             shown(message, category, filename, lineno, file, line)
 
     warnings.showwarning = hold_numeric
+    registered = app.registered_commands
     try:
+        # typer builds a click command of every registered command on each run (~20 ms for the 26 here): a
+        # command line that names one gets an app of that command alone (same options, help and errors)
+        app.registered_commands = _named_command(sys.argv[1:]) or registered
         code = app(standalone_mode=False)  # returns the code of a typer.Exit raised by a command
         if numeric:  # the command finished: say once that a number overflowed on the way, and where first
             print(f"warning: {len(numeric)} numerical warning(s) held back, first: {numeric[0]} "
@@ -121,7 +134,8 @@ def main() -> None:
         fail(f"internal error: {type(exc).__name__}: {exc} (a bug: please report the command and input; "
              "MADMAX_TRACEBACK=1 shows where)", 4)
     finally:
-        warnings.showwarning = shown  # main() called in process (tests) leaves the hook as it found it
+        warnings.showwarning = shown  # main() called in process (tests) leaves the hook and the app as it found them
+        app.registered_commands = registered
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -1,30 +1,40 @@
-"""Built-in catalogs of GPUs, systems and models (YAML data files in ``madmax_opt/data``, each with sources)."""
+"""Built-in catalogs of GPUs, systems and models (YAML data files in ``madmax_opt/data``, each with sources).
+
+The files are parsed once per content (io/data_cache.py). A lookup by name builds only the system or model it
+names (a solve needs one model and a few systems of the dozens listed); ``systems()`` and ``models()`` build them
+all, the same objects a lookup returns."""
 
 from __future__ import annotations
 
 from functools import cache
-from importlib import resources
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.yaml_files import SAFE_LOADER, shorten
+from madmax_opt.io.data_cache import package_yaml
+from madmax_opt.io.yaml_files import shorten
 from madmax_opt.model.spec import GPU, FamilyCalibration, System, TransformerModel
 
 T = TypeVar("T", bound=BaseModel)
 
+
+@cache
+def _raw(filename: str) -> dict[str, dict[str, Any]]:
+    """A catalog file's entries by name, as parsed (libyaml when present)."""
+    raw: dict[str, dict[str, Any]] = package_yaml(filename) or {}
+    return raw
+
+
+def _build(filename: str, cls: type[T], name: str) -> T:
+    try:
+        return cls(name=name, **_raw(filename)[name])
+    except ValidationError as exc:  # a broken catalog is a bug in the package, but say where
+        raise ProblemError(str(exc).splitlines()[0], file=f"catalog {filename}", field=name) from None
+
+
 def _load(filename: str, cls: type[T]) -> dict[str, T]:
-    text = resources.files("madmax_opt").joinpath("data").joinpath(filename).read_text()
-    raw: dict[str, dict[str, Any]] = yaml.load(text, Loader=SAFE_LOADER) or {}  # libyaml when present
-    out: dict[str, T] = {}
-    for name, fields in raw.items():
-        try:
-            out[name] = cls(name=name, **fields)
-        except ValidationError as exc:  # a broken catalog is a bug in the package, but say where
-            raise ProblemError(str(exc).splitlines()[0], file=f"catalog {filename}", field=name) from None
-    return out
+    return {name: _build(filename, cls, name) for name in _raw(filename)}
 
 
 @cache
@@ -33,18 +43,33 @@ def gpus() -> dict[str, GPU]:
 
 
 @cache
-def systems() -> dict[str, System]:
-    out = _load("systems.yaml", System)
-    for s in out.values():
-        if s.gpu not in gpus():
-            raise ProblemError(f"unknown gpu {s.gpu!r}", file="catalog systems.yaml", field=f"{s.name}.gpu")
-    for g in gpus().values():  # a GPU's standard node must exist and hold that GPU
-        if g.standard_system is not None and out.get(g.standard_system, None) is None:
+def _system(name: str) -> System:
+    """One system of systems.yaml, its GPU checked against the GPU catalog."""
+    s = _build("systems.yaml", System, name)
+    if s.gpu not in gpus():
+        raise ProblemError(f"unknown gpu {s.gpu!r}", file="catalog systems.yaml", field=f"{s.name}.gpu")
+    return s
+
+
+@cache
+def _standard_systems_checked() -> None:
+    """Every GPU's standard node exists in systems.yaml and holds that GPU (read from the files' entries, each the
+    field the built System's ``gpu`` is validated from: a str)."""
+    raw = _raw("systems.yaml")
+    for g in gpus().values():
+        if g.standard_system is not None and g.standard_system not in raw:
             raise ProblemError(f"unknown system {g.standard_system!r}", file="catalog gpus.yaml",
                                field=f"{g.name}.standard_system")
-        if g.standard_system is not None and out[g.standard_system].gpu != g.name:
-            raise ProblemError(f"system {g.standard_system!r} holds {out[g.standard_system].gpu}, not {g.name}",
+        held = raw[g.standard_system].get("gpu") if g.standard_system is not None else None
+        if g.standard_system is not None and held != g.name:
+            raise ProblemError(f"system {g.standard_system!r} holds {held}, not {g.name}",
                                file="catalog gpus.yaml", field=f"{g.name}.standard_system")
+
+
+@cache
+def systems() -> dict[str, System]:
+    out = {name: _system(name) for name in _raw("systems.yaml")}
+    _standard_systems_checked()
     return out
 
 
@@ -55,18 +80,29 @@ def families() -> dict[str, FamilyCalibration]:
 
 
 @cache
+def _model(name: str) -> TransformerModel:
+    return _build("models.yaml", TransformerModel, name)
+
+
+@cache
 def models() -> dict[str, TransformerModel]:
-    return _load("models.yaml", TransformerModel)
+    return {name: _model(name) for name in _raw("models.yaml")}
 
 
 def lookup(kind: str, name: str, *, file: str | None, field: str) -> Any:
-    loaders: dict[str, Any] = {"gpu": gpus, "system": systems, "model": models}
-    table: dict[str, Any] = loaders[kind]()
-    if name not in table:
-        allowed = ", ".join(sorted(table))
+    """The catalog entry ``name`` of ``kind`` (gpu, system or model); an unknown name is a one-line error listing
+    the catalog's names. Only the entry asked for is built (and, for a system, the standard nodes checked)."""
+    names: Any = gpus() if kind == "gpu" else _raw("systems.yaml" if kind == "system" else "models.yaml")
+    if name not in names:
+        allowed = ", ".join(sorted(names))
         hint = ", or a Hugging Face config: {hf_config: config.json}" if kind == "model" else ""
         raise ProblemError(f"unknown {kind} {shorten(repr(name))}; allowed: {allowed}{hint}", file=file, field=field)
-    return table[name]
+    if kind == "gpu":
+        return names[name]
+    if kind == "system":
+        _standard_systems_checked()
+        return _system(name)
+    return _model(name)
 
 
 def standard_system(gpu: str, *, file: str | None, field: str) -> System:

@@ -4,15 +4,13 @@ package's catalogs (``serving_data``)."""
 from __future__ import annotations
 
 from functools import cache
-from importlib import resources
 
-import yaml
 from pydantic import ValidationError
 
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.io import catalog
 from madmax_opt.io.calibration import Overlay
-from madmax_opt.io.yaml_files import SAFE_LOADER
+from madmax_opt.io.data_cache import package_yaml
 from madmax_opt.model.serving_calibration import (
     FitRecord,
     ServingCalibrationEntry,
@@ -25,9 +23,8 @@ CATALOG_FILE = "serving_calibration.yaml"
 
 @cache
 def serving_catalog() -> ServingCatalog:
-    text = resources.files("madmax_opt").joinpath("data").joinpath(CATALOG_FILE).read_text()
     try:
-        return ServingCatalog(**yaml.load(text, Loader=SAFE_LOADER),  # libyaml when present
+        return ServingCatalog(**package_yaml(CATALOG_FILE),  # parsed once per content (io/data_cache.py)
                               gpu_specs=dict(catalog.gpus()))  # the GPUs the hardware order ranges over
     except ValidationError as exc:  # a broken catalog is a bug in the package, but say where
         raise ProblemError(str(exc).splitlines()[0], file=f"catalog {CATALOG_FILE}") from None

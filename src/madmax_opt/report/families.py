@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.model.family_name import FamilyName
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # rich is imported where a table is printed (a --json solve imports none)
+    from rich.console import Console
+
     from madmax_opt.search.cpsat import CpSatOptions
     from madmax_opt.search.family import Family as SearchFamily
     from madmax_opt.search.family import SearchOptions
@@ -144,6 +144,8 @@ def _training_show(result: dict[str, Any], console: Console) -> None:
 
 
 def _training_evaluate(path: Path, plan: Path, json_out: bool, plot: Path | None, console: Console) -> None:
+    from rich.console import Console
+
     from madmax_opt.io.plans import load_plans
     from madmax_opt.io.problem import load_problem
     from madmax_opt.io.yaml_files import read_yaml

@@ -4,13 +4,13 @@ bar with a count and the elapsed time, drawn only on a terminal and cleared when
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
-if TYPE_CHECKING:  # rich.progress is imported only when a bar is drawn (on a terminal)
+if TYPE_CHECKING:  # rich is imported only where standard error may be a terminal (a --json solve imports none)
     from rich.progress import Progress
 
 
@@ -40,6 +40,11 @@ class Bar:
 def progress_bar(description: str, total: int | None, *, count: bool = True) -> Iterator[Bar]:
     """A bar of ``total`` steps (None: a counter without an end; ``count=False``: a spinner and the elapsed time,
     for one long step such as a CP-SAT search)."""
+    if _not_a_terminal():
+        yield Bar(description, None, total)
+        return
+    from rich.console import Console
+
     err = Console(stderr=True)
     if not err.is_terminal:
         yield Bar(description, None, total)
@@ -63,3 +68,20 @@ def progress_bar(description: str, total: int | None, *, count: bool = True) -> 
                    TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as progress:
         yield Bar(description, progress, total)
+
+
+def _not_a_terminal() -> bool:
+    """Standard error is surely no terminal for rich (``Console.is_terminal``, rich 13-15), decided without importing
+    it: TTY_COMPATIBLE=0, or FORCE_COLOR set empty, or neither TTY_COMPATIBLE=1 nor FORCE_COLOR set and not a tty.
+    False means: ask rich (which may still say no, e.g. in Jupyter)."""
+    compatible = os.environ.get("TTY_COMPATIBLE", "")
+    if compatible in ("0", "1"):
+        return compatible == "0"
+    force = os.environ.get("FORCE_COLOR")
+    if force is not None:
+        return force == ""
+    isatty = getattr(sys.stderr, "isatty", None)
+    try:
+        return isatty is None or not isatty()
+    except ValueError:  # a closed stream (rich says no too)
+        return True
