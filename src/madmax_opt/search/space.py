@@ -110,17 +110,20 @@ def knob_values(problem: Problem, option: HardwareOption, uneven: bool = False) 
 def _shape_count(
     shapes: list[tuple[int, int, int, int]], kv: dict[str, list[int]], fixed: int, layers: int, global_batch: int,
     uneven: bool,
-) -> int:
-    """Rows ``_shape_product`` would build (before duplicates are dropped)."""
+) -> tuple[int, int]:
+    """Rows ``_shape_product`` would build (before duplicates are dropped), and those of them with vpp = 1 only (the
+    rows of a default vpp space's vpp = 1 plans)."""
     vpp_of = uneven_vpp if uneven else default_vpp
-    rows: dict[tuple[int, int], int] = {}  # (dp, pp) -> rows per shape
-    total = 0
+    rows: dict[tuple[int, int], tuple[int, int]] = {}  # (dp, pp) -> (rows, vpp = 1 rows) per shape
+    total = total_one = 0
     for dp, _, pp, _ in shapes:
         n = rows.get((dp, pp))
         if n is None:
-            n = rows[(dp, pp)] = len(kv["vpp"] or vpp_of(layers, pp)) * len(kv["mbs"] or default_mbs(global_batch, dp))
-        total += n * fixed
-    return total
+            mbs = len(kv["mbs"] or default_mbs(global_batch, dp))
+            n = rows[(dp, pp)] = (len(kv["vpp"] or vpp_of(layers, pp)) * mbs, mbs)
+        total += n[0] * fixed
+        total_one += n[1] * fixed
+    return total, total_one
 
 
 def _shape_product(
@@ -187,11 +190,11 @@ def check_space_size(problem: Problem, uneven: bool = False, vpp_one: bool = Fal
         fixed = len(kv["zero"]) * len(kv["recompute"]) * len(kv["sp"]) * len(kv["ep"])
         shapes = _option_shapes(option, kv)
         layers, batch = problem.model.layers, problem.training_task.global_batch
-        count = _shape_count(shapes, kv, fixed, layers, batch, uneven)
+        count, count_one = _shape_count(shapes, kv, fixed, layers, batch, uneven)
         total += count
         if total > MAX_PLANS:
             raise _too_many(problem, option)
-        rows.append(_shape_count(shapes, {**kv, "vpp": [1]}, fixed, layers, batch, uneven) if vpp_one else count)
+        rows.append(count_one if vpp_one else count)
     return rows
 
 
@@ -218,7 +221,8 @@ def enumerate_plans(
         if not shapes:
             continue
         fixed = list(itertools.product(kv["zero"], kv["recompute"], kv["sp"], kv["ep"]))
-        total += _shape_count(shapes, kv, len(fixed), problem.model.layers, problem.training_task.global_batch, uneven)
+        total += _shape_count(shapes, kv, len(fixed), problem.model.layers, problem.training_task.global_batch,
+                              uneven)[0]
         if total > MAX_PLANS:
             raise _too_many(problem, option)
         b, r = _shape_product(shapes, kv, fixed, problem.model.layers, problem.training_task.global_batch, uneven)
