@@ -1,5 +1,6 @@
 """Serving prediction intervals (studies/serving_intervals.py, model/serving_calibration.py): the residuals of each
-calibration level, the factors a record carries and the interval of an evaluated serving record."""
+calibration level, the interval of a level (both metrics as time errors, every source weighing the same) and its
+coverage by hand, the factors a record carries and the interval of an evaluated serving record."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from madmax_opt.io.serving_catalog import serving_catalog
 from madmax_opt.model.serving_calibration import interval_level, record_interval
 from madmax_opt.studies.inferencex import prepared_metrics
 from madmax_opt.studies.serving_fit import Evaluation, Fit, fold
-from madmax_opt.studies.serving_intervals import residuals
+from madmax_opt.studies.serving_intervals import LevelErrors, Residuals, residuals
 
 
 def test_levels_of_resolved_calibrations() -> None:
@@ -57,19 +58,50 @@ def test_residuals_take_each_level_from_its_held_out_errors() -> None:
         assert prior.values == pytest.approx(want)
 
 
-def test_interval_factors_are_the_split_conformal_order_statistics() -> None:
-    """Nine residuals -0.4 ... 0.4: the 80 % interval's ends are the k-th smallest with k = ceil(10 x 0.1) = 1 and
-    ceil(10 x 0.9) = 9, i.e. exp(-0.4) and exp(0.4); coverage by group: three groups of three, each against the
-    interval of the other six (k = ceil(7 x 0.1) = 1 and ceil(7 x 0.9) = 7: their min and max)."""
-    from madmax_opt.studies.serving_intervals import Residuals
+def _level(values: dict[str, list[tuple[float, str, str]]]) -> dict[tuple[str, str], Residuals]:
+    """metric -> [(residual, group, source)] as the residuals of the calibrated level."""
+    return {("calibrated", m): Residuals("calibrated", m, [v for v, _, _ in rs], [g for _, g, _ in rs],
+                                         [s for _, _, s in rs]) for m, rs in values.items()}
 
-    values = [round(-0.4 + 0.1 * i, 10) for i in range(9)]
-    groups = ["a", "b", "c"] * 3  # a: -0.4, -0.1, 0.2; b: -0.3, 0.0, 0.3; c: -0.2, 0.1, 0.4
-    f = Residuals("calibrated", "tpot", values, groups, groups).factors()
-    assert f is not None
-    assert (f.lo, f.hi) == (round(math.exp(-0.4), 4), round(math.exp(0.4), 4))
-    # a against [-0.3, 0.4]: -0.4 out; b against [-0.4, 0.4]: all in; c against [-0.4, 0.3]: 0.4 out -> 7 of 9
-    assert f.coverage == pytest.approx(round(7 / 9, 4)) and f.coverage_runs == 9
+
+# TPOT residuals of sources a (4 runs) and b (2 runs), throughput residuals of source c (2 runs)
+_SMALL = {
+    "tpot": [(0.0, "g1", "a"), (0.1, "g1", "a"), (0.2, "g2", "a"), (0.3, "g2", "a"), (-0.1, "g1", "b"),
+             (0.5, "g2", "b")],
+    "throughput": [(-0.2, "g1", "c"), (0.0, "g2", "c")],
+}
+
+
+def test_level_errors_take_both_metrics_as_time_errors() -> None:
+    e = LevelErrors.of(_level(_SMALL), "calibrated")
+    # throughput's residuals flip sign: ln(measured / predicted rate) = -ln(measured / predicted time)
+    assert list(e.values) == [0.2, 0.0, 0.0, 0.1, 0.2, 0.3, -0.1, 0.5]
+    assert list(e.metrics) == ["throughput"] * 2 + ["tpot"] * 6 and list(e.sources) == list("ccaaaabb")
+
+
+def test_interval_factors_weigh_every_source_the_same() -> None:
+    """Time errors (weight): b -0.1 (1/6); a 0.0 (1/12), c 0.0 (1/6); a 0.1; a 0.2, c 0.2; a 0.3; b 0.5 (1/6).
+    Their weighted CDF reaches 0.1 at -0.1 and 0.9 only at 0.5: the time interval is [e^-0.1, e^0.5], TPOT's
+    factors, and throughput's [e^-0.5, e^0.1].
+    Leave one source out, TPOT: without a, b and c at 1/4 each give [-0.1, 0.5]: a's 4 runs inside; without b,
+    a (1/8 each) and c (1/4 each): CDF 0.375 at 0.0 (lo = 0), 0.875 at 0.2, 1 at 0.3: [0, 0.3], b's -0.1 and 0.5
+    outside: 4 of 6. Throughput: without c, a (1/8) and b (1/4): [-0.1, 0.5] holds c's 0.2 and 0.0: 2 of 2.
+    By group, TPOT: without g1, a 0.2 / 0.3 (1/6 each), b 0.5 (1/3), c 0.0 (1/3) give [0, 0.5]: g1's 0.0 and 0.1
+    inside, -0.1 out; without g2, a 0.0 / 0.1 (1/6), b -0.1 (1/3), c 0.2 (1/3) give [-0.1, 0.2]: g2's 0.2
+    inside, 0.3 and 0.5 out: 3 of 6."""
+    e = LevelErrors.of(_level(_SMALL), "calibrated")
+    tpot, tput = e.factors("tpot"), e.factors("throughput")
+    assert tpot is not None and tput is not None
+    assert (tpot.lo, tpot.hi, tpot.runs) == (round(math.exp(-0.1), 4), round(math.exp(0.5), 4), 8)
+    assert (tput.lo, tput.hi) == (round(math.exp(-0.5), 4), round(math.exp(0.1), 4))
+    assert (tpot.coverage, tpot.coverage_runs, tpot.group_coverage) == (round(4 / 6, 4), 6, 0.5)
+    assert (tput.coverage, tput.coverage_runs) == (1.0, 2)
+    assert tpot.held_out_by == "fold"
+
+
+def test_interval_needs_enough_residuals_of_the_level() -> None:
+    e = LevelErrors.of(_level({"tpot": _SMALL["tpot"][:3], "throughput": []}), "calibrated")
+    assert e.factors("tpot") is None and e.factors("throughput") is None
 
 
 def test_serving_record_carries_its_levels_interval() -> None:

@@ -1,11 +1,21 @@
 """Prediction intervals from calibration residuals, for any model family (training step time, serving TPOT, ...).
 
-A residual is r = ln(measured / predicted) of a run the calibration did not see (leave-one-source-out) or, for a
-datasheet prior, of any measured run. The interval of a new prediction p at coverage c is
-[p exp(q_lo), p exp(q_hi)] with q_lo, q_hi the (1 - c)/2 and (1 + c)/2 quantiles of the residuals of the level
-that priced it (split-conformal order statistics: the k-th smallest of n with k = ceil((n + 1) x level), so that
-a new run exchangeable with the n covers at least c on average; Vovk et al. 2005, Lei et al. 2018).
-Its coverage is measured leave-one-source-out: each source's runs against the interval of the other sources."""
+A residual is r = ln(measured / predicted) of a run the calibration did not see, or, for a datasheet prior, of any
+measured run. The interval of a new prediction p at coverage c is [p exp(q_lo), p exp(q_hi)] with q_lo, q_hi the
+(1 - c)/2 and (1 + c)/2 quantiles of the residuals of the level that priced it, widened to hold p itself
+(q_lo <= 0 <= q_hi). Two quantiles:
+
+- ``from_residuals``: every run weighs the same (split-conformal order statistics: the k-th smallest of n with
+  k = ceil((n + 1) x level), so that a new run exchangeable with the n covers at least c on average; Vovk et al.
+  2005, Lei et al. 2018). Right when the residuals are themselves errors on unseen sources (training's
+  leave-one-source-out residuals, studies/intervals.py).
+- ``from_sources``: every source weighs the same, its runs sharing its weight (CDF pooling: the quantile of
+  (1/K) sum_k F_k, the mean of the K sources' empirical CDFs; Dunn, Wasserman & Ramdas 2023, JASA 118:2491). A
+  run of a source not seen is exchangeable with the sources, not with the runs: the runs of one large source do
+  not set the interval (serving, whose residuals are held out within known sources: studies/serving_intervals.py).
+  Its coverage guarantee is asymptotic in the number of sources, not finite-sample.
+
+Coverage is measured leave one source out: each source's runs against the interval of the other sources."""
 
 from __future__ import annotations
 
@@ -53,6 +63,36 @@ def from_residuals(log_ratios: Sequence[float] | Arr, coverage: float = COVERAGE
     tail = (1.0 - coverage) / 2.0
     lo = min(_order_statistic(r, tail) if tail * (len(r) + 1) >= 1 else float(r[0]), 0.0)
     hi = max(_order_statistic(r, 1.0 - tail), 0.0)
+    return Interval(math.exp(lo), math.exp(hi), coverage, len(r))
+
+
+def source_weights(sources: Sequence[str] | Arr) -> Arr:
+    """Each run's weight 1 / (K n_s): K sources of equal weight, the n_s runs of source s sharing 1 / K."""
+    _, inverse, counts = np.unique(np.asarray(sources), return_inverse=True, return_counts=True)
+    return np.asarray(1.0 / (counts[inverse] * len(counts)), dtype=np.float64)
+
+
+def weighted_quantile(values: Sequence[float] | Arr, weights: Sequence[float] | Arr, level: float) -> float:
+    """The smallest value v whose weight share at or below v reaches ``level`` (the inverse of the weighted CDF)."""
+    x = np.asarray(values, dtype=np.float64)
+    order = np.argsort(x, kind="stable")
+    w = np.asarray(weights, dtype=np.float64)[order]
+    share = np.cumsum(w) / w.sum()
+    k = int(np.searchsorted(share, level - 1e-12))  # 1e-12: a share summed to 0.8999999999 reaches 0.9
+    return float(x[order][min(k, len(x) - 1)])
+
+
+def from_sources(log_ratios: Sequence[float] | Arr, sources: Sequence[str] | Arr,
+                 coverage: float = COVERAGE) -> Interval | None:
+    """The interval of ``coverage`` from residuals with every source weighing the same (CDF pooling, see the module
+    docstring); None below MIN_RUNS residuals."""
+    r = np.asarray(log_ratios, dtype=np.float64)
+    if len(r) < MIN_RUNS:
+        return None
+    w = source_weights(sources)
+    tail = (1.0 - coverage) / 2.0
+    lo = min(weighted_quantile(r, w, tail), 0.0)
+    hi = max(weighted_quantile(r, w, 1.0 - tail), 0.0)
     return Interval(math.exp(lo), math.exp(hi), coverage, len(r))
 
 
