@@ -1,6 +1,7 @@
-"""Options skipped whole by their objective floor (search/option_bound.py, prune.best_candidates): the floor is a
-true lower bound of every valid plan of its option (brute force over whole spaces), and skipping changes neither the
-top-k nor any system's best plan (what ``solve`` reports per system with several)."""
+"""Options skipped whole by their objective floor (search/option_bound.py, solver.objective_floor,
+prune.best_candidates): the floor is a true lower bound of every valid plan of its option (brute force over whole
+spaces), and skipping changes neither the top-k nor any system's best plan (what ``solve`` reports per system with
+several)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from hypothesis import strategies as st
 from madmax_opt.analysis.evaluator import Model
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.search import prune
-from madmax_opt.search.option_bound import objective_floor, step_floor_us
+from madmax_opt.search.option_bound import step_floor_us
 from madmax_opt.search.selection import select_best
-from madmax_opt.search.solver import Candidates, admissible, brute_force_order, candidates
+from madmax_opt.search.solver import Candidates, admissible, brute_force_order, candidates, objective_floor
 from madmax_opt.search.space import enumerate_plans
 from strategies import small_hardware, small_models
 

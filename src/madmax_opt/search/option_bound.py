@@ -1,4 +1,4 @@
-"""A lower bound on the integer objective of every plan of a hardware option, found without enumerating it.
+"""A lower bound on the step time (so on every objective) of the valid plans of a hardware option, unenumerated.
 
 Every compute pass of a layer runs at most at the GPU's measured executed-FLOP ceiling (``ops.layer_ops``, the
 "utilisation ceiling" rows: fwd + bwd-input + bwd-weight + recompute of a trainable layer take at least their FLOPs /
@@ -11,8 +11,8 @@ the bottleneck stage holds layers / pp layers, so a valid plan's step time is at
 when every layer trains and 2 x weight-GEMM + 3 x attention FLOPs otherwise (routed-expert and recomputed FLOPs
 left out: the bound only gets looser). Each of the step's terms is rounded once to 1 us, and every objective is
 nondecreasing in the rounded step time at fixed hardware (``model/objectives.py``: proportional to it), so the
-objective at the bound, rounded the same way, bounds every admissible plan of the option from below.
-``prune.best_candidates`` skips an option whose bound exceeds what it could still change (exact).
+objective at the bound, rounded the same way (``solver.objective_floor``), bounds every admissible plan of the option
+from below. ``prune.best_candidates`` skips an option whose bound exceeds what it could still change (exact).
 """
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ from madmax_opt.analysis.evaluator import Model
 from madmax_opt.core.numeric import IntArr
 from madmax_opt.core.units import US
 from madmax_opt.model.compute import utilization_ceiling
-from madmax_opt.model.objectives import uniform_rates
 from madmax_opt.model.training import STEP_TERMS
 from madmax_opt.search.cpsat import INT_LIMIT
-from madmax_opt.search.objectives import integer_objective, training_units
 
 FLOAT_SLACK = 1e-9  # relative: far above the rounding of the float sums the bound is compared with
 
@@ -49,17 +47,4 @@ def step_floor_us(model: Model) -> IntArr:
     return np.minimum(np.maximum(floor_us, 0.0), float(INT_LIMIT)).astype(np.int64)
 
 
-def objective_floor(model: Model, kind: str) -> IntArr:
-    """Per hardware option, an integer objective ``kind`` no admissible plan of it is below: the objective of a plan
-    of the option at the step floor (the same rates and rounding as ``solver.Candidates.int_objective``)."""
-    problem = model.problem
-    tokens_per_step = float(problem.training_task.global_batch * model.workload.seq_len)
-    hw = np.arange(len(problem.hardware), dtype=np.int64)
-    gpus = np.array([o.gpus for o in problem.hardware], dtype=np.float64)
-    systems = tuple(o.system for o in problem.hardware)
-    rates = uniform_rates(step_floor_us(model) / US / tokens_per_step, systems, hw, gpus,
-                          problem.training_task.train_tokens)
-    return integer_objective(kind, rates, training_units(kind, tokens_per_step)).values
-
-
-__all__ = ["objective_floor", "step_floor_us"]
+__all__ = ["step_floor_us"]

@@ -274,7 +274,7 @@ def best_candidates(
     of one batch. In a default vpp space the vpp > 1 plans (three quarters of it) are never enumerated whole: only
     the siblings of the vpp = 1 plans the vpp bound lets through. ``score``: integer objective and admissibility of
     evaluated plans (``solver.Candidates`` and ``solver.limits``). ``floor``: per option, an objective no admissible
-    plan of it is below (``option_bound.objective_floor``); options are then searched by ascending floor, and one
+    plan of it is below (``solver.objective_floor``); options are then searched by ascending floor, and one
     whose floor exceeds both the ``keep_best``-th best objective kept so far and its system's best kept so far is
     never enumerated (its plans could only tie neither; exact)."""
     problem = model.problem

@@ -49,7 +49,7 @@ from madmax_opt.search.assemble import (
 from madmax_opt.search.cpsat import INT_LIMIT, CpSatOptions, time_limit_error, to_int, warn_if_unused
 from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.objectives import UUSD, integer_objective, training_units  # noqa: F401 (UUSD: re-export)
-from madmax_opt.search.option_bound import objective_floor
+from madmax_opt.search.option_bound import step_floor_us
 from madmax_opt.search.prune import ROUNDING_TOLERANCE_S, best_candidates, space_candidates
 from madmax_opt.search.selection import METHOD, select_best
 from madmax_opt.search.space import empty_space_reason
@@ -89,11 +89,23 @@ class Candidates:
         return self.int_objective(kind).values
 
 
+def objective_floor(model: Model, kind: str) -> IntArr:
+    """Per hardware option, an integer objective ``kind`` no admissible plan of it is below: that of a plan of the
+    option at its step floor (``option_bound.step_floor_us``), with the rates and rounding of ``Candidates``."""
+    problem = model.problem
+    tokens_per_step = float(problem.training_task.global_batch * model.workload.seq_len)
+    hw = np.arange(len(problem.hardware), dtype=np.int64)
+    gpus = np.array([o.gpus for o in problem.hardware], dtype=np.float64)
+    rates = uniform_rates(step_floor_us(model) / US / tokens_per_step, tuple(o.system for o in problem.hardware), hw,
+                          gpus, problem.training_task.train_tokens)
+    return integer_objective(kind, rates, training_units(kind, tokens_per_step)).values
+
+
 def candidates(model: Model, plans: PlanArrays | None = None, keep_best: int = 1, top_only: bool = False) -> Candidates:
     """``plans`` evaluated; by default the problem's space less the plans proven infeasible or proven outside every
     hardware option's ``keep_best`` best (``space_candidates``); ``top_only``: only every option's ``keep_best``
     best admissible plans of the options that can hold a top-``keep_best`` plan or their system's best, the space
-    streamed in bounded memory (``prune.best_candidates``; the others skipped by ``option_bound.objective_floor``)."""
+    streamed in bounded memory (``prune.best_candidates``; the others skipped by ``objective_floor``)."""
     if plans is not None:
         return Candidates(plans, metrics(model, plans))
     if top_only:
