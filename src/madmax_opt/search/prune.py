@@ -276,7 +276,7 @@ def best_candidates(
     evaluated plans (``solver.Candidates`` and ``solver.limits``). ``floor``: per option, an objective no admissible
     plan of it is below (``solver.objective_floor``); options are then searched by ascending floor, and one
     whose floor exceeds both the ``keep_best``-th best objective kept so far and its system's best kept so far is
-    never enumerated (its plans could only tie neither; exact)."""
+    never enumerated (every plan of it is strictly worse than both, so it can enter neither; exact)."""
     problem = model.problem
     lazy = problem.space.vpp is None
     rows = check_space_size(problem, vpp_one=lazy)
