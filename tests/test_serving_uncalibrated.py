@@ -12,8 +12,8 @@ import pytest
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.io.serving_catalog import serving_catalog
 from madmax_opt.model.hardware import HardwareOption
-from madmax_opt.model.serving_calibration import ANY, calibration_columns
-from madmax_opt.studies.serving_fit import UNCALIBRATED_ABOVE, Fit, dataset, decide
+from madmax_opt.model.serving_calibration import ANY, UNSEEN_SOURCES, calibration_columns
+from madmax_opt.studies.serving_fit import UNCALIBRATED_ABOVE, Fit, dataset, decide, with_unseen_sources
 
 
 def hardware_options_for(gpu: str) -> list[HardwareOption]:
@@ -120,9 +120,43 @@ def test_the_shipped_catalog_obeys_the_rule() -> None:
             continue
         assert f.kfold_by_group and f.kfold_median_err is not None and f.fallback_kfold_median_err is not None
         worst = max(f.in_sample_median_err or 0.0, f.kfold_median_err, *f.kfold_by_group.values())
-        assert f.status == ("uncalibrated" if worst > UNCALIBRATED_ABOVE else "calibrated"), (e.gpu, e.framework)
+        assert f.loso_median_err is not None
+        on = [name for name, err in (("in-sample", f.in_sample_median_err or 0.0), ("held-out points", max(
+            f.kfold_median_err, *f.kfold_by_group.values())), (UNSEEN_SOURCES, f.loso_median_err))
+              if err > UNCALIBRATED_ABOVE]
+        assert f.uncalibrated_on == on, (e.gpu, e.framework)
+        assert f.status == ("uncalibrated" if max(worst, f.loso_median_err) > UNCALIBRATED_ABOVE else "calibrated")
         if f.priced_by == "fallback":
             assert f.status == "uncalibrated" and f.fallback_kfold_median_err < f.kfold_median_err
-        elif f.status == "uncalibrated":
+        elif worst > UNCALIBRATED_ABOVE:  # pricing is decided on the held-out points, not on unseen sources
             assert f.fallback_kfold_median_err >= f.kfold_median_err
         assert np.isfinite(f.kfold_median_err)
+
+
+def test_a_pair_that_errs_on_unseen_sources_is_uncalibrated_and_keeps_its_pricing() -> None:
+    """5-fold 10 % but 50 % when each source is predicted by the fit without it (median of |0.5|, |-0.6|, |0.4|):
+    uncalibrated on unseen sources, still priced by its own fit; a pair at 20 % there stays calibrated."""
+    cases, ins, kfold, fb = _pair("transfers-badly", [0.1, -0.1, 0.1], [0.4, 0.4, 0.4])
+    ok = _pair("transfers", [0.1, -0.1, 0.1], [0.4, 0.4, 0.4])
+    decided = _decide((cases, ins, kfold, fb), ok)
+    loso = {**dict(zip(kfold, [0.5, -0.6, 0.4], strict=True)), **dict.fromkeys(ok[2], 0.2)}
+    got = with_unseen_sources(cases + ok[0], decided, loso)
+    d = got[("transfers-badly", "sglang")]
+    assert (d.status, d.priced_by, d.on) == ("uncalibrated", "pair", (UNSEEN_SOURCES,))
+    assert d.loso == pytest.approx(0.5)
+    assert (got[("transfers", "sglang")].status, got[("transfers", "sglang")].on) == ("calibrated", ())
+
+
+def test_a_pair_uncalibrated_only_on_unseen_sources_keeps_the_calibrated_interval() -> None:
+    """Its held-out points are within the rule, so the calibrated level's residuals apply to the runs it was fitted
+    on; a pair whose held-out points err above 30 % takes the family interval."""
+    cat = serving_catalog()
+    entry = next(e for e in cat.entries if (e.gpu, e.framework) == ("h200-sxm", "sglang"))
+    for on, interval in (([UNSEEN_SOURCES], "calibrated"), (["held-out points", UNSEEN_SOURCES], "family")):
+        flagged = entry.model_copy(update={"fit": entry.fit.model_copy(
+            update={"status": "uncalibrated", "priced_by": "pair", "uncalibrated_on": on})})
+        moved = cat.model_copy(update={"entries": [flagged if e is entry else e for e in cat.entries]})
+        _, labels = calibration_columns(hardware_options_for("h200-sxm"), "sglang", moved)
+        assert (labels[0]["status"], labels[0]["level"], labels[0]["uncalibrated_on"]) == (
+            "uncalibrated", "calibrated", on)
+        assert labels[0]["interval"]["level"] == interval

@@ -38,6 +38,9 @@ class CalibrationRecord(BaseModel):
     sources: list[str] = Field(default_factory=list)
     in_sample_median_err: float | None = None
     loso_median_err: float | None = None
+    uncalibrated_on: list[str] = Field(
+        default_factory=list, description="serving: why a pair fitted on its runs is uncalibrated (the fit record's "
+        "uncalibrated_on: in-sample, held-out points, unseen sources)")
     interval: StepInterval | None = Field(None, description="80 % interval of the step time at this level")
     ordered: list[str] = Field(
         default_factory=list, description="hardware order (serving, model/serving_calibration.ordered): the GPUs "

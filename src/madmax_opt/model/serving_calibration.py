@@ -89,8 +89,14 @@ class FitRecord(_Strict):
         None, description="median |error| of these runs as held-out points (5 folds, each refitted without it)"
     )
     status: Literal["calibrated", "uncalibrated"] = Field(
-        "calibrated", description="uncalibrated: the in-sample or held-out-point (5-fold) median |error| exceeds 30 "
-        "%, over all its runs or over the runs of one of its sources or data sets (kfold_by_group)"
+        "calibrated", description="uncalibrated: the in-sample, held-out-point (5-fold) or leave-one-source-out "
+        "median |error| exceeds 30 %, over all its runs or (5-fold) over the runs of one of its sources or data sets "
+        "(kfold_by_group); uncalibrated_on says which"
+    )
+    uncalibrated_on: list[str] = Field(
+        default_factory=list, description="what exceeds 30 % (status uncalibrated): 'in-sample', 'held-out points' "
+        "(5-fold, all runs or one source or data set), 'unseen sources' (leave-one-source-out: runs of a source the "
+        "fit never saw, e.g. another model or benchmark)"
     )
     kfold_by_group: dict[str, float] = Field(
         default_factory=dict, description="held-out-point (5-fold) median |error| of the pair's runs per source and "
@@ -111,6 +117,9 @@ class FitRecord(_Strict):
         False, description="the pair's own fit, before the hardware order, errs above 30 % as ``status`` measures "
         "it: it ranks below the well-fitted pairs in the hardware order (``trust``)"
     )
+
+
+UNSEEN_SOURCES = "unseen sources"  # FitRecord.uncalibrated_on: leave-one-source-out median |error| above 30 %
 
 
 class IntervalFactors(_Strict):
@@ -397,11 +406,14 @@ def calibration_columns(
                 sources=list(fit.sources),
                 in_sample_median_err=fit.in_sample_median_err,
                 loso_median_err=fit.loso_median_err,
+                uncalibrated_on=list(fit.uncalibrated_on) if level == "calibrated" else [],
                 ordered=moves,
             )
-        # a pair flagged uncalibrated takes the interval of the level whose held-out residuals apply to it: its own
-        # fit's held-out error exceeds what the calibrated level's residuals cover, so the pooled (family) width
-        factors = catalog.interval_factors("family" if level == "calibrated" and rec.status != "calibrated" else level)
+        # a pair whose own fit errs above 30 % on its runs takes the interval of the level whose held-out residuals
+        # apply to it: its held-out error exceeds what the calibrated level's residuals cover, so the pooled (family)
+        # width; one flagged only on unseen sources keeps the calibrated width for the runs it was fitted on
+        held_out_bad = rec.status != "calibrated" and (fit is None or fit.uncalibrated_on != [UNSEEN_SOURCES])
+        factors = catalog.interval_factors("family" if level == "calibrated" and held_out_bad else level)
         labels.append({**rec.model_dump(), "level": level, **({"interval": factors} if factors else {})})
     return CalibrationColumns.of([p for p, _, _, _ in resolved], catalog.frameworks[framework]), labels
 

@@ -43,6 +43,9 @@ def record_table(rec: ServingRecord, title: str = "plan") -> Table:
         + (
             f"{cal['runs']} runs, LOSO median {cal['loso_median_err']:.0%}"
             if cal["status"] == "calibrated" and cal["loso_median_err"] is not None
+            else f"{cal['runs']} runs, uncalibrated on {', '.join(cal['uncalibrated_on'])} (LOSO median "
+            f"{cal['loso_median_err']:.0%})"
+            if cal.get("uncalibrated_on") and cal["loso_median_err"] is not None
             else f"{cal['level']} (uncalibrated)"
         ),
     )

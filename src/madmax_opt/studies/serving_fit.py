@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -30,6 +30,7 @@ import yaml
 from madmax_opt.io.serving_catalog import CATALOG_FILE, serving_catalog
 from madmax_opt.model.serving_calibration import (
     ANY,
+    UNSEEN_SOURCES,
     FitRecord,
     IntervalFactors,
     ServingCalibrationEntry,
@@ -299,6 +300,7 @@ def evaluate_all() -> Evaluation:
             kfold[c.case.id], kfold_level[c.case.id] = kfold_fallback[c.case.id]
     in_sample = {c.case.id: c.error(full.resolve(*c.case.pair)) for c in cases}
     loso = held_out_errors(cases, full, lambda c: c.case.source)
+    decisions = with_unseen_sources(cases, decisions, loso)
     logo_level: dict[str, str] = {}
     logo = held_out_errors(cases, full, lambda c: c.case.gpu, logo_level)
     return Evaluation(full, in_sample, loso, logo, cases, kfold, kfold_level, logo_level, decisions)
@@ -313,7 +315,7 @@ def fold(c: FitCase) -> str:
     return f"fold {int(digits) % FOLDS}"
 
 
-UNCALIBRATED_ABOVE = 0.30  # issue 23: a pair whose median |error| on held-out points exceeds 30 % is uncalibrated
+UNCALIBRATED_ABOVE = 0.30  # issue 23: a pair whose median |error| held out exceeds 30 % is uncalibrated
 
 
 def dataset(case_id: str) -> str:
@@ -325,9 +327,10 @@ def dataset(case_id: str) -> str:
 class PairDecision:
     """A fitted pair's status (issue 23): ``uncalibrated`` when the median |error| of its runs, in sample or held
     out (5-fold, its own fit refitted without the fold), exceeds UNCALIBRATED_ABOVE over all its runs or over the
-    runs of any one of its sources or data sets (``by_group``); an uncalibrated pair is priced by its fallback (the
-    level a pair without runs takes) when that level's 5-fold median over the same runs is lower
-    (``priced_by``)."""
+    runs of any one of its sources or data sets (``by_group``), or when its runs predicted leave one source out
+    (each source by the fit that never saw it: ``with_unseen_sources``) do; ``on`` names which. An uncalibrated
+    pair is priced by its fallback (the level a pair without runs takes) when that level's 5-fold median over the
+    same runs is lower (``priced_by``; decided on the 5-fold errors, before leave-one-source-out)."""
 
     status: str
     priced_by: str
@@ -336,6 +339,8 @@ class PairDecision:
     by_group: dict[str, float]
     fallback_kfold: float
     fallback_level: str
+    on: tuple[str, ...] = ()  # FitRecord.uncalibrated_on
+    loso: float = float("nan")  # median |error| of its runs leave one source out (with_unseen_sources)
 
 
 def decide(cases: Sequence[FitCase], in_sample: dict[str, float], kfold: dict[str, float],
@@ -357,10 +362,23 @@ def decide(cases: Sequence[FitCase], in_sample: dict[str, float], kfold: dict[st
         by_group = {g: round(med(kfold, v), 4) for g, v in sorted(groups.items())}
         own_in, own_k = med(in_sample, ids), med(kfold, ids)
         fb = med({i: fallback[i][0] for i in ids}, ids)
-        bad = max(own_in, own_k, *by_group.values()) > UNCALIBRATED_ABOVE
-        out[pair] = PairDecision("uncalibrated" if bad else "calibrated",
-                                 "fallback" if bad and fb < own_k else "pair", own_in, own_k, by_group, fb,
-                                 fallback[ids[0]][1])
+        on = tuple(name for name, bad in (("in-sample", own_in > UNCALIBRATED_ABOVE), (
+            "held-out points", max(own_k, *by_group.values()) > UNCALIBRATED_ABOVE)) if bad)
+        out[pair] = PairDecision("uncalibrated" if on else "calibrated",
+                                 "fallback" if on and fb < own_k else "pair", own_in, own_k, by_group, fb,
+                                 fallback[ids[0]][1], on)
+    return out
+
+
+def with_unseen_sources(cases: Sequence[FitCase], decisions: dict[tuple[str, str], PairDecision],
+                        loso: dict[str, float]) -> dict[tuple[str, str], PairDecision]:
+    """The decisions with each pair's leave-one-source-out median |error| (``loso``, by case id): above
+    UNCALIBRATED_ABOVE the pair is uncalibrated on unseen sources too (its pricing is left as decided)."""
+    out = {}
+    for pair, d in decisions.items():
+        err = statistics.median(abs(loso[c.case.id]) for c in cases if c.case.pair == pair)
+        on = d.on + ((UNSEEN_SOURCES,) if err > UNCALIBRATED_ABOVE else ())
+        out[pair] = replace(d, status="uncalibrated" if on else "calibrated", on=on, loso=err)
     return out
 
 
@@ -390,13 +408,17 @@ def catalog_entries(ev: Evaluation) -> list[ServingCalibrationEntry]:
         own = ({i: by_id[i].error(params) for i in ids} if decision is not None and decision.priced_by == "fallback"
                else ev.in_sample)
         ins = ev.median(own, ids)
+        loso = ev.median(ev.loso, ids)
         if decision is None:
             kfold = ev.median(ev.kfold, ids)
-            status = "uncalibrated" if max(ins, kfold) > UNCALIBRATED_ABOVE else "calibrated"
-            extra = {}
+            on = [name for name, err in (("in-sample", ins), ("held-out points", kfold), (UNSEEN_SOURCES, loso))
+                  if err > UNCALIBRATED_ABOVE]
+            status = "uncalibrated" if on else "calibrated"
+            extra: dict[str, object] = {"uncalibrated_on": on}
         else:  # the pair's own fit, as decided (ev.kfold holds its fallback's errors where that prices it)
             kfold, status = decision.kfold, decision.status
-            extra = {"own_fit_uncalibrated": (gpu, fw) in ev.fit.flagged, "kfold_by_group": decision.by_group,
+            extra = {"uncalibrated_on": list(decision.on),
+                     "own_fit_uncalibrated": (gpu, fw) in ev.fit.flagged, "kfold_by_group": decision.by_group,
                      "priced_by": decision.priced_by,
                      "fallback_kfold_median_err": round(decision.fallback_kfold, 4)}
         record = FitRecord(**{
@@ -404,7 +426,7 @@ def catalog_entries(ev: Evaluation) -> list[ServingCalibrationEntry]:
             "sources": sorted({c.source for c in mine}),
             "method": method,
             "in_sample_median_err": round(ins, 4),
-            "loso_median_err": round(ev.median(ev.loso, ids), 4),
+            "loso_median_err": round(loso, 4),
             "logo_median_err": round(ev.median(ev.logo, ids), 4),
             "kfold_median_err": round(kfold, 4),
             "status": status,
