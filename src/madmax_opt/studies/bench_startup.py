@@ -3,8 +3,9 @@
 Each command runs as a fresh process (the console script's interpreter, ``-m madmax_opt.cli.main``) several times;
 the minimum wall time is reported (the machine may be shared; the load average is recorded beside it). The bar of
 issue 16: ``--help`` and ``schema`` under 0.5 s. The modules each command imports are listed from ``-X importtime``
-so a regression names its cause. Timed with bytecode cached (Python's default; a sandbox that forbids writing it
-makes every process compile the project, reported beside).
+so a regression names its cause. Timed with bytecode cached (Python's default; the catalogs' parse cache,
+io/data_cache.py, follows the same rule; a sandbox that forbids writing them makes every process compile the project
+and parse the catalogs, reported beside).
 """
 
 from __future__ import annotations
@@ -130,8 +131,9 @@ def render(rows: list[StartupTiming], info: dict[str, str], date: str,
         f"divides each best time by it (steadier than seconds on a shared machine). Load average at the end: {_load()}.",
         "",
         "Bytecode cached (Python's default: each module compiled once, an untimed first run here; the cache in a",
-        "temporary PYTHONPYCACHEPREFIX). This sandbox sets PYTHONDONTWRITEBYTECODE, under which every process",
-        "compiles the project's modules again: the last column, the environment as given (bar not applied).",
+        "temporary PYTHONPYCACHEPREFIX, where the catalogs' parse cache, io/data_cache.py, is kept too). This sandbox",
+        "sets PYTHONDONTWRITEBYTECODE, under which every process compiles the project's modules and parses the",
+        "catalogs again: the last column, the environment as given (bar not applied).",
         "",
         "| command | best (s) | median (s) | best / bare Python | bar | heavy modules imported | best, not cached (s) |",
         "|---|---|---|---|---|---|---|",
