@@ -154,7 +154,8 @@ def test_catalog_fit_records_match_the_data() -> None:
         assert float(np.median(np.abs(errors))) == pytest.approx(e.fit.in_sample_median_err, abs=0.005)
         assert np.log1p(errors) == pytest.approx(e.fit.residuals, abs=0.01)  # params stored to 4 digits
         worst = max(e.fit.in_sample_median_err or 0.0, e.fit.kfold_median_err or 0.0, *e.fit.kfold_by_group.values(),
-                    e.fit.loso_median_err or 0.0)  # held out, or its sources predicted by fits that never saw them
+                    e.fit.loso_median_err or 0.0, *e.fit.loso_by_group.values())  # or predicted by fits that
+        # never saw its source
         assert e.fit.status == ("uncalibrated" if worst > 0.30 else "calibrated")
 
 

@@ -90,8 +90,8 @@ class FitRecord(_Strict):
     )
     status: Literal["calibrated", "uncalibrated"] = Field(
         "calibrated", description="uncalibrated: the in-sample, held-out-point (5-fold) or leave-one-source-out "
-        "median |error| exceeds 30 %, over all its runs or (5-fold) over the runs of one of its sources or data sets "
-        "(kfold_by_group); uncalibrated_on says which"
+        "median |error| exceeds 30 %, over all its runs or (5-fold, leave one source out) over the runs of one of its "
+        "sources or data sets (kfold_by_group, loso_by_group); uncalibrated_on says which"
     )
     uncalibrated_on: list[str] = Field(
         default_factory=list, description="what exceeds 30 % (status uncalibrated): 'in-sample', 'held-out points' "
@@ -101,6 +101,10 @@ class FitRecord(_Strict):
     kfold_by_group: dict[str, float] = Field(
         default_factory=dict, description="held-out-point (5-fold) median |error| of the pair's runs per source and "
         "per data set (inference.yaml, inferencex.yaml)"
+    )
+    loso_by_group: dict[str, float] = Field(
+        default_factory=dict, description="leave-one-source-out median |error| of the pair's runs per source and per "
+        "data set (a source's runs are always predicted by fits that never saw it)"
     )
     fallback_kfold_median_err: float | None = Field(
         None, description="held-out-point (5-fold) median |error| of the same runs priced by the fallback (the "

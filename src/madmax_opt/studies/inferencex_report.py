@@ -105,7 +105,7 @@ def inferencex_lines(ev: Evaluation | None = None) -> list[str]:
         f"(inference.yaml and InferenceX), in sample or held out (5-fold, its own fit refitted without the fold), "
         f"exceeds {UNCALIBRATED_ABOVE:.0%} over all its runs or over the runs of any one of its sources or data "
         "sets, or whose runs predicted leave one source out (by fits that never saw their source: another model or "
-        "benchmark) exceed it, is recorded `uncalibrated` in `data/serving_calibration.yaml` (`fit.status`, "
+        "benchmark) exceed it over all its runs or over one source or data set, is recorded `uncalibrated` in `data/serving_calibration.yaml` (`fit.status`, "
         "`fit.uncalibrated_on`, with `kfold_by_group`), and evaluate/solve records say so and why. An uncalibrated "
         "pair is priced by its fallback (the level of a pair without runs: its GPU's or family's and its "
         "framework's pooled fits composed) when the fallback's 5-fold median over the same runs is lower "
@@ -161,15 +161,18 @@ def status_label(ev: Evaluation, pair: tuple[str, str]) -> str:
 def decision_lines(ev: Evaluation) -> list[str]:
     """The uncalibrated pairs: the medians that made them so and what prices them."""
     lines = ["| uncalibrated pair | on | cases | own fit in-sample | own fit 5-fold | worst 5-fold group | "
-             "leave one source out | fallback 5-fold | priced by |", "|---|---|---|---|---|---|---|---|---|"]
+             "leave one source out | worst group | fallback 5-fold | priced by |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for (gpu, fw), d in sorted(ev.decisions.items()):
         if d.status != "uncalibrated":
             continue
         runs = sum(1 for c in ev.cases if c.case.pair == (gpu, fw))
         group, worst = max(d.by_group.items(), key=lambda kv: kv[1])
+        loso_group, loso_worst = max(d.loso_by_group.items(), key=lambda kv: kv[1])
         priced = f"fallback ({d.fallback_level})" if d.priced_by == "fallback" else "its own fit"
         lines.append(f"| {gpu} / {fw} | {', '.join(d.on)} | {runs} | {d.in_sample:.1%} | {d.kfold:.1%} | {group}: "
-                     f"{worst:.1%} | {d.loso:.1%} | {d.fallback_kfold:.1%} ({d.fallback_level}) | {priced} |")
+                     f"{worst:.1%} | {d.loso:.1%} | {loso_group}: {loso_worst:.1%} | {d.fallback_kfold:.1%} "
+                     f"({d.fallback_level}) | {priced} |")
     return lines
 
 

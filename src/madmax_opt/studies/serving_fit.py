@@ -341,6 +341,21 @@ class PairDecision:
     fallback_level: str
     on: tuple[str, ...] = ()  # FitRecord.uncalibrated_on
     loso: float = float("nan")  # median |error| of its runs leave one source out (with_unseen_sources)
+    loso_by_group: dict[str, float] = field(default_factory=dict)  # the same per source and data set
+
+
+def _median(errors: dict[str, float], ids: Sequence[str]) -> float:
+    return statistics.median(abs(errors[i]) for i in ids)
+
+
+def _by_group(cases: Sequence[FitCase], pair: tuple[str, str], errors: dict[str, float]) -> dict[str, float]:
+    """The pair's median |error| over the runs of each of its sources and data sets."""
+    groups: dict[str, list[str]] = {}
+    for c in cases:
+        if c.case.pair == pair:
+            groups.setdefault(f"source {c.case.source}", []).append(c.case.id)
+            groups.setdefault(dataset(c.case.id), []).append(c.case.id)
+    return {g: round(_median(errors, v), 4) for g, v in sorted(groups.items())}
 
 
 def decide(cases: Sequence[FitCase], in_sample: dict[str, float], kfold: dict[str, float],
@@ -348,20 +363,12 @@ def decide(cases: Sequence[FitCase], in_sample: dict[str, float], kfold: dict[st
     """Every fitted pair's decision (``PairDecision``) from its own fit's in-sample and 5-fold errors and its
     fallback's 5-fold errors (by case id)."""
 
-    def med(errors: dict[str, float], ids: Sequence[str]) -> float:
-        return statistics.median(abs(errors[i]) for i in ids)
-
     out: dict[tuple[str, str], PairDecision] = {}
     for pair in sorted({c.case.pair for c in cases}):
-        mine = [c for c in cases if c.case.pair == pair]
-        ids = [c.case.id for c in mine]
-        groups: dict[str, list[str]] = {}
-        for c in mine:
-            groups.setdefault(f"source {c.case.source}", []).append(c.case.id)
-            groups.setdefault(dataset(c.case.id), []).append(c.case.id)
-        by_group = {g: round(med(kfold, v), 4) for g, v in sorted(groups.items())}
-        own_in, own_k = med(in_sample, ids), med(kfold, ids)
-        fb = med({i: fallback[i][0] for i in ids}, ids)
+        ids = [c.case.id for c in cases if c.case.pair == pair]
+        by_group = _by_group(cases, pair, kfold)
+        own_in, own_k = _median(in_sample, ids), _median(kfold, ids)
+        fb = _median({i: fallback[i][0] for i in ids}, ids)
         on = tuple(name for name, bad in (("in-sample", own_in > UNCALIBRATED_ABOVE), (
             "held-out points", max(own_k, *by_group.values()) > UNCALIBRATED_ABOVE)) if bad)
         out[pair] = PairDecision("uncalibrated" if on else "calibrated",
@@ -372,13 +379,16 @@ def decide(cases: Sequence[FitCase], in_sample: dict[str, float], kfold: dict[st
 
 def with_unseen_sources(cases: Sequence[FitCase], decisions: dict[tuple[str, str], PairDecision],
                         loso: dict[str, float]) -> dict[tuple[str, str], PairDecision]:
-    """The decisions with each pair's leave-one-source-out median |error| (``loso``, by case id): above
-    UNCALIBRATED_ABOVE the pair is uncalibrated on unseen sources too (its pricing is left as decided)."""
+    """The decisions with each pair's leave-one-source-out median |error| (``loso``, by case id) over all its runs
+    and over the runs of each of its sources and data sets: above UNCALIBRATED_ABOVE in any, the pair is uncalibrated
+    on unseen sources too (its pricing is left as decided)."""
     out = {}
     for pair, d in decisions.items():
-        err = statistics.median(abs(loso[c.case.id]) for c in cases if c.case.pair == pair)
-        on = d.on + ((UNSEEN_SOURCES,) if err > UNCALIBRATED_ABOVE else ())
-        out[pair] = replace(d, status="uncalibrated" if on else "calibrated", on=on, loso=err)
+        err = _median(loso, [c.case.id for c in cases if c.case.pair == pair])
+        by_group = _by_group(cases, pair, loso)
+        on = d.on + ((UNSEEN_SOURCES,) if max(err, *by_group.values()) > UNCALIBRATED_ABOVE else ())
+        out[pair] = replace(d, status="uncalibrated" if on else "calibrated", on=on, loso=err,
+                            loso_by_group=by_group)
     return out
 
 
@@ -417,7 +427,7 @@ def catalog_entries(ev: Evaluation) -> list[ServingCalibrationEntry]:
             extra: dict[str, object] = {"uncalibrated_on": on}
         else:  # the pair's own fit, as decided (ev.kfold holds its fallback's errors where that prices it)
             kfold, status = decision.kfold, decision.status
-            extra = {"uncalibrated_on": list(decision.on),
+            extra = {"uncalibrated_on": list(decision.on), "loso_by_group": decision.loso_by_group,
                      "own_fit_uncalibrated": (gpu, fw) in ev.fit.flagged, "kfold_by_group": decision.by_group,
                      "priced_by": decision.priced_by,
                      "fallback_kfold_median_err": round(decision.fallback_kfold, 4)}
