@@ -21,7 +21,14 @@ from madmax_opt.core.errors import ProblemError
 from madmax_opt.io.dlrm_problem import dlrm_models, dlrm_problem_from_dict
 from madmax_opt.io.file_family import is_dlrm_data
 from madmax_opt.model.dlrm import layout_of, lower
-from madmax_opt.model.dlrm_dense import DensePlans, DenseTerms, dense_terms, step_terms, step_time_s
+from madmax_opt.model.dlrm_dense import (
+    STEP_TERMS,
+    DensePlans,
+    DenseTerms,
+    dense_terms,
+    step_terms,
+    step_time_s,
+)
 from madmax_opt.model.dlrm_embedding import (
     COLLECTIVE_LANES,
     NODE,
@@ -453,3 +460,13 @@ def test_dense_terms_of_one_plan_equal_its_row() -> None:
                         assert x.tobytes() == y.tobytes(), (name, gpus, i, field)
                 checked += 1
     assert checked >= 100
+
+
+def test_step_time_of_one_plan_is_bitwise_its_value_in_a_batch() -> None:
+    """The 13 step terms are added left to right, so a plan priced alone (the baseline, evaluate) rounds exactly as
+    the same plan inside the search's batch (np.sum over 13 terms rounded them pairwise for one plan)."""
+    rng = np.random.default_rng(0)
+    time = {k: rng.uniform(0.0, 0.1, 200) * 10.0 ** rng.integers(-3, 1, 200) for k in STEP_TERMS}
+    batch = step_time_s(time)
+    alone = np.array([step_time_s({k: v[i:i + 1] for k, v in time.items()})[0] for i in range(200)])
+    assert np.array_equal(alone, batch)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.core.numeric import Arr, IntArr
+from madmax_opt.core.numeric import Arr, IntArr, ordered_sum
 from madmax_opt.model.collectives import all_gather_s, all_reduce_s, all_to_all_s, reduce_scatter_s
 from madmax_opt.model.compute import gemm_time_s, memory_bound_time_s
 from madmax_opt.model.dlrm import DLRMWorkload, Layout
@@ -100,7 +100,7 @@ class DenseTerms:
 
     @property
     def memory_bytes(self) -> Arr:
-        return np.sum(list(self.memory.values()), axis=0)
+        return ordered_sum(self.memory.values())  # left to right: one plan rounds as it does in a batch
 
     def take(self, i: int) -> DenseTerms:
         """Plan ``i`` alone (arrays of length 1): the same floats as ``dense_terms`` of that plan alone, which is
@@ -310,4 +310,4 @@ def step_terms(dense: DenseTerms, emb: EmbeddingTimes, stack: DLRMStack, task: D
 
 
 def step_time_s(time: dict[str, Arr]) -> Arr:
-    return np.sum([time[k] for k in STEP_TERMS], axis=0)
+    return ordered_sum(time[k] for k in STEP_TERMS)  # left to right: one plan rounds as it does in a batch
