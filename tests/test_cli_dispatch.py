@@ -3,10 +3,6 @@ the whole app, and the app left as it was."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import sys
-
 import pytest
 
 from cli_helpers import run_main
@@ -16,20 +12,10 @@ from madmax_opt.cli.app import app, command_name
 
 def _whole_app(*args: str) -> tuple[int, str, str]:
     """main() with every command registered (what it did before it built the named one alone)."""
-    out, err = io.StringIO(), io.StringIO()
-    saved, sys.argv = sys.argv, ["madmax-opt", *args]
-    named = cli._named_command
-    cli._named_command = lambda argv: None  # type: ignore[assignment]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-        code = 0
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 0
-    finally:
-        cli._named_command = named  # type: ignore[method-assign]
-        sys.argv = saved
-    return code, out.getvalue(), err.getvalue()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli, "_named_command", lambda argv: None)
+        got = run_main(*args)
+    return got.returncode, got.stdout, got.stderr
 
 
 def test_a_command_line_names_one_command() -> None:
