@@ -87,6 +87,8 @@ class Group:
         """All-gather or reduce-scatter whose gathered (unsharded) buffer is ``size_bytes``: one pass."""
         return size_bytes * self.s_per_byte + self.latency_s
 
+    reduce_scatter_s = all_gather_s  # the same one pass, ``size_bytes`` the unsharded buffer
+
 
 def all_reduce_s(size_bytes: Num, n: Num, stride: Num, tiers: Tiers) -> Arr:
     """Hierarchical ring all-reduce of ``size_bytes`` per rank (reduce-scatter + all-gather per tier)."""

@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from madmax_opt.core.numeric import Arr, ordered_sum
-from madmax_opt.model.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
+from madmax_opt.model.collectives import Group
 from madmax_opt.model.compute import (
     memory_bound_time_s,
 )
@@ -100,6 +100,8 @@ def stage_costs(
     params = n_layers * lc.params + extra_params
     trainable = train_layers * lc.trainable + n_layers * lc.lora_trainable + lc.emb_trainable * extra_params
     tiers, group = lc.tiers, lc.dp_group
+    # the DP group's cost coefficients (stride tp), built once for its seven collectives below
+    dp_net = Group.of(group, lc.plans.tp, tiers)
 
     time = {k: n_layers * lc.time[k] for k in LAYER_TERMS}
     time["compute"] = time["compute"] + train_layers * lc.wgrad_s + first * lc.emb_time_s + last * lc.head_time_s
@@ -111,8 +113,8 @@ def stage_costs(
     zero3_on = (zero >= 3) & (group > 1)
     zero3 = np.where(
         zero3_on,
-        gathers * all_gather_s(params * lc.gather_bytes, group, lc.plans.tp, tiers)
-        + reduce_scatter_s(trainable * lc.grad_bytes, group, lc.plans.tp, tiers)
+        gathers * dp_net.all_gather_s(params * lc.gather_bytes)
+        + dp_net.reduce_scatter_s(trainable * lc.grad_bytes)
         + _expert_zero3_s(lc, n_layers, train_layers, gathers),
         0.0,
     )
@@ -121,8 +123,8 @@ def stage_costs(
     # layer and the backward ends with an exposed reduce-scatter of its last (PyTorch FSDP2 / FSDP1 BACKWARD_PRE)
     first_layer = np.where(
         zero3_on,
-        gathers * all_gather_s(lc.params * lc.gather_bytes, group, lc.plans.tp, tiers)
-        + reduce_scatter_s(lc.trainable * lc.grad_bytes, group, lc.plans.tp, tiers),
+        gathers * dp_net.all_gather_s(lc.params * lc.gather_bytes)
+        + dp_net.reduce_scatter_s(lc.trainable * lc.grad_bytes),
         0.0,
     )
     exposed = np.maximum(np.minimum(first_layer, zero3), zero3 - busy)
@@ -136,12 +138,11 @@ def stage_costs(
 
     # ZeRO 0-2: one gradient sync per step, overlapped with the last micro-batch's backward (bucketed DDP)
     grads = trainable * lc.grad_bytes
-    tp = lc.plans.tp.astype(np.float64)
     sync = np.select(
         [zero == 0, zero <= 2],
         [
-            all_reduce_s(grads, group, tp, tiers),
-            reduce_scatter_s(grads, group, tp, tiers) + all_gather_s(trainable * 2.0, group, tp, tiers),
+            dp_net.all_reduce_s(grads),
+            dp_net.reduce_scatter_s(grads) + dp_net.all_gather_s(trainable * 2.0),
         ],
         0.0,
     )
@@ -168,7 +169,8 @@ def _expert_zero3_s(lc: LayerCosts, n_layers: Arr, train_layers: Arr, gathers: A
     if not np.any(lc.expert_params):
         return 0.0
     p, t, grp, st = n_layers * lc.expert_params, train_layers * lc.expert_params, lc.expert_group, lc.expert_stride
-    out = gathers * all_gather_s(p * 2.0, grp, st, lc.tiers) + reduce_scatter_s(t * lc.grad_bytes, grp, st, lc.tiers)
+    net = Group.of(grp, st, lc.tiers)  # built once for both collectives
+    out = gathers * net.all_gather_s(p * 2.0) + net.reduce_scatter_s(t * lc.grad_bytes)
     return np.where(np.asarray(grp) > 1, out, 0.0)
 
 
@@ -178,12 +180,12 @@ def _expert_sync_s(lc: LayerCosts, train_layers: Arr) -> Arr | float:
         return 0.0
     zero, grp, st = lc.plans.zero, lc.expert_group, lc.expert_stride
     grads = train_layers * lc.expert_params * lc.grad_bytes
+    net = Group.of(grp, st, lc.tiers)  # built once for its three collectives
     sync = np.select(
         [zero == 0, zero <= 2],
         [
-            all_reduce_s(grads, grp, st, lc.tiers),
-            reduce_scatter_s(grads, grp, st, lc.tiers)
-            + all_gather_s(train_layers * lc.expert_params * 2.0, grp, st, lc.tiers),
+            net.all_reduce_s(grads),
+            net.reduce_scatter_s(grads) + net.all_gather_s(train_layers * lc.expert_params * 2.0),
         ],
         0.0,
     )

@@ -24,7 +24,7 @@ hardware only, so the rows of every hardware option are derived alike and each (
 its least over them (dp, optimizer); tmax keeps each GPU type's stage limit (``least_max_mixed``). Both only relax
 the exact rows, so the bound stays valid.
 
-Derived values differ from the exact ones (``stages._candidates``) by float rounding only: times are taken 1 us
+Derived values differ from the exact ones (``stage_rows.candidates``) by float rounding only: times are taken 1 us
 below their rounded value and the memory test is relaxed by 1e-9, so each bound is a relaxation of the exact rows
 (``tests/test_stage_bounds.py`` checks this on sampled bases). A base whose bound is not below p v x the incumbent
 has no strictly better split: CP-SAT would prove it infeasible, so skipping it changes no result.
@@ -53,8 +53,8 @@ KINDS = 3  # stage kinds: first (embedding), middle, last (head)
 CHUNK = 1 << 22  # derived rows (bases x stages x layers x modes) per batch
 
 
-def _take_lc(lc: LayerCosts, idx: IntArr) -> LayerCosts:
-    """``lc`` for the plans ``idx`` (per-plan arrays indexed; scalars kept)."""
+def take_lc(lc: LayerCosts, idx: IntArr) -> LayerCosts:
+    """``lc`` for the plans ``idx`` (per-plan arrays indexed, taking the shape of ``idx``; scalars kept)."""
     n = len(lc.plans)
 
     def pick(value: Any) -> Any:
@@ -94,16 +94,18 @@ def shape_rows(model: Model, shapes: PlanArrays, modes: list[int]) -> ShapeRows:
     per_mode = PlanArrays(**{**base.take(sm).__dict__, "recompute": np.tile(np.array(modes, dtype=np.int64), k)})
     lc = layer_costs(model.workload, pr.training_task, pr.stack, model.table, per_mode)
     most = layers - p + 1
-    sh, kind, n, mode = np.meshgrid(np.arange(k), np.arange(KINDS), np.arange(1, most + 1), np.arange(r),
-                                    indexing="ij")
-    rows = _take_lc(lc, (sh * r + mode).ravel())
-    kind = kind.ravel()
-    sc = stage_costs(rows, pr.stack, model.table.hbm_bw[rows.plans.hw], n.ravel().astype(np.float64),
-                     (kind == 0) * 1.0, (kind == KINDS - 1) * 1.0, np.zeros(len(kind)))
+    # axes [shape, kind, layers, mode]: the layer costs vary along shape and mode only, the stage's layer count and
+    # kind along their own axes, and stage_costs (elementwise) broadcasts them: each entry is the same float as
+    # over fully expanded rows, without repeating the per-(shape, mode) terms (collectives) on every entry
+    rows = take_lc(lc, (np.arange(k)[:, None] * r + np.arange(r)[None, :])[:, None, None, :])
+    kind = np.arange(KINDS)[None, :, None, None]
+    n = np.arange(1, most + 1, dtype=np.float64)[None, None, :, None]
+    sc = stage_costs(rows, pr.stack, model.table.hbm_bw[rows.plans.hw], n, (kind == 0) * 1.0,
+                     (kind == KINDS - 1) * 1.0, np.zeros((1, 1, 1, 1)))
 
     def grid(values: Arr) -> Arr:
         out = np.full((k, KINDS, layers + 1, r), np.inf)
-        out[:, :, 1 : most + 1, :] = values.reshape(k, KINDS, most, r)
+        out[:, :, 1 : most + 1, :] = np.broadcast_to(values, (k, KINDS, most, r))
         return out
 
     cap = model.table.hbm_bytes[shapes.hw] * (1.0 - pr.stack.memory_reserve_fraction)
@@ -179,7 +181,7 @@ def least_max_mixed(g: Arr, layers: int, supply: list[tuple[list[int], IntArr]])
 
 
 def _rounded_low(seconds: Arr) -> Arr:
-    """Integer microseconds at most the exact rows' (rounded once, ``stages._candidates``)."""
+    """Integer microseconds at most the exact rows' (rounded once, ``stage_rows.candidates``)."""
     return np.rint(seconds * US) - 1.0
 
 

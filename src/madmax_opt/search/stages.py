@@ -46,11 +46,10 @@ from numpy.typing import NDArray
 from madmax_opt.analysis.evaluator import Model
 from madmax_opt.core.errors import ProblemError
 from madmax_opt.core.units import US
-from madmax_opt.model.pipeline import stage_in_flight
 from madmax_opt.model.plan import PlanArrays
-from madmax_opt.model.spec import RECOMPUTE_MODES, Plan, min_stage_layers
+from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
 from madmax_opt.model.step_time import INTEGER_TERMS, step_form
-from madmax_opt.model.training import invalid_codes, layer_costs, stage_costs
+from madmax_opt.model.training import invalid_codes, layer_costs
 from madmax_opt.search.cpsat import CpSatOptions, has_solution
 from madmax_opt.search.cpsat import run as cpsat_run
 from madmax_opt.search.ortools_import import load_cp_model
@@ -58,6 +57,7 @@ from madmax_opt.search.space import enumerate_plans
 from madmax_opt.search.stage_bounds import shape_key, strong_bounds
 from madmax_opt.search.stage_compositions import Composition, compositions, stage_supply
 from madmax_opt.search.stage_limits import StepLimits, usd_per_hour
+from madmax_opt.search.stage_rows import candidates as _candidates
 from madmax_opt.search.stage_split_bound import SplitProofs
 
 STRONG_CHUNK = 128  # bases whose strong bound is computed first (then all the others still below the incumbent)
@@ -165,45 +165,6 @@ def _lower_bounds_us(model: Model, bases: PlanArrays) -> tuple[NDArray[np.float6
     pp = bases.pp.astype(np.float64)
     total = model.workload.layers * per_layer + emb + head + pp * p2p
     return step_form(n_micro, pp, bases.vpp.astype(np.float64)).mean_bound(total) * US, total * US
-
-
-def _candidates(
-    model: Model, base: PlanArrays, modes: list[int], hw_choices: list[int] | None = None
-) -> dict[str, NDArray[np.float64]]:
-    """All (stage, layers, recompute, hardware) rows for one base with rounded times, fitting in memory."""
-    p = int(base.pp[0])
-    layers = model.workload.layers
-    hws = np.array(hw_choices if hw_choices is not None else [int(base.hw[0])])
-    s, n, r, w = np.meshgrid(np.arange(p), np.arange(1, layers - p + 2), np.array(modes), hws, indexing="ij")
-    s, n, r, w = s.ravel(), n.ravel(), r.ravel(), w.ravel()
-    rows = base.take(np.zeros(len(s), dtype=np.int64))
-    rows = PlanArrays(**{**rows.__dict__, "recompute": r.astype(np.int64), "hw": w.astype(np.int64)})
-    pr = model.problem
-    lc = layer_costs(model.workload, pr.training_task, pr.stack, model.table, rows)
-    sf = s.astype(np.float64)
-    sc = stage_costs(
-        lc,
-        pr.stack,
-        model.table.hbm_bw[rows.hw],
-        n.astype(np.float64),
-        (sf == 0) * 1.0,
-        (sf == p - 1) * 1.0,
-        stage_in_flight(sf, lc.n_micro, float(p), float(base.vpp[0])),
-    )
-    capacity = model.table.hbm_bytes[rows.hw] * (1.0 - pr.stack.memory_reserve_fraction)
-    fits = sc.memory.total <= capacity
-    fits &= n >= np.array([min_stage_layers(int(i), p, int(base.vpp[0])) for i in range(p)])[s]  # a layer per chunk
-    t_us = np.rint(sc.per_micro_batch_s * US)  # rounded once per candidate
-    return {
-        "stage": s[fits],
-        "layers": n[fits],
-        "recompute": r[fits],
-        "hw": w[fits],
-        "t_us": t_us[fits],
-        "dp_us": np.rint(sc.dp_exposed_s * US)[fits],
-        "opt_us": np.rint(sc.optimizer_s * US)[fits],
-        "n_micro": lc.n_micro[:1],
-    }
 
 
 def _integer_coefficients(n_micro: float, p: int, vpp: int) -> dict[str, int]:
