@@ -33,6 +33,7 @@ has no strictly better split: CP-SAT would prove it infeasible, so skipping it c
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -122,12 +123,28 @@ def least_max(g: Arr, layers: int, weight: Arr | None = None) -> Arr:
     prefix = np.minimum.accumulate(g, axis=2)  # nonincreasing: fewest layers within tau
 
     def fits(tau: Arr) -> Arr:
-        most = (suffix <= tau[:, None, None]).sum(axis=2) - 1  # -1: no row within tau
-        fewest = (prefix > tau[:, None, None]).sum(axis=2)
+        most = _leading(suffix, tau, within=True) - 1  # -1: no row within tau
+        fewest = _leading(prefix, tau, within=False)
         has = np.all((most >= 0) | (w == 0), axis=1)
         return has & (most @ w >= layers) & (fewest @ w <= layers)
 
     return _bisect(g.reshape(len(g), -1), fits)
+
+
+def _leading(a: Arr, tau: Arr, *, within: bool) -> IntArr:
+    """Per row of ``a`` (last axis; ``tau`` per item, axis 0): how many leading entries are <= tau (``within``; the
+    rows nondecreasing) or > tau (the rows nonincreasing), i.e. ``(a <= tau).sum(-1)`` or ``(a > tau).sum(-1)``,
+    found by bisection over the positions (log2 of the row length gathers instead of one compare per entry)."""
+    rows = a.reshape(-1, a.shape[-1])
+    limit = np.broadcast_to(tau.reshape(-1, *([1] * (a.ndim - 2))), a.shape[:-1]).ravel()
+    lo, hi = np.zeros(len(rows), dtype=np.int64), np.full(len(rows), a.shape[-1], dtype=np.int64)
+    at = np.arange(len(rows))
+    while np.any(lo < hi):
+        mid = np.minimum((lo + hi) // 2, a.shape[-1] - 1)
+        value = rows[at, mid]
+        lead = (value <= limit) if within else (value > limit)  # the leading block holds mid
+        lo, hi = np.where((lo < hi) & lead, mid + 1, lo), np.where((lo < hi) & ~lead, mid, hi)
+    return lo.reshape(a.shape[:-1])
 
 
 def _bisect(flat: Arr, fits: Callable[[Arr], Arr]) -> Arr:
@@ -163,8 +180,8 @@ def least_max_mixed(g: Arr, layers: int, supply: list[tuple[list[int], IntArr]])
         placed = np.sum([allowed for _, allowed in supply], axis=0) >= stages
 
     def fits(tau: Arr) -> Arr:
-        most = (suffix <= tau[:, None, None, None]).sum(axis=3) - 1  # [item, option, stage]; -1: none within tau
-        fewest = (prefix > tau[:, None, None, None]).sum(axis=3).min(axis=1)
+        most = _leading(suffix, tau, within=True) - 1  # [item, option, stage]; -1: none within tau
+        fewest = _leading(prefix, tau, within=False).min(axis=1)
         best = most.max(axis=1)
         ok = placed & np.all(best >= 0, axis=1) & (fewest.sum(axis=1) <= layers)
         cap = best.sum(axis=1)
@@ -178,6 +195,11 @@ def least_max_mixed(g: Arr, layers: int, supply: list[tuple[list[int], IntArr]])
         return ok & (cap >= layers)
 
     return _bisect(g.reshape(items, -1), fits)
+
+
+def _least_mode(values: Arr) -> Arr:
+    """``values.min(axis=-1)`` over the few recompute modes, as an elementwise minimum of one slice per mode."""
+    return functools.reduce(np.minimum, (values[..., j] for j in range(values.shape[-1])))
 
 
 def _rounded_low(seconds: Arr) -> Arr:
@@ -212,8 +234,8 @@ def strong_bounds(
         local[in_p] = np.arange(len(in_p))
         kinds = stage_kinds(p)
         weight = np.array([1.0, p - 2.0, 1.0])
-        dp = least_max(np.min([_rounded_low(r.dp_s.min(axis=3)) for r in per_hw], axis=0), layers, weight)
-        opt = least_max(np.min([_rounded_low(r.opt_s.min(axis=3)) for r in per_hw], axis=0), layers, weight)
+        dp = least_max(np.min([_rounded_low(_least_mode(r.dp_s)) for r in per_hw], axis=0), layers, weight)
+        opt = least_max(np.min([_rounded_low(_least_mode(r.opt_s)) for r in per_hw], axis=0), layers, weight)
         members = np.flatnonzero(bases.pp == p)
         step = max(1, CHUNK // (p * (layers + 1) * len(modes) * len(systems)))
         for start in range(0, len(members), step):
@@ -254,10 +276,13 @@ def stage_times_us(rows: ShapeRows, sh: IntArr, kinds: IntArr, v: Arr, m: Arr, p
     s = np.arange(p, dtype=np.float64)
     flight = stage_in_flight(s[None, :], m[:, None], float(p), v[:, None])  # [base, stage]
     n = np.arange(rows.t_s.shape[2], dtype=np.float64)
-    mem0 = rows.mem0[sh[:, None], kinds[None, :]]  # [base, stage, layers, mode]
-    stored = n[None, None, :, None] * flight[:, :, None, None] * rows.act[sh][:, None, None, :]
-    fits = mem0 + stored <= rows.capacity[sh][:, None, None, None] * (1.0 + MEMORY_SLACK)
     fewest = np.maximum(1.0, v[:, None] - (s == 0) - (s == p - 1))  # spec.min_stage_layers
-    fits &= n[None, None, :, None] >= fewest[:, :, None, None]
-    t = np.where(fits, rows.t_s[sh[:, None], kinds[None, :]], np.inf).min(axis=3)
+    enough = n[None, None, :] >= fewest[:, :, None]  # [base, stage, layers]
+    in_flight = n[None, None, :] * flight[:, :, None]
+    capacity = (rows.capacity[sh] * (1.0 + MEMORY_SLACK))[:, None, None]
+    t = np.full(enough.shape, np.inf)
+    for j in range(rows.t_s.shape[3]):  # one recompute mode at a time: [base, stage, layers] gathers, no copy per mode
+        at = (sh[:, None], kinds[None, :])
+        fits = enough & (rows.mem0[:, :, :, j][at] + in_flight * rows.act[sh, j][:, None, None] <= capacity)
+        np.minimum(t, np.where(fits, rows.t_s[:, :, :, j][at], np.inf), out=t)
     return _rounded_low(t + ((v - 1.0) * rows.p2p_s[sh])[:, None, None])
