@@ -1,5 +1,7 @@
-"""stage_rows.candidates broadcasts the layer costs of each (recompute, hardware) over the stages and layer counts:
-every row must be bitwise the row of the fully expanded evaluation (one layer_costs row per candidate)."""
+"""Issue 26 speed work on the uneven-stage rows, checked against the plain computations it replaces:
+stage_rows.candidates broadcasts the layer costs of each (recompute, hardware) over the stages and layer counts, and
+every row must be bitwise the row of the fully expanded evaluation (one layer_costs row per candidate);
+stage_bounds._leading counts the entries within tau of monotone rows by bisection, as the plain sums do."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from madmax_opt.model.pipeline import stage_in_flight
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import min_stage_layers
 from madmax_opt.model.training import layer_costs, stage_costs
+from madmax_opt.search.stage_bounds import _leading
 from madmax_opt.search.stage_rows import candidates
 from madmax_opt.search.stages import _bases, stage_hardware
 
@@ -62,3 +65,18 @@ def test_candidates_bitwise_equal_expanded(model: Any, hardware: Any, space: dic
         assert got.keys() == want.keys()
         for k in want:
             assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), (j, k)
+
+
+def test_leading_counts_equal_the_sums() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        shape = (int(rng.integers(1, 5)), *rng.integers(1, 5, size=int(rng.integers(1, 3))), int(rng.integers(1, 40)))
+        g = rng.integers(0, 20, size=shape).astype(np.float64)
+        g[rng.random(shape) < 0.3] = np.inf
+        suffix = np.minimum.accumulate(g[..., ::-1], axis=-1)[..., ::-1]  # nondecreasing, as in least_max
+        prefix = np.minimum.accumulate(g, axis=-1)  # nonincreasing
+        tau = rng.integers(-1, 22, size=shape[0]).astype(np.float64)
+        tau[rng.random(shape[0]) < 0.2] = np.inf
+        t = tau.reshape(-1, *([1] * (g.ndim - 1)))
+        assert np.array_equal(_leading(suffix, tau, within=True), (suffix <= t).sum(axis=-1))
+        assert np.array_equal(_leading(prefix, tau, within=False), (prefix > t).sum(axis=-1))

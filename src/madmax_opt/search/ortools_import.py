@@ -8,13 +8,24 @@ classes for those annotations, takes the stand-in out of ``sys.modules`` at once
 gets the real package), and points the module's ``pd`` at a proxy that imports the real pandas on first use, so the
 series helpers still work, only later. Where pandas is already imported, or the stand-in is not enough for this
 OR-Tools version (anything but ``Index`` / ``Series`` read at import), the ordinary import runs.
+
+:func:`prefetch` lets a search that will build a model start mapping CP-SAT's shared libraries in a background
+thread while it does its own numpy work (issue 26); :func:`load_cp_model` waits for it, then imports as above.
 """
 
 from __future__ import annotations
 
+import ctypes
+import importlib.machinery
+import importlib.util
 import sys
+import threading
 import types
+from pathlib import Path
 from typing import Any
+
+HELPER = "ortools.sat.python.cp_model_helper"  # CP-SAT's extension module: ~36 ms of dlopen (OR-Tools, abseil, protobuf)
+_prefetch: threading.Thread | None = None
 
 
 class _LazyPandas:
@@ -33,11 +44,47 @@ def _stand_in() -> types.ModuleType:
     return mod
 
 
+def _helper_path() -> Path | None:
+    """The file Python's import would load for ``HELPER`` (found without importing the ortools packages)."""
+    spec = importlib.util.find_spec("ortools")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = Path(root, "sat", "python", "cp_model_helper" + suffix)
+            if path.is_file():
+                return path
+    return None
+
+
+def prefetch() -> None:
+    """Start mapping CP-SAT's shared libraries in a background thread, for a search that will build a model after
+    some numpy work of its own: libc's ``dlopen`` called through ctypes runs without the GIL (Python's own import
+    holds it), so on a machine with a free core the ~36 ms of loading overlap that work, and the import later finds
+    the libraries loaded (only the module's initialisation, ~11 ms, is left). Nothing is imported here and no
+    result depends on it: where the library or ``dlopen`` cannot be found this does nothing."""
+    global _prefetch
+    if _prefetch is not None or HELPER in sys.modules:
+        return
+    try:
+        path = _helper_path()
+        dlopen = ctypes.CDLL(None).dlopen
+    except (AttributeError, ImportError, OSError, TypeError, ValueError):
+        return
+    if path is None:
+        return
+    dlopen.restype, dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+    # the flags of Python's own import (sys.getdlopenflags), so that its dlopen finds this very mapping
+    _prefetch = threading.Thread(target=dlopen, args=(bytes(path), sys.getdlopenflags()), name="cp-sat-prefetch",
+                                 daemon=True)
+    _prefetch.start()
+
+
 def load_cp_model() -> types.ModuleType:
     """``ortools.sat.python.cp_model``, imported without pandas when that is possible (see the module docstring)."""
     name = "ortools.sat.python.cp_model"
     if name in sys.modules:
         return sys.modules[name]
+    if _prefetch is not None:
+        _prefetch.join()  # the libraries are mapped (or the attempt is over): the import below is the usual one
     if "pandas" not in sys.modules:
         stand_in = sys.modules["pandas"] = _stand_in()
         try:

@@ -52,7 +52,7 @@ from madmax_opt.model.step_time import INTEGER_TERMS, step_form
 from madmax_opt.model.training import invalid_codes, layer_costs
 from madmax_opt.search.cpsat import CpSatOptions, has_solution
 from madmax_opt.search.cpsat import run as cpsat_run
-from madmax_opt.search.ortools_import import load_cp_model
+from madmax_opt.search.ortools_import import load_cp_model, prefetch
 from madmax_opt.search.space import enumerate_plans
 from madmax_opt.search.stage_bounds import shape_key, strong_bounds
 from madmax_opt.search.stage_compositions import Composition, compositions, stage_supply
@@ -317,6 +317,7 @@ def solve_uneven(
     deadline_hours, budget_usd: stage_limits.py), if any."""
     step_lims = constraints or StepLimits()
     t0 = time.perf_counter()
+    prefetch()  # CP-SAT's libraries load on the other core while the bases and their bounds are computed
     opts = (cpsat or CpSatOptions()).with_time_limit(time_limit_s)
     pr = model.problem
     if 0 < model.workload.frozen_layers < model.workload.layers:
