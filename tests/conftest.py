@@ -30,15 +30,17 @@ from madmax_opt.model.spec import (
     TransformerModel,
 )
 
+GC_THRESHOLD = gc.get_threshold()  # the interpreter's, before any test ran cli.main()
+
 
 @pytest.fixture(autouse=True)
 def _process_gc_threshold() -> Iterator[None]:
-    """cli.main() raises the garbage collector's young threshold for the rest of its process (cli/main.py); a test
-    that calls it in process gets its own threshold back, so later tests in the same worker run with Python's (a
-    raised threshold over a test worker's large heap made the evaluator's timing test 2.7-5x slower per plan)."""
-    saved = gc.get_threshold()
+    """cli.main() raises the garbage collector's young threshold for the rest of its process (cli/main.py); tests
+    (and module-scoped fixtures) that call it in process would leave the worker there, so every test ends with the
+    interpreter's threshold back (a raised threshold over a test worker's large heap made the evaluator's timing test
+    2.7-5x slower per plan)."""
     yield
-    gc.set_threshold(*saved)
+    gc.set_threshold(*GC_THRESHOLD)
 
 
 TOY_PEAK_FLOPS = 1.0e15
