@@ -394,7 +394,7 @@ def test_records_are_linear_in_the_number_of_plans() -> None:
                 gc.enable()
         return best / n
 
-    small, big = per_plan(1_000, 5), per_plan(30_000, 1)
+    small, big = per_plan(1_000, 5), per_plan(30_000, 3)  # best of several runs each: CPU time on a shared worker
     assert big <= 2.0 * small, f"{big * 1e6:.1f} us/plan at 3e4 vs {small * 1e6:.1f} at 1e3"
 
 
