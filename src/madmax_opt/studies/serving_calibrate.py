@@ -65,7 +65,6 @@ MAX_CONCURRENCY = 1_000_000
 # The benchmark's mean prompt and output lengths must match the run's task within 10 %: vLLM's random dataset
 # re-tokenises the prompt (a few tokens off); a larger gap means the JSON is another run's.
 LENGTH_TOLERANCE = 0.10
-UNCALIBRATED_ABOVE = serving_fit.UNCALIBRATED_ABOVE
 RULE = ("MAP fit (studies.serving_fit.fit) on the runs' output tokens/s per GPU and median TPOT (TTFT reported, not "
         "fitted), around the "
         "pair's calibration before the fit, with fit-serving's prior widths (serving_fit.SIGMA): with few runs the "
@@ -250,10 +249,11 @@ class ServingPairResult:
         ids = list(self.after_err)
         ins = median_err(self.after_err)
         loo = median_err(self.loo_err) if self.loo_err else None
+        on = serving_fit.above((("in-sample", ins), ("held-out points", loo or 0.0)))  # each run left out
         record = ServingOverlayFit(
             runs=len(self.runs), sources=sorted({r.source for r in self.runs}), method=RULE,
             in_sample_median_err=round(ins, 4),
-            status="uncalibrated" if max(ins, loo or 0.0) > UNCALIBRATED_ABOVE else "calibrated",
+            status="uncalibrated" if on else "calibrated", uncalibrated_on=list(on),
             residuals=[round(math.log1p(self.after_err[i]), 4) for i in ids],
             prior=f"{self.key[0]}/{self.key[1]} {self.prior_level} (data/serving_calibration.yaml)",
             metrics=ids, loo_median_err=None if loo is None else round(loo, 4),

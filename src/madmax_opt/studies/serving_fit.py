@@ -332,7 +332,6 @@ class PairDecision:
     pair is priced by its fallback (the level a pair without runs takes) when that level's 5-fold median over the
     same runs is lower (``priced_by``; decided on the 5-fold errors, before leave-one-source-out)."""
 
-    status: str
     priced_by: str
     in_sample: float  # the pair's own fit
     kfold: float
@@ -342,6 +341,15 @@ class PairDecision:
     on: tuple[str, ...] = ()  # FitRecord.uncalibrated_on
     loso: float = float("nan")  # median |error| of its runs leave one source out (with_unseen_sources)
     loso_by_group: dict[str, float] = field(default_factory=dict)  # the same per source and data set
+
+    @property
+    def status(self) -> str:
+        return "uncalibrated" if self.on else "calibrated"
+
+
+def above(checks: Sequence[tuple[str, float]]) -> tuple[str, ...]:
+    """The names of the (name, median |error|) checks above UNCALIBRATED_ABOVE: a record's ``uncalibrated_on``."""
+    return tuple(name for name, err in checks if err > UNCALIBRATED_ABOVE)
 
 
 def _median(errors: dict[str, float], ids: Sequence[str]) -> float:
@@ -369,10 +377,8 @@ def decide(cases: Sequence[FitCase], in_sample: dict[str, float], kfold: dict[st
         by_group = _by_group(cases, pair, kfold)
         own_in, own_k = _median(in_sample, ids), _median(kfold, ids)
         fb = _median({i: fallback[i][0] for i in ids}, ids)
-        on = tuple(name for name, bad in (("in-sample", own_in > UNCALIBRATED_ABOVE), (
-            "held-out points", max(own_k, *by_group.values()) > UNCALIBRATED_ABOVE)) if bad)
-        out[pair] = PairDecision("uncalibrated" if on else "calibrated",
-                                 "fallback" if on and fb < own_k else "pair", own_in, own_k, by_group, fb,
+        on = above((("in-sample", own_in), ("held-out points", max(own_k, *by_group.values()))))
+        out[pair] = PairDecision("fallback" if on and fb < own_k else "pair", own_in, own_k, by_group, fb,
                                  fallback[ids[0]][1], on)
     return out
 
@@ -386,9 +392,8 @@ def with_unseen_sources(cases: Sequence[FitCase], decisions: dict[tuple[str, str
     for pair, d in decisions.items():
         err = _median(loso, [c.case.id for c in cases if c.case.pair == pair])
         by_group = _by_group(cases, pair, loso)
-        on = d.on + ((UNSEEN_SOURCES,) if max(err, *by_group.values()) > UNCALIBRATED_ABOVE else ())
-        out[pair] = replace(d, status="uncalibrated" if on else "calibrated", on=on, loso=err,
-                            loso_by_group=by_group)
+        on = d.on + above(((UNSEEN_SOURCES, max(err, *by_group.values())),))
+        out[pair] = replace(d, on=on, loso=err, loso_by_group=by_group)
     return out
 
 
@@ -421,10 +426,9 @@ def catalog_entries(ev: Evaluation) -> list[ServingCalibrationEntry]:
         loso = ev.median(ev.loso, ids)
         if decision is None:
             kfold = ev.median(ev.kfold, ids)
-            on = [name for name, err in (("in-sample", ins), ("held-out points", kfold), (UNSEEN_SOURCES, loso))
-                  if err > UNCALIBRATED_ABOVE]
+            on = above((("in-sample", ins), ("held-out points", kfold), (UNSEEN_SOURCES, loso)))
             status = "uncalibrated" if on else "calibrated"
-            extra: dict[str, object] = {"uncalibrated_on": on}
+            extra: dict[str, object] = {"uncalibrated_on": list(on)}
         else:  # the pair's own fit, as decided (ev.kfold holds its fallback's errors where that prices it)
             kfold, status = decision.kfold, decision.status
             extra = {"uncalibrated_on": list(decision.on), "loso_by_group": decision.loso_by_group,
