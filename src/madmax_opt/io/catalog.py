@@ -12,29 +12,22 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.data_cache import package_yaml
+from madmax_opt.io.data_cache import package_entries
 from madmax_opt.io.yaml_files import shorten
 from madmax_opt.model.spec import GPU, FamilyCalibration, System, TransformerModel
 
 T = TypeVar("T", bound=BaseModel)
 
 
-@cache
-def _raw(filename: str) -> dict[str, dict[str, Any]]:
-    """A catalog file's entries by name, as parsed (libyaml when present)."""
-    raw: dict[str, dict[str, Any]] = package_yaml(filename) or {}
-    return raw
-
-
 def _build(filename: str, cls: type[T], name: str) -> T:
     try:
-        return cls(name=name, **_raw(filename)[name])
+        return cls(name=name, **package_entries(filename)[name])
     except ValidationError as exc:  # a broken catalog is a bug in the package, but say where
         raise ProblemError(str(exc).splitlines()[0], file=f"catalog {filename}", field=name) from None
 
 
 def _load(filename: str, cls: type[T]) -> dict[str, T]:
-    return {name: _build(filename, cls, name) for name in _raw(filename)}
+    return {name: _build(filename, cls, name) for name in package_entries(filename)}
 
 
 @cache
@@ -55,7 +48,7 @@ def _system(name: str) -> System:
 def _standard_systems_checked() -> None:
     """Every GPU's standard node exists in systems.yaml and holds that GPU (read from the files' entries, each the
     field the built System's ``gpu`` is validated from: a str)."""
-    raw = _raw("systems.yaml")
+    raw = package_entries("systems.yaml")
     for g in gpus().values():
         if g.standard_system is not None and g.standard_system not in raw:
             raise ProblemError(f"unknown system {g.standard_system!r}", file="catalog gpus.yaml",
@@ -68,7 +61,7 @@ def _standard_systems_checked() -> None:
 
 @cache
 def systems() -> dict[str, System]:
-    out = {name: _system(name) for name in _raw("systems.yaml")}
+    out = {name: _system(name) for name in package_entries("systems.yaml")}
     _standard_systems_checked()
     return out
 
@@ -86,13 +79,13 @@ def _model(name: str) -> TransformerModel:
 
 @cache
 def models() -> dict[str, TransformerModel]:
-    return {name: _model(name) for name in _raw("models.yaml")}
+    return {name: _model(name) for name in package_entries("models.yaml")}
 
 
 def lookup(kind: str, name: str, *, file: str | None, field: str) -> Any:
     """The catalog entry ``name`` of ``kind`` (gpu, system or model); an unknown name is a one-line error listing
     the catalog's names. Only the entry asked for is built (and, for a system, the standard nodes checked)."""
-    names: Any = gpus() if kind == "gpu" else _raw("systems.yaml" if kind == "system" else "models.yaml")
+    names: Any = gpus() if kind == "gpu" else package_entries("systems.yaml" if kind == "system" else "models.yaml")
     if name not in names:
         allowed = ", ".join(sorted(names))
         hint = ", or a Hugging Face config: {hf_config: config.json}" if kind == "model" else ""

@@ -17,6 +17,7 @@ import hashlib
 import marshal
 import os
 import sys
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,10 @@ def package_yaml(filename: str) -> Any:
     if isinstance(resource, Path):
         return cached_yaml(resource)
     return yaml.load(resource.read_text(), Loader=SAFE_LOADER)  # a zipped install: parsed every time
+
+
+@cache
+def package_entries(filename: str) -> dict[str, Any]:
+    """A catalog file's entries by name (its top-level mapping; {} for an empty file), parsed once per process."""
+    raw = package_yaml(filename)
+    return raw if isinstance(raw, dict) else {}

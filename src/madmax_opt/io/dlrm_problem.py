@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from pydantic import Discriminator, Field, Tag, ValidationError
 
 from madmax_opt.core.errors import ProblemError
-from madmax_opt.io.file_family import dlrm_catalog_data
+from madmax_opt.io.data_cache import package_entries
 from madmax_opt.io.limits import MAX_DLRM_GPUS
 from madmax_opt.io.problem import check_space, hardware_options, resolve_system
 from madmax_opt.io.problem_file import HardwareEntry
@@ -53,9 +53,9 @@ class DLRMProblemFile(Strict):
 
 @cache
 def dlrm_models() -> dict[str, DLRMModel]:
-    """The DLRM catalog's models (``data/dlrm.yaml`` as io/file_family.dlrm_catalog_data parsed it)."""
+    """The DLRM catalog's models (``data/dlrm.yaml``)."""
     out: dict[str, DLRMModel] = {}
-    for name, fields in dlrm_catalog_data().items():
+    for name, fields in package_entries("dlrm.yaml").items():
         try:
             out[name] = DLRMModel(name=name, **fields)
         except ValidationError as exc:

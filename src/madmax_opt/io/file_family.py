@@ -6,24 +6,16 @@ serving solve classifies its file without importing the recommender stack (issue
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
-from madmax_opt.io.data_cache import package_yaml
+from madmax_opt.io.data_cache import package_entries
 from madmax_opt.model.family_name import FamilyName
 
 
-@cache
-def dlrm_catalog_data() -> dict[str, Any]:
-    """The DLRM catalog as parsed (``data/dlrm.yaml``: model name -> fields), read once; io/dlrm_problem.dlrm_models
-    builds the models from it."""
-    raw = package_yaml("dlrm.yaml")
-    return raw if isinstance(raw, dict) else {}
-
-
 def dlrm_model_names() -> frozenset[str]:
-    """The names of the DLRM catalog's models (``data/dlrm.yaml``'s top-level keys)."""
-    return frozenset(dlrm_catalog_data())
+    """The names of the DLRM catalog's models (``data/dlrm.yaml``'s top-level keys; io/dlrm_problem.dlrm_models
+    builds the models)."""
+    return frozenset(package_entries("dlrm.yaml"))
 
 
 def is_dlrm_data(data: Any) -> bool:
