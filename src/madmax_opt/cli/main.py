@@ -34,7 +34,8 @@ group_commands()  # bench and development commands apart from the user's in --he
 # 700 the collector ran ~125 times per solve, scanning them again and again: 33-45 ms per solve (gc.callbacks, the
 # serving, DLRM and mixed-pipeline examples, load ~3). main() sets 100,000 for the rest of the process (restoring 700
 # at its end would start one collection of everything allocated, ~40 ms, on the way out): no collection during a
-# solve, one per 100,000 allocations in a long command (sweep, fleet); cycles are still collected
+# solve, one per 100,000 allocations in a long command (sweep, fleet: unchanged time); cycles are still collected.
+# Its cost where the heap grows large: validate 211-213 s against 200-205 s at 700 (two runs each, 2026-12-07)
 GC_YOUNG_OBJECTS = 100_000
 NUMERIC_WARNING = re.compile(r"overflow|underflow|divide by zero|invalid value|Mean of empty|Degrees of freedom")
 MAX_ERROR_CHARS = 4_000  # an error line longer than this keeps its head and tail (the file, field and "allowed")
