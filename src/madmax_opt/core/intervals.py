@@ -20,10 +20,11 @@ Coverage is measured leave one source out: each source's runs against the interv
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from madmax_opt.core.numeric import Arr
 
@@ -96,18 +97,28 @@ def from_sources(log_ratios: Sequence[float] | Arr, sources: Sequence[str] | Arr
     return Interval(math.exp(lo), math.exp(hi), coverage, len(r))
 
 
-def loso_coverage(log_ratios: Sequence[float] | Arr, sources: Sequence[str],
-                  coverage: float = COVERAGE) -> tuple[float, int]:
-    """(share of runs inside the interval built without their source, runs that had one)."""
+def held_out_coverage(log_ratios: Sequence[float] | Arr, keys: Sequence[str] | Arr,
+                      interval_without: Callable[[NDArray[np.bool_]], Interval | None],
+                      scored: NDArray[np.bool_] | None = None) -> tuple[float, int]:
+    """(share of the ``scored`` runs (all by default) inside the interval built from the runs kept when their key's
+    are left out (``interval_without(kept mask)``), runs that had one)."""
     r = np.asarray(log_ratios, dtype=np.float64)
-    src = np.asarray(sources)
+    k = np.asarray(keys)
+    mine = np.ones(len(r), dtype=bool) if scored is None else scored
     inside, counted = 0, 0
-    for s in sorted(set(sources)):
-        held = src == s
-        iv = from_residuals(r[~held], coverage)
+    for key in sorted(set(k[mine].tolist())):
+        iv = interval_without(k != key)
         if iv is None:
             continue
+        held = mine & (k == key)
         x = np.exp(r[held])
         inside += int(np.sum((x >= iv.lo) & (x <= iv.hi)))
         counted += int(held.sum())
     return (inside / counted if counted else float("nan")), counted
+
+
+def loso_coverage(log_ratios: Sequence[float] | Arr, sources: Sequence[str],
+                  coverage: float = COVERAGE) -> tuple[float, int]:
+    """(share of runs inside the interval built without their source, runs that had one)."""
+    r = np.asarray(log_ratios, dtype=np.float64)
+    return held_out_coverage(r, sources, lambda kept: from_residuals(r[kept], coverage))

@@ -47,8 +47,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
-from madmax_opt.core.intervals import COVERAGE, Interval, from_sources
+from madmax_opt.core.intervals import COVERAGE, Interval, from_sources, held_out_coverage
 from madmax_opt.core.numeric import Arr
 from madmax_opt.model.serving_calibration import (
     INTERVAL_LEVELS,
@@ -93,7 +94,7 @@ class LevelErrors:
                    np.array([g for r in rs for g in r.groups], dtype=object),
                    np.array([s for r in rs for s in r.sources], dtype=object))
 
-    def interval(self, keep: Arr | None = None) -> Interval | None:
+    def interval(self, keep: NDArray[np.bool_] | None = None) -> Interval | None:
         """The step-time interval from the kept residuals (all by default), every source weighing the same."""
         k = np.ones(len(self.values), dtype=bool) if keep is None else keep
         return from_sources(self.values[k], self.sources[k])
@@ -102,17 +103,7 @@ class LevelErrors:
         """(share of the metric's runs inside the interval built without their source (``by`` = "source") or group
         (``by`` = "group"), runs that had one)."""
         keys = self.sources if by == "source" else self.groups
-        mine = self.metrics == metric
-        inside, counted = 0, 0
-        for key in sorted(set(keys[mine])):
-            iv = self.interval(keys != key)
-            if iv is None:
-                continue
-            held = mine & (keys == key)
-            x = np.exp(self.values[held])
-            inside += int(np.sum((x >= iv.lo) & (x <= iv.hi)))
-            counted += int(held.sum())
-        return (inside / counted if counted else float("nan")), counted
+        return held_out_coverage(self.values, keys, self.interval, self.metrics == metric)
 
     def factors(self, metric: str) -> IntervalFactors | None:
         """The metric's factors with their leave-one-source-out coverage (issue 24's check) and their coverage by the
