@@ -97,6 +97,10 @@ class DLRMOptionJSON(TypedDict):
     reason: str | None
     step_time_s: float | None
     samples_per_s: float | None
+    # optimal | feasible (a placement not proven optimal) | infeasible | pruned (placement not proven: the option's
+    # floor is above the best plan, so its best plan is a feasible one, its optimum between floor and step time)
+    status: str
+    step_time_floor_s: float | None  # pruned: a lower bound on its step time (search/dlrm_bound.py)
 
 
 class DLRMSolveResult(TypedDict):

@@ -15,6 +15,7 @@ from madmax_opt.analysis.dlrm_records import (
     PlacementSolverJSON,
 )
 from madmax_opt.core.errors import InfeasibleError
+from madmax_opt.core.numeric import IntArr
 from madmax_opt.core.units import NS, SECONDS_PER_HOUR
 from madmax_opt.model.dlrm import Layout, layout_of, lower
 from madmax_opt.model.dlrm_dense import (
@@ -45,6 +46,7 @@ from madmax_opt.model.objectives import Rates, objective_values, uniform_rates, 
 from madmax_opt.model.problem import DLRMProblem
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.cpsat import options as cpsat_options
+from madmax_opt.search.dlrm_bound import step_floor_s
 from madmax_opt.search.placement import (
     PlacementModel,
     PlacementResult,
@@ -65,7 +67,8 @@ class OptionResult:
     baseline: DLRMRecord | None
     placement: PlacementResult | None
     reason: str | None = None
-    status: str = "optimal"  # feasible when any placement solved for this option was not proven optimal
+    status: str = "optimal"  # feasible: a placement not proven optimal; pruned: the same, its floor above the best
+    floor_s: float | None = None  # pruned: the lower bound on its step time that ruled it out
 
 
 def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, shards: ShardArrays,
@@ -135,6 +138,14 @@ def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, 
     return rec
 
 
+def objective_of_step(problem: DLRMProblem, hw: int, step_s: float) -> float:
+    """The objective's value (the registry's unit) of a plan on option ``hw`` that takes ``step_s`` per step."""
+    opt = problem.hardware[hw]
+    rates = uniform_rates(np.array([step_s / problem.task.global_batch]), [opt.system], np.zeros(1, dtype=np.int64),
+                          np.array([float(opt.gpus)]), problem.task.train_samples)
+    return float(objective_values(problem.objective, rates)[0])
+
+
 def _rates(problem: DLRMProblem, rec: DLRMRecord) -> Rates:
     """The objective registry's inputs for one record (model/objectives.py; the unit of work is a sample)."""
     opt = next(o for o in problem.hardware
@@ -156,26 +167,53 @@ def _admissible(problem: DLRMProblem, rec: DLRMRecord) -> bool:
                 and (c.min_samples_per_s is None or rec["samples_per_s"] >= c.min_samples_per_s))
 
 
-def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, workers: int = 1,
-                  cpsat: CpSatOptions | None = None) -> OptionResult:
-    """Best (dense plan, placement) on hardware option ``hw``: CP-SAT placement per distinct embedding memory
-    budget (loosest first; a placement that fits a tighter budget is optimal there too), dense plans enumerated."""
-    solver_opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers)
-    task, stack = problem.task, problem.stack
-    lay = layout_of(problem.hardware[hw], stack)
-    wl = lower(problem.model)
+@dataclass
+class PreparedOption:
+    """What the search of one hardware option and its step floor share: the layout, the dense plans with their
+    terms (``valid``: the structurally valid ones), and the embedding options under the loosest memory budget."""
+
+    hw: int
+    lay: Layout
+    dense: DensePlans
+    terms: DenseTerms
+    valid: IntArr
+    opts: EmbeddingOptions
+
+    def floor_s(self, problem: DLRMProblem) -> float:
+        """A lower bound on the step time of every plan of the option (search/dlrm_bound.py)."""
+        return step_floor_s(self.opts, self.lay, self.terms, self.valid, problem.stack, problem.task)
+
+
+def prepare_option(problem: DLRMProblem, hw: int) -> PreparedOption | OptionResult:
+    """The option's prepared search, or its result when no dense plan is valid."""
+    lay = layout_of(problem.hardware[hw], problem.stack)
     dense = enumerate_dense(problem.space, problem.model, lay)
-    dt = dense_terms(wl, task, stack, lay, dense)
+    dt = dense_terms(lower(problem.model), problem.task, problem.stack, lay, dense)
     ok = np.flatnonzero(dt.invalid == 0)
     if len(ok) == 0:
         code = int(np.bincount(dt.invalid).argmax()) if len(dt.invalid) else 1
         return OptionResult(hw, None, None, None, DENSE_INVALID.get(code, "no dense plan"))
-    budget = lay.capacity_bytes - dt.memory_bytes
-    loosest = float(budget[ok].max())
+    loosest = float((lay.capacity_bytes - dt.memory_bytes)[ok].max())
     shardings = tuple(problem.space.shardings or ("table_wise", "column_wise", "table_row_wise", "row_wise",
                                                    "data_parallel"))
-    opts = embedding_options(problem.model, task, lay, shardings, tuple(problem.space.column_splits), loosest)
-    weights = phase_weights(task)
+    opts = embedding_options(problem.model, problem.task, lay, shardings, tuple(problem.space.column_splits), loosest)
+    return PreparedOption(hw, lay, dense, dt, ok, opts)
+
+
+def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, workers: int = 1,
+                  cpsat: CpSatOptions | None = None, prepared: PreparedOption | None = None,
+                  prove: bool = True) -> OptionResult:
+    """Best (dense plan, placement) on hardware option ``hw``: CP-SAT placement per distinct embedding memory
+    budget (loosest first; a placement that fits a tighter budget is optimal there too), dense plans enumerated.
+    ``prove=False``: no CP-SAT model (search/placement.solve_placement's build_model), status feasible unless the
+    averaging bound proves every placement."""
+    solver_opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers)
+    prep = prepared or prepare_option(problem, hw)
+    if isinstance(prep, OptionResult):
+        return prep
+    lay, dense, dt, ok, opts = prep.lay, prep.dense, prep.terms, prep.valid, prep.opts
+    budget = lay.capacity_bytes - dt.memory_bytes
+    weights = phase_weights(problem.task)
     solved: dict[int, PlacementResult | None] = {}
     evaluated: dict[int, tuple[EmbeddingTimes, list[ShardEntryJSON]]] = {}  # per placement (id): its times, plan
     peak_mb: dict[int, int] = {}  # per placement (id)
@@ -185,7 +223,7 @@ def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, 
         it = int_tables(opts, lay, weights, float(budget[i]))
         res = next((r for r in solved.values() if r is not None and peak_mb[id(r)] <= it.capacity_mb), None)
         if res is None and it.capacity_mb not in solved:
-            res = solve_placement(it, cpsat=solver_opts)
+            res = solve_placement(it, cpsat=solver_opts, build_model=prove)
             solved[it.capacity_mb] = res
             if res is not None:  # its busiest GPU's embedding memory, MB (it.coef is the same for every budget)
                 peak_mb[id(res)] = int(per_gpu_terms(it.coef, opts.options, res.shards, lay)[MEMORY].max())
@@ -210,7 +248,7 @@ def search_option(problem: DLRMProblem, hw: int, *, time_limit_s: float = 30.0, 
 def _solver_info(res: PlacementResult) -> PlacementSolverJSON:
     return {
         "status": res.status,
-        "proved_by": res.proved_by,  # cp-sat, or the averaging bound (search/placement_bound.py): no model built
+        "proved_by": res.proved_by,  # cp-sat; bound: the averaging bound (search/placement_bound.py), no model; none
         "objective_s": res.objective / NS,
         "bound_s": res.bound / NS,
         "gap": res.gap,
@@ -246,7 +284,7 @@ def solve_dlrm(problem: DLRMProblem, *, time_limit_s: float = 30.0, workers: int
     """The best plan over every hardware option by the problem's objective (at fixed hardware every objective
     ranks plans by step time; across options the registry's value decides). InfeasibleError names the reason."""
     opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers)
-    results = [search_option(problem, hw, cpsat=opts) for hw in range(len(problem.hardware))]
+    results = _search_options(problem, opts)
     cands = [r.record for r in results if r.record is not None and _admissible(problem, r.record)]
     if not cands:
         reasons = "; ".join(f"{problem.hardware[r.hw].name}: {r.reason}" for r in results if r.reason)
@@ -255,10 +293,39 @@ def solve_dlrm(problem: DLRMProblem, *, time_limit_s: float = 30.0, workers: int
     return best, results
 
 
+_PRUNED = ("placement not proven optimal (no need): every plan here takes at least {:.3f} ms per step, worse than "
+           "the best (search/dlrm_bound.py)")
+
+
+def _search_options(problem: DLRMProblem, cpsat: CpSatOptions) -> list[OptionResult]:
+    """Every option's result, in option order. Options are searched by ascending step floor's objective
+    (search/dlrm_bound.py); one whose floor is above the best admissible plan found so far cannot hold the optimum,
+    so its placements get no CP-SAT proof: greedy (or the better start), optimal where the averaging bound proves
+    it, else status ``pruned`` with its floor."""
+    prepared = [prepare_option(problem, hw) for hw in range(len(problem.hardware))]
+    steps = [float("inf") if isinstance(p, OptionResult) else p.floor_s(problem) for p in prepared]
+    floors = [objective_of_step(problem, hw, step) for hw, step in enumerate(steps)]
+    results: dict[int, OptionResult] = {}
+    best = float("inf")
+    for hw in sorted(range(len(prepared)), key=lambda h: (floors[h], h)):
+        prep = prepared[hw]
+        if isinstance(prep, OptionResult):
+            results[hw] = prep
+        elif floors[hw] > best:  # even its floor is worse than a plan in hand: no CP-SAT proof needed here
+            res = results[hw] = search_option(problem, hw, cpsat=cpsat, prepared=prep, prove=False)
+            if res.status != "optimal":
+                res.status, res.floor_s, res.reason = "pruned", steps[hw], _PRUNED.format(steps[hw] * 1e3)
+        else:
+            res = results[hw] = search_option(problem, hw, cpsat=cpsat, prepared=prep)
+            if res.record is not None and _admissible(problem, res.record):
+                best = min(best, objective_value(problem, res.record))
+    return [results[hw] for hw in range(len(prepared))]
+
+
 def dlrm_status(results: list[OptionResult]) -> str:
-    """optimal when every placement behind the answer was proven optimal (dense plans are enumerated), else
-    feasible (see each option's placement gap)."""
-    return "optimal" if all(r.status == "optimal" for r in results) else "feasible"
+    """optimal when every placement behind the answer was proven optimal (dense plans are enumerated; a pruned
+    option's floor is above the answer), else feasible (see each option's placement gap)."""
+    return "optimal" if all(r.status in ("optimal", "pruned") for r in results) else "feasible"
 
 
 def evaluate_dlrm(problem: DLRMProblem, plans: list[DLRMPlan], source: str | None = None) -> list[DLRMRecord]:
@@ -320,9 +387,12 @@ def dlrm_solve_result(
         "objective": problem.objective,
         "best": best,
         "options": [
-            DLRMOptionJSON(hardware=problem.hardware[r.hw].name, feasible=r.record is not None, reason=r.reason,
+            DLRMOptionJSON(hardware=problem.hardware[r.hw].name,
+                           feasible=r.record is not None, reason=r.reason,
                            step_time_s=r.record["step_time_s"] if r.record else None,
-                           samples_per_s=r.record["samples_per_s"] if r.record else None)
+                           samples_per_s=r.record["samples_per_s"] if r.record else None,
+                           status=r.status if r.record is not None or r.status == "pruned" else "infeasible",
+                           step_time_floor_s=r.floor_s)
             for r in results
         ],
         "baseline": baseline,

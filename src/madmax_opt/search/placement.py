@@ -121,7 +121,8 @@ class PlacementResult:
     variables: int
     greedy: ShardArrays | None
     greedy_objective: int | None  # ns, integer model
-    proved_by: Literal["cp-sat", "bound"] = "cp-sat"  # bound: the averaging bound met greedy, no model was built
+    # bound: the averaging bound met the plan, no model was built; none: no model built, not proven (pruned option)
+    proved_by: Literal["cp-sat", "bound", "none"] = "cp-sat"
 
     @property
     def gap(self) -> float:
@@ -340,9 +341,13 @@ PORTFOLIO_WORKERS = 4  # subsolvers of the second phase (interleaved in one thre
 
 def solve_placement(
     it: IntTables, *, time_limit_s: float = 30.0, workers: int = 1, seed: int = 0,
-    deterministic_limit: float | None = None, cpsat: CpSatOptions | None = None,
+    deterministic_limit: float | None = None, cpsat: CpSatOptions | None = None, build_model: bool = True,
 ) -> PlacementResult | None:
     """Minimise the integer placement objective under per-GPU memory; None when no placement fits.
+
+    ``build_model=False`` (an option that cannot hold the optimum, search/dlrm_search.py): no CP-SAT model; the
+    greedy plan or the better start of search/placement_hint.py, optimal only where the averaging bound proves it
+    (None when greedy places nothing).
 
     When the averaging lower bound (search/placement_bound.py) reaches the greedy plan's objective, the greedy
     plan is the proven optimum and no CP-SAT model is built (identical tables dealt evenly: every example's
@@ -366,13 +371,22 @@ def solve_placement(
         return PlacementResult(shards=greedy, status="optimal", objective=greedy_obj, bound=float(greedy_obj),
                                wall_s=time.perf_counter() - t0, variables=model_variables(it), greedy=greedy,
                                greedy_objective=greedy_obj, proved_by="bound")
+    start: tuple[int, ShardArrays] | None = None
+    if greedy is not None and greedy_obj is not None:  # the first hint: greedy, or a better start for big groups
+        start = improved_hint(it, greedy_obj, greedy_placement) or (greedy_obj, greedy)
+    if not build_model:
+        if start is None:
+            return None
+        floor = lower_bound(it, greedy)
+        return PlacementResult(shards=start[1], status="optimal" if floor >= start[0] else "feasible",
+                               objective=start[0], bound=float(min(floor, start[0])), wall_s=time.perf_counter() - t0,
+                               variables=model_variables(it), greedy=greedy, greedy_objective=greedy_obj,
+                               proved_by="bound" if floor >= start[0] else "none")
     load_cp_model()  # without pandas (search/ortools_import.py); only where a model is built
     from ortools.sat.python import cp_model
 
     pm = PlacementModel(it)
-    best: tuple[int, ShardArrays] | None = None
-    if greedy is not None and greedy_obj is not None:  # the first hint: greedy, or a better start for big groups
-        best = improved_hint(it, greedy_obj, greedy_placement) or (greedy_obj, greedy)
+    best = start
     first = PROOF_PHASE_LIMIT if deterministic_limit is None else min(PROOF_PHASE_LIMIT, deterministic_limit)
     quick = min(QUICK_PROOF_LIMIT, first)
     st, solver = _phase(pm, best[1] if best else None, cpsat=opts, deterministic_limit=quick, portfolio=False)

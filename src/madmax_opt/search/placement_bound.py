@@ -18,10 +18,13 @@ when the greedy plan loads every GPU alike (identical tables dealt evenly) and t
 from __future__ import annotations
 
 from itertools import combinations
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from madmax_opt.core.numeric import IntArr
+from madmax_opt.model.dlrm import Layout
 from madmax_opt.model.dlrm_embedding import (
     COLLECTIVE_KIND,
     COLLECTIVE_LANES,
@@ -29,17 +32,19 @@ from madmax_opt.model.dlrm_embedding import (
     TERM_INDEX,
     TERMS,
     ShardArrays,
+    ShardOption,
     per_gpu_terms,
 )
 from madmax_opt.search.placement_ints import MEMORY, IntTables
 
 
-def term_totals(it: IntTables) -> IntArr:
-    """(options, terms): what one shard of each option adds to the sum of each term over all GPUs (integers)."""
-    out = np.zeros((len(it.opts.options), len(TERMS)), dtype=np.int64)
-    for o, opt in enumerate(it.opts.options):  # one shard at location 0, summed over the GPUs (per_gpu_terms)
+def term_totals(coef: NDArray[Any], options: tuple[ShardOption, ...], layout: Layout) -> NDArray[Any]:
+    """(options, terms): what one shard of each option adds to the sum of each term over all GPUs (in ``coef``'s
+    dtype: the integer model's, or the float seconds and bytes of model/dlrm_embedding)."""
+    out = np.zeros((len(options), len(TERMS)), dtype=coef.dtype)
+    for o, opt in enumerate(options):  # one shard at location 0, summed over the GPUs (per_gpu_terms)
         one = ShardArrays(np.array([o]), np.array([0 if opt.located != "global" else -1]), np.array([1]))
-        out[o] = per_gpu_terms(it.coef, it.opts.options, one, it.layout).sum(axis=1)
+        out[o] = per_gpu_terms(coef, options, one, layout).sum(axis=1)
     return out
 
 
@@ -62,7 +67,7 @@ def lower_bound(it: IntTables, greedy: ShardArrays | None = None) -> int:
     opts, n = it.opts, it.layout.gpus
     if not opts.options:
         return 0
-    totals = term_totals(it)
+    totals = term_totals(it.coef, opts.options, it.layout)
     loads = per_gpu_terms(it.coef, opts.options, greedy, it.layout) if greedy is not None else None
     lane = _lanes(totals, loads)
     per_shard = sum(it.weights[p] * totals[:, t] for p, t in lane.items())  # (options,) integers
