@@ -35,8 +35,10 @@ group_commands()  # bench and development commands apart from the user's in --he
 # serving, DLRM and mixed-pipeline examples, load ~3). main() sets 100,000 for the rest of the process (restoring 700
 # at its end would start one collection of everything allocated, ~40 ms, on the way out): no collection during a
 # solve, one per 100,000 allocations in a long command (sweep, fleet: unchanged time); cycles are still collected.
-# Its cost where the heap grows large: validate 211-213 s against 200-205 s at 700 (two runs each, 2026-12-07)
+# Where the heap grows large it costs: validate 211-213 s against 200-205 s at 700 (two runs each, 2026-12-07), so
+# the validation studies (STUDY_COMMANDS, minutes each, where 40 ms of start-up do not matter) keep Python's 700.
 GC_YOUNG_OBJECTS = 100_000
+STUDY_COMMANDS = ("validate", "validate-inference", "validate-online", "fit-serving", "paper", "bench-all")
 NUMERIC_WARNING = re.compile(r"overflow|underflow|divide by zero|invalid value|Mean of empty|Degrees of freedom")
 MAX_ERROR_CHARS = 4_000  # an error line longer than this keeps its head and tail (the file, field and "allowed")
 
@@ -130,7 +132,8 @@ def main() -> None:
     warnings.showwarning = hold_numeric
     registered = app.registered_commands
     young, *older = gc.get_threshold()
-    gc.set_threshold(max(young, GC_YOUNG_OBJECTS), *older)
+    if not sys.argv[1:] or sys.argv[1] not in STUDY_COMMANDS:
+        gc.set_threshold(max(young, GC_YOUNG_OBJECTS), *older)
     try:
         # typer builds a click command of every registered command on each run (~20 ms for the 26 here): a
         # command line that names one gets an app of that command alone (same options, help and errors)
