@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from madmax_opt.analysis.evaluator import evaluate
-from madmax_opt.core.intervals import Interval, from_residuals, from_sources, loso_coverage, weighted_quantile
+from madmax_opt.core.intervals import (
+    Interval,
+    from_clusters,
+    from_residuals,
+    loso_coverage,
+    weighted_quantile,
+)
 from madmax_opt.io import calibration
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.model.spec import Plan
@@ -31,16 +37,16 @@ def test_an_interval_always_holds_the_prediction_and_needs_runs() -> None:
     assert from_residuals([0.1, 0.2, 0.3]) is None
 
 
-def test_source_weighted_interval_by_hand() -> None:
-    # source a: 8 runs at ratios 0.90 ... 1.25 (1/16 each), source b: 0.70 and 1.50 (1/4 each). Weighted CDF:
+def test_cluster_weighted_interval_by_hand() -> None:
+    # cluster a: 8 runs at ratios 0.90 ... 1.25 (1/16 each), cluster b: 0.70 and 1.50 (1/4 each). Weighted CDF:
     # 0.25 at 0.70 (reaches 0.1), 0.75 at 1.25, 1 at 1.50 (first to reach 0.9): [0.70, 1.50]
     a = [0.90, 0.95, 1.00, 1.05, 1.10, 1.15, 1.20, 1.25]
     r = np.log([*a, 0.70, 1.50])
-    iv = from_sources(r, ["a"] * 8 + ["b"] * 2)
+    iv = from_clusters(r, ["a"] * 8 + ["b"] * 2)
     assert iv is not None and (iv.lo, iv.hi, iv.runs) == (pytest.approx(0.70), pytest.approx(1.50), 10)
     runs = from_residuals(r)  # every run the same: k = ceil(11 x 0.1) = 2 -> 0.90, ceil(9.9) = 10 -> 1.50
     assert runs is not None and (runs.lo, runs.hi) == (pytest.approx(0.90), pytest.approx(1.50))
-    assert from_sources([0.1, 0.2, 0.3], ["a", "b", "c"]) is None
+    assert from_clusters([0.1, 0.2, 0.3], ["a", "b", "c"]) is None
 
 
 def test_weighted_quantile_reaches_its_level_exactly() -> None:

@@ -1,6 +1,6 @@
 """Serving prediction intervals (studies/serving_intervals.py, model/serving_calibration.py): the residuals of each
-calibration level, the interval of a level (both metrics as time errors, every source weighing the same) and its
-coverage by hand, the factors a record carries and the interval of an evaluated serving record."""
+calibration level, the interval of a level (both metrics as time errors, every (source, GPU) cell weighing the same)
+and its coverage by hand, the factors a record carries and the interval of an evaluated serving record."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def test_residuals_take_each_level_from_its_held_out_errors() -> None:
         cal = got[("calibrated", metric)]
         assert cal.values == pytest.approx([-math.log1p(err[c.case.id]) for i, c in mine if i % 2 == 0])
         assert cal.groups == [fold(c) for i, c in mine if i % 2 == 0]
+        assert cal.sources == [c.case.source for i, c in mine if i % 2 == 0]
+        assert cal.gpus == [c.case.gpu for i, c in mine if i % 2 == 0]
         fam = got[("family", metric)]
         assert fam.values == pytest.approx([-math.log1p(err[c.case.id]) for i, c in mine if i < 4])
         assert fam.groups == [c.case.gpu for i, c in mine if i < 4]
@@ -58,13 +60,14 @@ def test_residuals_take_each_level_from_its_held_out_errors() -> None:
         assert prior.values == pytest.approx(want)
 
 
-def _level(values: dict[str, list[tuple[float, str, str]]]) -> dict[tuple[str, str], Residuals]:
-    """metric -> [(residual, group, source)] as the residuals of the calibrated level."""
+def _level(values: dict[str, list[tuple[float, str, str]]], gpu: str = "x") -> dict[tuple[str, str], Residuals]:
+    """metric -> [(residual, group, source)] as the residuals of the calibrated level, every run on ``gpu`` (so that
+    a source is one (source, GPU) cell)."""
     return {("calibrated", m): Residuals("calibrated", m, [v for v, _, _ in rs], [g for _, g, _ in rs],
-                                         [s for _, _, s in rs]) for m, rs in values.items()}
+                                         [s for _, _, s in rs], [gpu] * len(rs)) for m, rs in values.items()}
 
 
-# TPOT residuals of sources a (4 runs) and b (2 runs), throughput residuals of source c (2 runs)
+# TPOT residuals of sources a (4 runs) and b (2 runs), throughput residuals of source c (2 runs), all of one GPU
 _SMALL = {
     "tpot": [(0.0, "g1", "a"), (0.1, "g1", "a"), (0.2, "g2", "a"), (0.3, "g2", "a"), (-0.1, "g1", "b"),
              (0.5, "g2", "b")],
@@ -77,10 +80,11 @@ def test_level_errors_take_both_metrics_as_time_errors() -> None:
     # throughput's residuals flip sign: ln(measured / predicted rate) = -ln(measured / predicted time)
     assert list(e.values) == [0.2, 0.0, 0.0, 0.1, 0.2, 0.3, -0.1, 0.5]
     assert list(e.metrics) == ["throughput"] * 2 + ["tpot"] * 6 and list(e.sources) == list("ccaaaabb")
+    assert list(e.cells) == [f"{s}|x" for s in "ccaaaabb"]
 
 
-def test_interval_factors_weigh_every_source_the_same() -> None:
-    """Time errors (weight): b -0.1 (1/6); a 0.0 (1/12), c 0.0 (1/6); a 0.1; a 0.2, c 0.2; a 0.3; b 0.5 (1/6).
+def test_interval_factors_weigh_every_cell_the_same() -> None:
+    """One GPU: each source is one cell. Time errors (weight): b -0.1 (1/6); a 0.0 (1/12), c 0.0 (1/6); a 0.1; a 0.2, c 0.2; a 0.3; b 0.5 (1/6).
     Their weighted CDF reaches 0.1 at -0.1 and 0.9 only at 0.5: the time interval is [e^-0.1, e^0.5], TPOT's
     factors, and throughput's [e^-0.5, e^0.1].
     Leave one source out, TPOT: without a, b and c at 1/4 each give [-0.1, 0.5]: a's 4 runs inside; without b,

@@ -9,11 +9,12 @@ measured run. The interval of a new prediction p at coverage c is [p exp(q_lo), 
   k = ceil((n + 1) x level), so that a new run exchangeable with the n covers at least c on average; Vovk et al.
   2005, Lei et al. 2018). Right when the residuals are themselves errors on unseen sources (training's
   leave-one-source-out residuals, studies/intervals.py).
-- ``from_sources``: every source weighs the same, its runs sharing its weight (CDF pooling: the quantile of
-  (1/K) sum_k F_k, the mean of the K sources' empirical CDFs; Dunn, Wasserman & Ramdas 2023, JASA 118:2491). A
-  run of a source not seen is exchangeable with the sources, not with the runs: the runs of one large source do
-  not set the interval (serving, whose residuals are held out within known sources: studies/serving_intervals.py).
-  Its coverage guarantee is asymptotic in the number of sources, not finite-sample.
+- ``from_clusters``: every cluster weighs the same, its runs sharing its weight (CDF pooling: the quantile of
+  (1/K) sum_k F_k, the mean of the K clusters' empirical CDFs; Dunn, Wasserman & Ramdas 2023, JASA 118:2491). A
+  cluster is a unit whose runs share an error (serving: a source's runs of one GPU); a run of a new cluster is
+  exchangeable with the clusters, not with the runs, so the runs of one large cluster do not set the interval
+  (serving, whose residuals are held out within known sources and GPUs: studies/serving_intervals.py). Its
+  coverage guarantee is asymptotic in the number of clusters, not finite-sample.
 
 Coverage is measured leave one source out: each source's runs against the interval of the other sources."""
 
@@ -67,9 +68,9 @@ def from_residuals(log_ratios: Sequence[float] | Arr, coverage: float = COVERAGE
     return Interval(math.exp(lo), math.exp(hi), coverage, len(r))
 
 
-def source_weights(sources: Sequence[str] | Arr) -> Arr:
-    """Each run's weight 1 / (K n_s): K sources of equal weight, the n_s runs of source s sharing 1 / K."""
-    _, inverse, counts = np.unique(np.asarray(sources), return_inverse=True, return_counts=True)
+def cluster_weights(clusters: Sequence[str] | Arr) -> Arr:
+    """Each run's weight 1 / (K n_c): K clusters of equal weight, the n_c runs of cluster c sharing 1 / K."""
+    _, inverse, counts = np.unique(np.asarray(clusters), return_inverse=True, return_counts=True)
     return np.asarray(1.0 / (counts[inverse] * len(counts)), dtype=np.float64)
 
 
@@ -83,14 +84,14 @@ def weighted_quantile(values: Sequence[float] | Arr, weights: Sequence[float] | 
     return float(x[order][min(k, len(x) - 1)])
 
 
-def from_sources(log_ratios: Sequence[float] | Arr, sources: Sequence[str] | Arr,
-                 coverage: float = COVERAGE) -> Interval | None:
-    """The interval of ``coverage`` from residuals with every source weighing the same (CDF pooling, see the module
+def from_clusters(log_ratios: Sequence[float] | Arr, clusters: Sequence[str] | Arr,
+                  coverage: float = COVERAGE) -> Interval | None:
+    """The interval of ``coverage`` from residuals with every cluster weighing the same (CDF pooling, see the module
     docstring); None below MIN_RUNS residuals."""
     r = np.asarray(log_ratios, dtype=np.float64)
     if len(r) < MIN_RUNS:
         return None
-    w = source_weights(sources)
+    w = cluster_weights(clusters)
     tail = (1.0 - coverage) / 2.0
     lo = min(weighted_quantile(r, w, tail), 0.0)
     hi = max(weighted_quantile(r, w, 1.0 - tail), 0.0)

@@ -8,9 +8,11 @@ these runs). A group with runs from fewer than two sources, or fewer than core.i
 could not be measured on its own) takes the same level's residuals pooled over the families: an interval comes from
 residuals of the level it prices (a family-level prediction errs more than a calibrated one), never from another
 level's. Every run weighs the same (core.intervals.from_residuals): the calibrated and family residuals are
-already errors on unseen sources. The source-weighted quantile serving uses (core.intervals.from_sources) was
-measured here too and covered less (leave one source out: megatron calibrated 75.0 -> 71.9 %, pytorch-fsdp family
-77.4 -> 58.1 %, prior pooled over families 76.5 -> 69.1 %).
+already errors on unseen sources. The cluster-weighted quantile serving uses (core.intervals.from_clusters) was
+measured here too and covered less, with sources as clusters (leave one source out: megatron calibrated 75.0 ->
+71.9 %, pytorch-fsdp family 77.4 -> 58.1 %, prior pooled over families 76.5 -> 69.1 %) and with (source, GPU)
+cells, serving's clusters (megatron calibrated 71.9 %, megatron prior 75.7 -> 67.6 %, pytorch-fsdp family 58.1 %,
+pytorch-fsdp prior 83.9 -> 74.2 %, prior pooled over families 57.4 %).
 """
 
 from __future__ import annotations
