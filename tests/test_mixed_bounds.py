@@ -13,7 +13,7 @@ import yaml
 
 from madmax_opt.analysis.evaluator import Model
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.search import stage_compositions, stages
+from madmax_opt.search import stage_compositions, stage_overlap, stages
 from madmax_opt.search.cpsat import CpSatOptions
 from madmax_opt.search.solver import solve_records
 from madmax_opt.search.stage_bounds import least_max_mixed
@@ -45,6 +45,13 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(stages, "cpsat_run", counted)
+    real_again = stage_overlap.StoppableRun.__call__  # the best base's re-solve, when overlapped (stage_overlap.py)
+
+    def counted_again(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real_again(*args, **kwargs)
+
+    monkeypatch.setattr(stage_overlap.StoppableRun, "__call__", counted_again)
     return calls
 
 

@@ -268,6 +268,10 @@ def solve_records(
     """
     t0 = time.perf_counter()
     opts = cpsat_options(cpsat, time_limit_s=time_limit_s, workers=workers, seed=seed)
+    if problem.space.uneven_stages:  # CP-SAT's libraries load on the other core during the uniform search
+        from madmax_opt.search.ortools_import import prefetch
+
+        prefetch()
     model = Model(problem)
     try:
         outcome = solve(problem, model=model, top_k=top_k, cpsat=opts, plans=plans, prune=True)

@@ -24,6 +24,10 @@ hardware only, so the rows of every hardware option are derived alike and each (
 its least over them (dp, optimizer); tmax keeps each GPU type's stage limit (``least_max_mixed``). Both only relax
 the exact rows, so the bound stays valid.
 
+``layer_parts`` (the cheapest per-layer and extra times of a base on one hardware option) and
+``composition_bound_us`` (a bound per fixed number of stages on each hardware option) feed the linear bounds of
+``stages.py``.
+
 Derived values differ from the exact ones (``stage_rows.candidates``) by float rounding only: times are taken 1 us
 below their rounded value and the memory test is relaxed by 1e-9, so each bound is a relaxation of the exact rows
 (``tests/test_stage_bounds.py`` checks this on sampled bases). A base whose bound is not below p v x the incumbent
@@ -52,6 +56,8 @@ from madmax_opt.model.training import LayerCosts, layer_costs, stage_costs
 MEMORY_SLACK = 1e-9  # relative: derived memory vs the exact sum of its terms
 KINDS = 3  # stage kinds: first (embedding), middle, last (head)
 CHUNK = 1 << 22  # derived rows (bases x stages x layers x modes) per batch
+DIRECT_LEADING = 1 << 17  # _leading: entries up to which every entry is compared (measured: 3x faster at 2.5e4
+# entries, 1.3x slower at 7e5, than the bisection)
 
 
 def take_lc(lc: LayerCosts, idx: IntArr) -> LayerCosts:
@@ -134,7 +140,11 @@ def least_max(g: Arr, layers: int, weight: Arr | None = None) -> Arr:
 def _leading(a: Arr, tau: Arr, *, within: bool) -> IntArr:
     """Per row of ``a`` (last axis; ``tau`` per item, axis 0): how many leading entries are <= tau (``within``; the
     rows nondecreasing) or > tau (the rows nonincreasing), i.e. ``(a <= tau).sum(-1)`` or ``(a > tau).sum(-1)``,
-    found by bisection over the positions (log2 of the row length gathers instead of one compare per entry)."""
+    counted directly where ``a`` is small, else found by bisection over the positions (log2 of the row length
+    gathers instead of one compare per entry)."""
+    if a.size <= DIRECT_LEADING:  # small: one comparison of every entry costs less than the bisection's steps
+        tau_of = tau.reshape(-1, *([1] * (a.ndim - 1)))
+        return np.count_nonzero(a <= tau_of if within else a > tau_of, axis=-1)
     rows = a.reshape(-1, a.shape[-1])
     limit = np.broadcast_to(tau.reshape(-1, *([1] * (a.ndim - 2))), a.shape[:-1]).ravel()
     lo, hi = np.zeros(len(rows), dtype=np.int64), np.full(len(rows), a.shape[-1], dtype=np.int64)
@@ -286,3 +296,35 @@ def stage_times_us(rows: ShapeRows, sh: IntArr, kinds: IntArr, v: Arr, m: Arr, p
         fits = enough & (rows.mem0[:, :, :, j][at] + in_flight * rows.act[sh, j][:, None, None] <= capacity)
         np.minimum(t, np.where(fits, rows.t_s[:, :, :, j][at], np.inf), out=t)
     return _rounded_low(t + ((v - 1.0) * rows.p2p_s[sh])[:, None, None])
+
+
+def layer_parts(model: Model, bases: PlanArrays, hw: int | None) -> tuple[Arr, ...]:
+    """Cheapest per-layer time (no recompute), embedding, head, p2p and micro-batches of ``bases`` on ``hw``."""
+    p = model.problem
+    rows = bases if hw is None else PlanArrays(**{**bases.__dict__, "hw": np.full(len(bases), hw)})
+    lc = layer_costs(model.workload, p.training_task, p.stack, model.table, rows)
+    per_layer = (
+        lc.time["compute"]
+        + lc.trainable_fraction * lc.wgrad_s  # weight-gradient GEMMs of trainable layers (all or none here)
+        + lc.time["tp_comm"]
+        + lc.time["cp_comm"]
+        + lc.time["ep_comm"]
+        + lc.time["overhead"]
+    )
+    return per_layer, lc.emb_time_s, lc.head_time_s, lc.pp_comm_s, lc.n_micro
+
+
+def composition_bound_us(model: Model, base: PlanArrays, hws: list[int], counts: dict[int, int]) -> float:
+    """Lower bound on T with k_h stages on hardware h: stage s holds n_s layers at >= c_h each, so with
+    tmax = tau, L = sum n_s <= tau sum_h k_h / c_h; and sum_s t_s >= L min_used c_h + the cheapest extras."""
+    used = [h for h in hws if counts.get(h, 0) > 0]
+    parts = [layer_parts(model, base, h) for h in used]
+    c = np.array([float(x[0][0]) for x in parts])
+    k = np.array([counts[h] for h in used], dtype=np.float64)
+    layers = model.workload.layers
+    p, v, m = float(base.pp[0]), float(base.vpp[0]), float(parts[0][4][0])
+    total = layers * c.min() + min(float(x[1][0]) for x in parts) + min(float(x[2][0]) for x in parts) \
+        + p * min(float(x[3][0]) for x in parts)
+    tau = max(layers / float(np.sum(k / c)), total / p)
+    form = step_form(m, p, v)  # T >= m tau + (p - 1)/v x total / p (model/step_time.py)
+    return float((form.stage_max * tau + form.stage_mean * (total / p))[0]) * US

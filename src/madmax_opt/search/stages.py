@@ -29,6 +29,10 @@ rate x T < incumbent. In mixed mode the rate depends on how many stages each sys
 energy), every composition (k_1..k_H stages per system, within supply) is one CP-SAT model with those counts fixed,
 explored best-first by rate_k x bound and pruned like the bases.
 
+CP-SAT runs overlap the search's own work (``stage_overlap.py``: strong bounds and rows of the bases ahead built while
+a model is solved, the best base's unhinted re-solve on its own thread; lighter parameters for hinted runs, whose
+split is not returned): every base sees the same incumbent and model, so results and counters are unchanged.
+
 Constraints (``stage_limits.py``): min_throughput / deadline_hours and budget_usd cap p v T per base (CP-SAT
 constraint); max_gpus and max_cost_per_hour exclude a base or composition. The step time is the one linear form of
 ``model/step_time.py``, read here in its integer form p v T.
@@ -36,9 +40,11 @@ constraint); max_gpus and max_cost_per_hour exclude a base or composition. The s
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -49,14 +55,25 @@ from madmax_opt.core.units import US
 from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
 from madmax_opt.model.step_time import INTEGER_TERMS, step_form
-from madmax_opt.model.training import invalid_codes, layer_costs
+from madmax_opt.model.training import invalid_codes
 from madmax_opt.search.cpsat import CpSatOptions, has_solution
 from madmax_opt.search.cpsat import run as cpsat_run
 from madmax_opt.search.ortools_import import load_cp_model, prefetch
 from madmax_opt.search.space import enumerate_plans
-from madmax_opt.search.stage_bounds import shape_key, strong_bounds
+from madmax_opt.search.stage_bounds import composition_bound_us, layer_parts, shape_key, strong_bounds
 from madmax_opt.search.stage_compositions import Composition, compositions, stage_supply
 from madmax_opt.search.stage_limits import StepLimits, usd_per_hour
+from madmax_opt.search.stage_overlap import (
+    HINTED_RUN,
+    NEXT_ROWS,
+    OVERLAP,
+    OVERLAP_CHUNKS,
+    RESOLVE_AFTER,
+    Deferred,
+    Lookahead,
+    StoppableRun,
+    Task,
+)
 from madmax_opt.search.stage_rows import candidates as _candidates
 from madmax_opt.search.stage_split_bound import SplitProofs
 
@@ -123,44 +140,12 @@ def stage_hardware(model: Model, base: PlanArrays) -> list[int]:
     return sorted({model.system_index(o.system.name) for o in model.problem.hardware})
 
 
-def _layer_parts(model: Model, bases: PlanArrays, hw: int | None) -> tuple[NDArray[np.float64], ...]:
-    """Cheapest per-layer time (no recompute), embedding, head, p2p and micro-batches of ``bases`` on ``hw``."""
-    p = model.problem
-    rows = bases if hw is None else PlanArrays(**{**bases.__dict__, "hw": np.full(len(bases), hw)})
-    lc = layer_costs(model.workload, p.training_task, p.stack, model.table, rows)
-    per_layer = (
-        lc.time["compute"]
-        + lc.trainable_fraction * lc.wgrad_s  # weight-gradient GEMMs of trainable layers (all or none here)
-        + lc.time["tp_comm"]
-        + lc.time["cp_comm"]
-        + lc.time["ep_comm"]
-        + lc.time["overhead"]
-    )
-    return per_layer, lc.emb_time_s, lc.head_time_s, lc.pp_comm_s, lc.n_micro
-
-
-def _composition_bound_us(model: Model, base: PlanArrays, hws: list[int], counts: dict[int, int]) -> float:
-    """Lower bound on T with k_h stages on hardware h: stage s holds n_s layers at >= c_h each, so with
-    tmax = tau, L = sum n_s <= tau sum_h k_h / c_h; and sum_s t_s >= L min_used c_h + the cheapest extras."""
-    used = [h for h in hws if counts.get(h, 0) > 0]
-    parts = [_layer_parts(model, base, h) for h in used]
-    c = np.array([float(x[0][0]) for x in parts])
-    k = np.array([counts[h] for h in used], dtype=np.float64)
-    layers = model.workload.layers
-    p, v, m = float(base.pp[0]), float(base.vpp[0]), float(parts[0][4][0])
-    total = layers * c.min() + min(float(x[1][0]) for x in parts) + min(float(x[2][0]) for x in parts) \
-        + p * min(float(x[3][0]) for x in parts)
-    tau = max(layers / float(np.sum(k / c)), total / p)
-    form = step_form(m, p, v)  # T >= m tau + (p - 1)/v x total / p (model/step_time.py)
-    return float((form.stage_max * tau + form.stage_mean * (total / p))[0]) * US
-
-
 def _lower_bounds_us(model: Model, bases: PlanArrays) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """(m + (p - 1)/v)/p * sum of the cheapest possible stage times (T = m tmax + (p - 1)/(v p) sum_s t_s and
     tmax >= the mean), and that sum (us); per component minimum over stage hardware."""
     p = model.problem
     hw_choices = stage_hardware(model, bases.take([0])) if p.space.mixed_stages else [None]
-    parts = [_layer_parts(model, bases, hw) for hw in hw_choices]
+    parts = [layer_parts(model, bases, hw) for hw in hw_choices]
     per_layer, emb, head, p2p, n_micro = (np.min([x[i] for x in parts], axis=0) for i in range(5))
     pp = bases.pp.astype(np.float64)
     total = model.workload.layers * per_layer + emb + head + pp * p2p
@@ -230,11 +215,14 @@ def _solve_base(
     vpp: int = 1,
     cap: int | None = None,
     proofs: SplitProofs | None = None,
+    lookahead: Lookahead | None = None,
+    run: Callable[..., tuple[Any, Any]] | None = None,
 ) -> tuple[str, float | None, list[int], int]:
     """CP-SAT over one base (``counts``: stages per hardware choice, when fixed); returns (status, step_us, chosen
     row indices, booleans). Only plans strictly faster than ``incumbent_us`` are of interest, and with p v T at most
     ``cap`` (the problem's step-time constraints, stage_limits.py). ``proofs``: what earlier models of the search
-    proved, consulted and extended (stage_split_bound.py)."""
+    proved, consulted and extended (stage_split_bound.py). ``lookahead``: work done while CP-SAT runs, ``run``: how
+    CP-SAT is run (default ``cpsat.run``; stage_overlap.py)."""
     load_cp_model()  # without pandas (search/ortools_import.py)
     from ortools.sat.python import cp_model
 
@@ -279,7 +267,8 @@ def _solve_base(
         proofs.hinted = hint is not None
     for j, var in enumerate(x if hint is not None else []):  # a split within the limit (stage_split_bound.py)
         mdl.add_hint(var, j in (hint or ()))
-    st, solver = cpsat_run(mdl, cpsat, "uneven-stage")
+    with (lookahead or Lookahead(None)).during():
+        st, solver = (run or cpsat_run)(mdl, cpsat, "uneven-stage", **(HINTED_RUN if hint is not None else {}))
     if proofs is not None and limit is not None and st in (cp_model.INFEASIBLE, cp_model.OPTIMAL):
         proofs.proved(limit + 1 if st == cp_model.INFEASIBLE else round(solver.objective_value))
     if st == cp_model.INFEASIBLE:
@@ -348,7 +337,7 @@ def solve_uneven(
     def bounds(j: int) -> list[tuple[float, dict[int, int] | None, float]]:
         """(objective lower bound, counts, rate) per composition of base ``j``, best bound first."""
         hws, _, comps = jobs[j]
-        return sorted(((rate * (float(lb_us[j]) if counts is None else max(float(lb_us[j]), _composition_bound_us(
+        return sorted(((rate * (float(lb_us[j]) if counts is None else max(float(lb_us[j]), composition_bound_us(
             model, bases.take([j]), hws, counts))), counts, rate) for counts, rate in comps), key=lambda x: x[0])
 
     single = [len(comps) == 1 and comps[0][0] is None for _, _, comps in shared]  # one rate, no counts
@@ -373,6 +362,10 @@ def solve_uneven(
     # the first chunk; each call costs a fixed ~20 ms, so there are at most two, and one for up to 2 chunks of bases)
     strong = np.full(len(bases), np.nan)  # nan: not computed yet
     chunk = STRONG_CHUNK if int(np.sum(lb < incumbent)) > 2 * STRONG_CHUNK else len(order)
+    # CP-SAT overlapped with the search's own work (stage_overlap.py), unless models are exported or parameters given
+    # (file numbering, logs): the first strong bounds cover a few bases, the rest are computed while CP-SAT runs
+    overlap = OVERLAP and opts.export_model is None and not opts.params
+    chunk = min(chunk, OVERLAP_CHUNKS[0]) if overlap else chunk
 
     def fill_strong(idx: NDArray[np.int64]) -> None:
         mixed_hws: list[int] | None = None
@@ -384,12 +377,57 @@ def solve_uneven(
         strong[idx] = strong_bounds(model, bases.take(idx), total_us[idx], modes, hw_choices=mixed_hws,
                                     supply=limits)
     n_micro = pr.training_task.global_batch / (bases.dp * bases.mbs)
+
+    def strong_prunes(j: int) -> bool:
+        """Base ``j``'s strong bound is above the thresholds of _solve_base against the incumbent (one per
+        composition: its rate); inf: no split fits in memory."""
+        if not (strong[j] == np.inf or (np.isfinite(strong[j]) and np.isfinite(best_obj))):
+            return False
+        pv = int(bases.pp[j] * bases.vpp[j])
+        extra = (n_micro[j] + int(bases.pp[j]) + 2) * 0.5
+        return bool(strong[j] == np.inf or strong[j] > max(
+            int(np.ceil((best_obj / rate - (0.0 if best_plan is not None else 0.5 / rate + extra)) * pv)) - 1
+            for _, _, rate in bounds_of(j)))
+
+    rows: dict[int, dict[str, NDArray[np.float64]]] = {}  # candidate rows built ahead (the lookahead)
+
+    def rows_of(j: int) -> None:
+        rows[j] = rows[j] if j in rows else _candidates(model, bases.take([j]), modes, jobs[j][0])
+
+    def plan_ahead() -> list[Task]:
+        """Work for the helper while CP-SAT runs (stage_overlap.Lookahead): the candidate rows of the next bases
+        the strong bound does not prune now, and the strong bounds of the bases ahead still below the incumbent."""
+        ahead = order[pos + 1 :]
+        ahead = ahead[lb[ahead] < best_obj]
+        missing = ahead[np.isnan(strong[ahead])]
+        # chunks of one pp each (strong_bounds' fixed cost is per pp), nearest first
+        chunks = [c for pp in np.unique(bases.pp[missing]).tolist() for part in [missing[bases.pp[missing] == pp]]
+                  for c in np.split(part, np.arange(OVERLAP_CHUNKS[1], len(part), OVERLAP_CHUNKS[1]))]
+        rank = {int(j): i for i, j in enumerate(missing)}
+        tasks: list[Task] = [functools.partial(fill_strong, c) for c in
+                             sorted(chunks, key=lambda c: rank[int(c[0])])[: OVERLAP_CHUNKS[2]]]
+        known = [int(j) for j in ahead[~np.isnan(strong[ahead])][: 4 * NEXT_ROWS]]
+        nxt = [j for j in known if not strong_prunes(j)][:NEXT_ROWS]
+        return [functools.partial(rows_of, j) for j in nxt] + tasks
+
+    lookahead = Lookahead(plan_ahead if overlap else None)
     best_plan, best_obj, best_us, exact, solved, booleans = None, float(incumbent), None, True, 0, 0
     pruned, out_of_time = 0, False
     open_bound = np.inf  # lowest lower bound of the bases / compositions not solved to optimality
     proofs = SplitProofs()  # lower bounds proven on row sets, reused by later bases (stage_split_bound.py)
-    resolve: tuple[PlanArrays, tuple[dict[str, NDArray[np.float64]], int, int, float], list[tuple[list[int], int]],
-                   dict[int, int] | None, int, int | None] | None = None
+    Resolve = tuple[PlanArrays, tuple[dict[str, NDArray[np.float64]], int, int, float], list[tuple[list[int], int]],
+                    dict[int, int] | None, int, int | None]
+    resolve: Resolve | None = None
+
+    def solve_again(r: Resolve, run: StoppableRun | None = None) -> tuple[str, float | None, list[int], int]:
+        """``r``'s model solved again, without a hint."""
+        _, args, supply, counts, vpp, cap = r
+        return _solve_base(*args, opts.with_time_limit(time_limit_s - (time.perf_counter() - t0)), supply, counts,
+                           vpp=vpp, cap=cap, run=run)
+
+    again: Deferred[tuple[str, float | None, list[int], int]] | None = None  # the re-solve of ``resolve``, ...
+    stop_again: StoppableRun | None = None  # ... and how it is stopped
+    since_best = 0  # models examined (_solve_base) since the best plan was found
     for pos, j in enumerate(order):
         if lb[j] >= best_obj:
             pruned += len(order) - pos
@@ -398,19 +436,13 @@ def solve_uneven(
             ahead = order[pos : pos + chunk]
             fill_strong(ahead[(lb[ahead] < best_obj) & np.isnan(strong[ahead])])
             chunk = len(order)
-        if strong[j] == np.inf or (np.isfinite(strong[j]) and np.isfinite(best_obj)):
-            # the thresholds of _solve_base (one per composition: its rate); inf: no split fits in memory
-            pv = int(bases.pp[j] * bases.vpp[j])
-            extra = (n_micro[j] + int(bases.pp[j]) + 2) * 0.5
-            if strong[j] == np.inf or strong[j] > max(
-                int(np.ceil((best_obj / rate - (0.0 if best_plan is not None else 0.5 / rate + extra)) * pv)) - 1
-                for _, _, rate in bounds_of(int(j))
-            ):
-                pruned += 1
-                continue
+        if strong_prunes(int(j)):
+            pruned += 1
+            continue
         base = bases.take([int(j)])
         hws, supply, _ = jobs[int(j)]
-        cand = _candidates(model, base, modes, hws)
+        rows_of(int(j))  # built ahead, or now
+        cand = rows.pop(int(j))
         for bound, counts, rate in bounds_of(int(j)):
             if bound >= best_obj:
                 break
@@ -428,7 +460,8 @@ def solve_uneven(
             cap = step_lims.max_objective(pv, hourly) if step_lims.active else None
             args = (cand, int(base.pp[0]), model.workload.layers, best_obj / rate - margin_us)
             status, step_us, chosen, nb = _solve_base(*args, opts.with_time_limit(remaining), supply, counts,
-                                                      vpp=int(base.vpp[0]), cap=cap, proofs=proofs)
+                                                      vpp=int(base.vpp[0]), cap=cap, proofs=proofs,
+                                                      lookahead=lookahead)
             solved += 1
             booleans = max(booleans, nb)
             if status in ("unknown", "feasible"):
@@ -439,14 +472,21 @@ def solve_uneven(
                 # a hint may lead CP-SAT to another split of the same optimum: the model is solved again without
                 # it, if this plan stays the best, so that the split returned is the one the model alone gives
                 resolve = (base, args, supply, counts, int(base.vpp[0]), cap) if proofs.hinted else None
+                if stop_again is not None:  # the re-solve of the previous best is no longer needed
+                    stop_again.stop()
+                again, stop_again, since_best = None, None, 0
+            else:  # no better plan
+                since_best += 1
+            if overlap and resolve is not None and again is None and since_best >= RESOLVE_AFTER:
+                # overlapping: the re-solve starts now, on its own thread, while the search goes on
+                stop_again = StoppableRun()
+                again = Deferred(functools.partial(solve_again, resolve, stop_again))
         if out_of_time:
             break
     if resolve is not None and time_limit_s > time.perf_counter() - t0:
-        base, args, supply, counts, vpp, cap = resolve
-        status, step_us, chosen, _ = _solve_base(*args, opts.with_time_limit(time_limit_s - (time.perf_counter() - t0)),
-                                                 supply, counts, vpp=vpp, cap=cap)
+        status, step_us, chosen, _ = again.result() if again is not None else solve_again(resolve)
         if status == "optimal" and step_us == best_us:
-            best_plan = _plan(model, base, args[0], chosen)
+            best_plan = _plan(model, resolve[0], resolve[1][0], chosen)
     status = (
         ("optimal" if exact else "feasible")
         if best_plan is not None
