@@ -33,7 +33,7 @@ T = TypeVar("T")
 
 # how stages.solve_uneven overlaps its CP-SAT runs
 OVERLAP = True  # CP-SAT runs overlapped with the search's own work (stage_overlap.py); False: one thread
-OVERLAP_CHUNKS = (16, 24, 4)
+OVERLAP_CHUNKS = (8, 24, 4)  # strong bounds first for this many bases (one pp: ~8 ms), then in the background
 # in chunks of this many (one pp each), at most this many chunks per CP-SAT run (about as long as a run)
 NEXT_ROWS = 2  # bases ahead whose candidate rows are built in the background
 # the unhinted re-solve of the best plan starts once this many models after it did not improve it
