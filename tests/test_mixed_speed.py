@@ -103,3 +103,11 @@ def test_leading_direct_equals_bisection(monkeypatch: pytest.MonkeyPatch, within
         monkeypatch.setattr(stage_bounds, "DIRECT_LEADING", 0)
         assert np.array_equal(direct, stage_bounds._leading(a, tau, within=within))
         monkeypatch.undo()
+
+
+def test_prefetch_finds_every_extension_cp_model_imports() -> None:
+    from madmax_opt.search import ortools_import as oi
+
+    paths = [oi._helper_path(m) for m in oi.EXTENSIONS]
+    assert all(p is not None and p.is_file() and p.name.startswith(m.rsplit(".", 1)[1])
+               for p, m in zip(paths, oi.EXTENSIONS, strict=True))
