@@ -111,3 +111,34 @@ def test_prefetch_finds_every_extension_cp_model_imports() -> None:
     paths = [oi._helper_path(m) for m in oi.EXTENSIONS]
     assert all(p is not None and p.is_file() and p.name.startswith(m.rsplit(".", 1)[1])
                for p, m in zip(paths, oi.EXTENSIONS, strict=True))
+
+
+def _least_max_by_bisection(g: np.ndarray, layers: int, weight: np.ndarray | None = None) -> np.ndarray:
+    """stage_bounds.least_max as it was (a bisection over tau of its three conditions): the reference."""
+    w = np.ones(g.shape[1]) if weight is None else np.asarray(weight, dtype=np.float64)
+    suffix = np.minimum.accumulate(g[..., ::-1], axis=2)[..., ::-1]
+    prefix = np.minimum.accumulate(g, axis=2)
+
+    def fits(tau: np.ndarray) -> np.ndarray:
+        most = stage_bounds._leading(suffix, tau, within=True) - 1
+        fewest = stage_bounds._leading(prefix, tau, within=False)
+        has = np.all((most >= 0) | (w == 0), axis=1)
+        return has & (most @ w >= layers) & (fewest @ w <= layers)
+
+    return stage_bounds._bisect(g.reshape(len(g), -1), fits)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_least_max_thresholds_equal_bisection(seed: int) -> None:
+    """Random integer stage rows with gaps (inf), stages weighted like strong_bounds' kinds (1, p - 2, 1; p = 2:
+    a middle weight of 0) or alike: the thresholds give the bisection's tau, inf included."""
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        items, stages, layers = int(rng.integers(1, 6)), int(rng.integers(1, 5)), int(rng.integers(2, 12))
+        g = rng.integers(0, 30, (items, stages, layers + 1)).astype(np.float64)
+        g[rng.random(g.shape) < rng.choice([0.1, 0.5, 0.9])] = np.inf
+        g[:, :, 0] = np.inf  # no row of 0 layers
+        weight = None
+        if stages == 3 and rng.random() < 0.7:
+            weight = np.array([1.0, float(rng.integers(0, 6)), 1.0])
+        assert np.array_equal(stage_bounds.least_max(g, layers, weight), _least_max_by_bisection(g, layers, weight))

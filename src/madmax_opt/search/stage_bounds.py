@@ -123,18 +123,31 @@ def shape_rows(model: Model, shapes: PlanArrays, modes: list[int]) -> ShapeRows:
 def least_max(g: Arr, layers: int, weight: Arr | None = None) -> Arr:
     """Per item (axis 0): the least tau such that every stage (axis 1, ``weight`` stages alike) has a row (axis 2:
     layers 0..L, inf where none) <= tau and those rows can make up ``layers``: sum_s max n_s >= layers >= sum_s
-    min n_s; inf when no tau can. ``g`` holds integers (rounded microseconds)."""
+    min n_s; inf when no tau can. ``g`` holds integers (rounded microseconds).
+
+    Each condition holds from a threshold on, read off the sorted rows (no search over tau): with most_s(tau) + 1 the
+    count of entries <= tau of the suffix minima of stage s (nondecreasing), sum_s w_s most_s >= layers holds once
+    the entries <= tau weigh layers + sum_s w_s; with fewest_s(tau) the count of prefix minima > tau, sum_s w_s
+    fewest_s <= layers once the entries <= tau weigh (L + 1) sum_s w_s - layers; a row within tau on every stage of
+    nonzero weight from the largest of the stages' least rows. The least tau is the largest threshold (each an
+    entry of ``g``), inf where one is."""
     w = np.ones(g.shape[1]) if weight is None else np.asarray(weight, dtype=np.float64)
     suffix = np.minimum.accumulate(g[..., ::-1], axis=2)[..., ::-1]  # nondecreasing: most layers within tau
     prefix = np.minimum.accumulate(g, axis=2)  # nonincreasing: fewest layers within tau
+    entry_w = np.repeat(w, g.shape[2])  # the weight of each entry of a flattened item (its stage's)
 
-    def fits(tau: Arr) -> Arr:
-        most = _leading(suffix, tau, within=True) - 1  # -1: no row within tau
-        fewest = _leading(prefix, tau, within=False)
-        has = np.all((most >= 0) | (w == 0), axis=1)
-        return has & (most @ w >= layers) & (fewest @ w <= layers)
+    def threshold(a: Arr, need: float) -> Arr:
+        """Per item: the least entry v of ``a`` such that the entries <= v weigh at least ``need`` (inf: none)."""
+        flat = a.reshape(len(a), -1)
+        order = np.argsort(flat, axis=1, kind="stable")
+        values = np.take_along_axis(flat, order, axis=1)
+        reached = np.cumsum(entry_w[order], axis=1) >= need
+        return np.where(reached[:, -1], values[np.arange(len(a)), np.argmax(reached, axis=1)], np.inf)
 
-    return _bisect(g.reshape(len(g), -1), fits)
+    total = float(w.sum())
+    least_row = np.where(w[None, :] != 0, g.min(axis=2), -np.inf).max(axis=1)  # every weighted stage has a row
+    return np.maximum.reduce([threshold(suffix, layers + total), threshold(prefix, g.shape[2] * total - layers),
+                              least_row])
 
 
 def _leading(a: Arr, tau: Arr, *, within: bool) -> IntArr:
