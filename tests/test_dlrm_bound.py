@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -161,3 +162,18 @@ def test_dlrm_i_prunes_96_gpus() -> None:
     assert row["status"] == "pruned" and row["feasible"] and row["step_time_s"] is not None
     assert result["best"]["step_time_s"] < row["step_time_floor_s"] <= row["step_time_s"]
     assert rows["zionexx128"]["status"] == "optimal"
+
+
+def test_solve_prints_each_option_and_how_it_was_settled() -> None:
+    """The human output of a DLRM problem with several options lists each, the pruned one with its floor (the
+    same floats as --json, printed in ms)."""
+    from cli_helpers import run_main
+
+    path = str(ROOT / "problems" / "dlrm" / "dlrm-i-zionex.yaml")
+    shown = run_main("solve", path)
+    assert shown.returncode == 0, shown.stderr
+    rows = {o["hardware"]: o for o in json.loads(run_main("solve", path, "--json").stdout)["options"]}
+    text = " ".join(shown.stdout.split())
+    assert "best plan per hardware option" in text and "optimal (best)" in text
+    assert f"pruned: >= {rows['zionexx96']['step_time_floor_s'] * 1e3:,.2f} ms per step" in text
+    assert f"{rows['zionexx96']['step_time_s'] * 1e3:,.2f}" in text

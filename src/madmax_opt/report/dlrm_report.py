@@ -81,8 +81,34 @@ def record_table(rec: DLRMRecord, title: str) -> Table:
     return t
 
 
+def options_table(result: dict[str, Any]) -> Table:
+    """Every hardware option of the problem: its best plan's step time and throughput, how it was settled (optimal;
+    pruned: its floor is above the best plan, so its placement got no proof and its optimum lies between the floor
+    and the step time shown), or why it has no plan."""
+    t = Table(title=f"best plan per hardware option (objective: {result['objective']})", header_style="bold")
+    for col, right in (("hardware", False), ("step ms", True), ("samples/s", True), ("settled", False)):
+        t.add_column(col, justify="right" if right else "left", no_wrap=right)
+    best = result["best"]["hardware"]
+    for o in result["options"]:
+        step = "-" if o["step_time_s"] is None else f"{o['step_time_s'] * MS:,.2f}"
+        rate = "-" if o["samples_per_s"] is None else f"{o['samples_per_s']:,.0f}"
+        if o["status"] == "pruned":
+            how = f"pruned: >= {o['step_time_floor_s'] * MS:,.2f} ms per step, worse than the best"
+        elif not o["feasible"]:
+            how = f"[red]none[/red]: {o['reason']}"
+        else:
+            how = o["status"]
+        if o["hardware"] == f"{best['system']}x{best['gpus']}":
+            how += " (best)"
+        t.add_row(o["hardware"], step, rate, how)
+    return t
+
+
 def print_result(result: dict[str, Any], console: Console) -> None:
-    """The tables of ``solve`` on a recommender problem: best plan, baseline, speedup."""
+    """The tables of ``solve`` on a recommender problem: each hardware option (when several), best plan,
+    baseline, speedup."""
+    if len(result["options"]) > 1:
+        console.print(options_table(result))
     console.print(record_table(result["best"], "best plan"))
     if result["baseline"]:
         console.print(record_table(result["baseline"], "baseline"))
