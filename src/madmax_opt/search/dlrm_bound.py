@@ -23,8 +23,6 @@ ignored (a lower bound still)."""
 
 from __future__ import annotations
 
-from itertools import combinations
-
 import numpy as np
 
 from madmax_opt.core.numeric import Arr, IntArr
@@ -39,7 +37,7 @@ from madmax_opt.model.dlrm_embedding import (
     EmbeddingOptions,
 )
 from madmax_opt.model.dlrm_spec import DLRMStack, DLRMTask
-from madmax_opt.search.placement_bound import term_totals
+from madmax_opt.search.placement_bound import cheapest_sums, table_shards, term_totals
 
 COMPONENTS = ("lf", "lb", "cin", "cout", "dp")
 _COMPONENT_OF = {**{c: "cin" for c in INPUT_COLLECTIVES}, **{c: "cout" for c in OUTPUT_COLLECTIVES},
@@ -78,30 +76,19 @@ def _add(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
 def averaging_bounds(opts: EmbeddingOptions, lay: Layout, weights: Arr) -> dict[frozenset[str], Arr]:
     """Per set U of shardings that can hold every group: (forms,) lower bounds on weights . components of every
     placement that uses exactly U (the module docstring's averaging bound; the best of a few lane choices)."""
-    totals = term_totals(opts.coef, opts.options, lay).astype(np.float64)  # (options, terms) per shard
-    shards = np.array([o.split if o.located == "gpu" else 1 for o in opts.options], dtype=np.float64)
-    per_table = totals * shards[:, None]
-    kinds = sorted({o.sharding for o in opts.options})
-    kind = np.array([o.sharding for o in opts.options])
-    members = [np.flatnonzero([o.group == j for o in opts.options]) for j in range(len(opts.counts))]
-    counts = np.array(opts.counts, dtype=np.float64)
+    per_table = term_totals(opts.coef, opts.options, lay).astype(np.float64) * table_shards(opts.options)[:, None]
     widest = max(len(lanes) for lanes in COLLECTIVE_LANES.values())
     # (options, lane choices, forms): what one table of each option adds to the sums, lane k of every collective
     # (its last where it has fewer): each choice gives a valid bound, the best is kept
     cost = np.stack([np.stack([per_table[:, cols].sum(axis=1) for cols in _term_columns(k)], axis=1) @ weights.T
                      for k in range(widest)], axis=1)
     out: dict[frozenset[str], Arr] = {}
-    for r in range(1, len(kinds) + 1):
-        for used in combinations(kinds, r):
-            in_u = np.isin(kind, used)
-            if not all(in_u[m].any() for m in members):
-                continue  # some group has no option of U
-            latency = np.zeros(len(COMPONENTS))
-            for c, comp in _COMPONENT_OF.items():
-                if COLLECTIVE_KIND[c] in used:
-                    latency[COMPONENTS.index(comp)] += opts.latency_s.get(c, 0.0)
-            mins = np.stack([cost[m[in_u[m]]].min(axis=0) for m in members])  # (groups, lanes, forms)
-            out[frozenset(used)] = (weights @ latency + np.tensordot(counts, mins, axes=1) / lay.gpus).max(axis=0)
+    for used, least in cheapest_sums(opts.options, opts.counts, cost):  # least: (lanes, forms)
+        latency = np.zeros(len(COMPONENTS))
+        for c, comp in _COMPONENT_OF.items():
+            if COLLECTIVE_KIND[c] in used:
+                latency[COMPONENTS.index(comp)] += opts.latency_s.get(c, 0.0)
+        out[frozenset(used)] = (weights @ latency + least / lay.gpus).max(axis=0)
     return out
 
 

@@ -138,20 +138,25 @@ def _record(problem: DLRMProblem, hw: int, lay: Layout, opts: EmbeddingOptions, 
     return rec
 
 
+def _option_rates(problem: DLRMProblem, hw: int, seconds_per_sample: float) -> Rates:
+    """The objective registry's inputs for a plan on option ``hw`` (model/objectives.py; the unit of work is a
+    sample)."""
+    opt = problem.hardware[hw]
+    return uniform_rates(np.array([seconds_per_sample]), [opt.system], np.zeros(1, dtype=np.int64),
+                         np.array([float(opt.gpus)]), problem.task.train_samples)
+
+
 def objective_of_step(problem: DLRMProblem, hw: int, step_s: float) -> float:
     """The objective's value (the registry's unit) of a plan on option ``hw`` that takes ``step_s`` per step."""
-    opt = problem.hardware[hw]
-    rates = uniform_rates(np.array([step_s / problem.task.global_batch]), [opt.system], np.zeros(1, dtype=np.int64),
-                          np.array([float(opt.gpus)]), problem.task.train_samples)
-    return float(objective_values(problem.objective, rates)[0])
+    return float(objective_values(problem.objective,
+                                  _option_rates(problem, hw, step_s / problem.task.global_batch))[0])
 
 
 def _rates(problem: DLRMProblem, rec: DLRMRecord) -> Rates:
-    """The objective registry's inputs for one record (model/objectives.py; the unit of work is a sample)."""
-    opt = next(o for o in problem.hardware
-               if o.system.name == rec["hardware"]["system"] and o.gpus == rec["hardware"]["gpus"])
-    return uniform_rates(np.array([1.0 / rec["samples_per_s"]]), [opt.system], np.zeros(1, dtype=np.int64),
-                         np.array([float(opt.gpus)]), problem.task.train_samples)
+    """The registry's inputs for one record."""
+    hw = next(i for i, o in enumerate(problem.hardware)
+              if o.system.name == rec["hardware"]["system"] and o.gpus == rec["hardware"]["gpus"])
+    return _option_rates(problem, hw, 1.0 / rec["samples_per_s"])
 
 
 def objective_value(problem: DLRMProblem, rec: DLRMRecord) -> float:

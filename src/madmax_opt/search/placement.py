@@ -366,22 +366,23 @@ def solve_placement(
     greedy = greedy_placement(it)
     greedy_obj = int_objective(it, greedy)[0] if greedy is not None else None
     wants_model = opts.export_model is not None or bool(opts.params)  # --export-model / --solver-params: CP-SAT
-    if greedy is not None and greedy_obj is not None and not wants_model and lower_bound(it, greedy) >= greedy_obj:
-        # the averaging bound (search/placement_bound.py) proves the greedy plan optimal: no CP-SAT model
-        return PlacementResult(shards=greedy, status="optimal", objective=greedy_obj, bound=float(greedy_obj),
-                               wall_s=time.perf_counter() - t0, variables=model_variables(it), greedy=greedy,
-                               greedy_objective=greedy_obj, proved_by="bound")
+    floor = lower_bound(it, greedy) if greedy is not None else 0  # the averaging bound (search/placement_bound.py)
+
+    def without_model(plan: tuple[int, ShardArrays]) -> PlacementResult:
+        """``plan`` (objective, shards) as the result, optimal where the averaging bound reaches it."""
+        proven = floor >= plan[0]
+        return PlacementResult(shards=plan[1], status="optimal" if proven else "feasible", objective=plan[0],
+                               bound=float(min(floor, plan[0])), wall_s=time.perf_counter() - t0,
+                               variables=model_variables(it), greedy=greedy, greedy_objective=greedy_obj,
+                               proved_by="bound" if proven else "none")
+
+    if greedy is not None and greedy_obj is not None and not wants_model and floor >= greedy_obj:
+        return without_model((greedy_obj, greedy))  # the bound proves the greedy plan optimal: no CP-SAT model
     start: tuple[int, ShardArrays] | None = None
     if greedy is not None and greedy_obj is not None:  # the first hint: greedy, or a better start for big groups
         start = improved_hint(it, greedy_obj, greedy_placement) or (greedy_obj, greedy)
     if not build_model:
-        if start is None:
-            return None
-        floor = lower_bound(it, greedy)
-        return PlacementResult(shards=start[1], status="optimal" if floor >= start[0] else "feasible",
-                               objective=start[0], bound=float(min(floor, start[0])), wall_s=time.perf_counter() - t0,
-                               variables=model_variables(it), greedy=greedy, greedy_objective=greedy_obj,
-                               proved_by="bound" if floor >= start[0] else "none")
+        return None if start is None else without_model(start)
     load_cp_model()  # without pandas (search/ortools_import.py); only where a model is built
     from ortools.sat.python import cp_model
 

@@ -17,6 +17,7 @@ when the greedy plan loads every GPU alike (identical tables dealt evenly) and t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import combinations
 from typing import Any
 
@@ -62,6 +63,26 @@ def _lanes(totals: IntArr, greedy_loads: IntArr | None) -> dict[str, int]:
     return out
 
 
+def table_shards(options: tuple[ShardOption, ...]) -> IntArr:
+    """Shards per table of each option: its split where GPU-located (column shards), else 1."""
+    return np.array([o.split if o.located == "gpu" else 1 for o in options], dtype=np.int64)
+
+
+def cheapest_sums(options: tuple[ShardOption, ...], counts: tuple[int, ...],
+                  cost: NDArray[Any]) -> Iterator[tuple[tuple[str, ...], NDArray[Any]]]:
+    """Per set U of the options' shardings that holds every group (each group has an option of U): U and the sum
+    over tables of the least ``cost`` (per table, (options, ...)) among U's options of the table's group."""
+    kind = np.array([o.sharding for o in options])
+    members = [np.flatnonzero([o.group == j for o in options]) for j in range(len(counts))]
+    kinds = sorted({o.sharding for o in options})
+    tables = np.asarray(counts, dtype=cost.dtype)
+    for r in range(1, len(kinds) + 1):
+        for used in combinations(kinds, r):
+            in_u = np.isin(kind, used)
+            if all(in_u[m].any() for m in members):
+                yield used, np.tensordot(tables, np.stack([cost[m[in_u[m]]].min(axis=0) for m in members]), axes=1)
+
+
 def lower_bound(it: IntTables, greedy: ShardArrays | None = None) -> int:
     """A lower bound (ns) on the integer objective of every placement (memory ignored: still a lower bound)."""
     opts, n = it.opts, it.layout.gpus
@@ -71,22 +92,12 @@ def lower_bound(it: IntTables, greedy: ShardArrays | None = None) -> int:
     loads = per_gpu_terms(it.coef, opts.options, greedy, it.layout) if greedy is not None else None
     lane = _lanes(totals, loads)
     per_shard = sum(it.weights[p] * totals[:, t] for p, t in lane.items())  # (options,) integers
-    shards = np.array([o.split if o.located == "gpu" else 1 for o in opts.options], dtype=np.int64)
-    cost = per_shard * shards  # per table of each option
-    kinds = sorted({o.sharding for o in opts.options})
+    cost = per_shard * table_shards(opts.options)  # per table of each option
     best: int | None = None
-    for r in range(1, len(kinds) + 1):
-        for used in combinations(kinds, r):
-            lat = sum(it.weights[c] * it.latency[c] for c in COLLECTIVE_LANES if COLLECTIVE_KIND[c] in used)
-            lin = 0
-            for j, count in enumerate(opts.counts):
-                mine = [int(cost[o]) for o, opt in enumerate(opts.options) if opt.group == j and opt.sharding in used]
-                if not mine:
-                    break
-                lin += count * min(mine)
-            else:
-                value = lat + -(-lin // n)  # ceil(lin / n): the objective is an integer
-                best = value if best is None else min(best, value)
+    for used, lin in cheapest_sums(opts.options, opts.counts, cost):
+        lat = sum(it.weights[c] * it.latency[c] for c in COLLECTIVE_LANES if COLLECTIVE_KIND[c] in used)
+        value = lat + -(-int(lin) // n)  # ceil(lin / n): the objective is an integer
+        best = value if best is None else min(best, value)
     return 0 if best is None else best
 
 
