@@ -68,3 +68,9 @@ def candidates(
         "opt_us": np.rint(full(sc.optimizer_s) * US)[fits],
         "n_micro": lc.n_micro.ravel()[:1],
     }
+
+
+def rounding_us(n_micro: float, pp: int) -> float:
+    """How far the rows' rounding (each time to 1 us) can move a plan's step time, us: each stage time enters
+    m + (p - 1) times, the DP sync and the optimizer once, each off by at most 0.5 us."""
+    return (n_micro + pp + 2) * 0.5

@@ -75,6 +75,7 @@ from madmax_opt.search.stage_overlap import (
     Task,
 )
 from madmax_opt.search.stage_rows import candidates as _candidates
+from madmax_opt.search.stage_rows import rounding_us
 from madmax_opt.search.stage_split_bound import SplitProofs
 
 STRONG_CHUNK = 128  # bases whose strong bound is computed first (then all the others still below the incumbent)
@@ -96,8 +97,7 @@ class UnevenResult:
     best_bound: float | None = None  # proven lower bound on the objective of every uneven plan (same units)
 
     def tolerance_s(self, n_micro: float, pp: int) -> float:
-        """Rounding bound: each stage time rounded to 1 us enters m + (p-1) times, dp and optimizer once."""
-        return (n_micro + pp + 2) * 0.5 / US
+        return rounding_us(n_micro, pp) / US  # the rows' rounding (stage_rows.py), in seconds
 
 
 def _bases(model: Model) -> PlanArrays:
@@ -383,8 +383,7 @@ def solve_uneven(
         composition: its rate); inf: no split fits in memory."""
         if not (strong[j] == np.inf or (np.isfinite(strong[j]) and np.isfinite(best_obj))):
             return False
-        pv = int(bases.pp[j] * bases.vpp[j])
-        extra = (n_micro[j] + int(bases.pp[j]) + 2) * 0.5
+        pv, extra = int(bases.pp[j] * bases.vpp[j]), rounding_us(n_micro[j], int(bases.pp[j]))
         return bool(strong[j] == np.inf or strong[j] > max(
             int(np.ceil((best_obj / rate - (0.0 if best_plan is not None else 0.5 / rate + extra)) * pv)) - 1
             for _, _, rate in bounds_of(j)))
@@ -452,8 +451,8 @@ def solve_uneven(
                 open_bound = min(open_bound, float(lb[j]))  # later bases (sorted) and compositions bound >= lb[j]
                 break
             # against the uniform incumbent (rounded once), an uneven plan must win beyond both roundings
-            margin_us = 0.0 if best_plan is not None else 0.5 / rate + (float(cand["n_micro"][0]) + int(base.pp[0])
-                                                                          + 2) * 0.5
+            margin_us = 0.0 if best_plan is not None else 0.5 / rate + rounding_us(float(cand["n_micro"][0]),
+                                                                                    int(base.pp[0]))
             pv, hourly = int(base.pp[0] * base.vpp[0]), usd_per_hour(model, base, hws, counts)
             if not step_lims.deployment_ok(int(base.gpus[0]), hourly):
                 continue  # over max_gpus or max_cost_per_hour: no plan of this composition is admissible
