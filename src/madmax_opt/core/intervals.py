@@ -31,6 +31,12 @@ from madmax_opt.core.numeric import Arr
 
 COVERAGE = 0.80  # the interval every record carries
 MIN_RUNS = 4  # fewer residuals than this give no interval of their own (the caller pools)
+TARGET = (0.75, 0.85)  # issue 24: the 80 % interval should cover 75-85 % of the runs left out
+
+
+def within_target(coverage: float) -> bool:
+    """Whether a measured coverage lies in TARGET."""
+    return TARGET[0] <= coverage <= TARGET[1]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,14 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from madmax_opt.core.intervals import COVERAGE, MIN_RUNS, Interval, from_residuals, loso_coverage
+from madmax_opt.core.intervals import (
+    COVERAGE,
+    MIN_RUNS,
+    Interval,
+    from_residuals,
+    loso_coverage,
+    within_target,
+)
 from madmax_opt.studies import fit as fit_mod
 from madmax_opt.studies.validation_modern import LEVELS, ModernSummary, family_of
 
@@ -129,7 +136,7 @@ def coverage_lines(s: ModernSummary) -> list[str]:
         iv = g.interval
         cov, n = g.coverage
         span = "-" if iv is None else f"{iv.lo:.3f} - {iv.hi:.3f}"
-        verdict = "-" if np.isnan(cov) else ("pass" if 0.75 <= cov <= 0.85 else "**outside 75-85 %**")
+        verdict = "-" if np.isnan(cov) else ("pass" if within_target(cov) else "**outside 75-85 %**")
         note = "" if g.own or fam == POOLED else " (priced with the pooled row)"
         covered = "- (one source)" if np.isnan(cov) else f"{100 * cov:.1f} % of {n}"
         lines.append(f"| {fam} | {level}{note} | {len(g.residuals)} | {len(set(g.sources))} | {span} "

@@ -75,7 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from madmax_opt.core.intervals import COVERAGE, Interval, from_clusters, held_out_coverage
+from madmax_opt.core.intervals import COVERAGE, Interval, from_clusters, held_out_coverage, within_target
 from madmax_opt.core.numeric import Arr
 from madmax_opt.model.serving_calibration import (
     INTERVAL_LEVELS,
@@ -236,18 +236,14 @@ def coverage_lines(ev: Evaluation) -> list[str]:
             continue
         cov = "- (one source)" if f.coverage is None else f"{100 * f.coverage:.1f} % of {f.coverage_runs}"
         group = "-" if f.group_coverage is None else f"{100 * f.group_coverage:.1f} %"
-        verdict = ("-" if f.coverage is None else "pass" if _within(f.coverage) else "**outside 75-85 %**")
+        verdict = ("-" if f.coverage is None else "pass" if within_target(f.coverage) else "**outside 75-85 %**")
         lines.append(f"| {level} | {metric} | {own} / {f.runs} | {sources} / {cells} | {f.lo:.3f} - {f.hi:.3f} "
                      f"| {f.held_out_by} | {cov} | {group} | {verdict} |")
         misses += [f"{level} / {metric} {name} ({100 * c:.1f} %)" for name, c in
                    (("leave one source out", f.coverage), ("by held-out group", f.group_coverage))
-                   if c is not None and not _within(c)]
+                   if c is not None and not within_target(c)]
     lines += ["", f"Outside 75-85 %: {'; '.join(misses)}." if misses else "Every coverage within 75-85 %."]
     return lines
-
-
-def _within(coverage: float) -> bool:
-    return 0.75 <= coverage <= 0.85
 
 
 def coverage_summary(ev: Evaluation) -> list[str]:
