@@ -1,11 +1,9 @@
-"""Issue 26, the mixed-pipeline example under 0.5 s: CP-SAT runs overlapped with the uneven search's own work
-(search/stage_overlap.py) and the direct count of stage_bounds._leading on small arrays change no result: the same
-plan, step time, counters and bounds as the search on one thread, and the same counts as the bisection."""
+"""Issue 26, the mixed-pipeline example fast: the uneven search's two passes (the first without CP-SAT, its dynamic
+programme's splits as incumbents; stages.DEFER) and the direct count of stage_bounds._leading on small arrays change
+no optimum: the same objective and bound as the one-pass search, which solves every model it meets with CP-SAT."""
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,79 +14,52 @@ import yaml
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.search import stage_bounds, stages
 from madmax_opt.search.solver import solve_records
-from madmax_opt.search.stage_overlap import Deferred, Lookahead
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "problems" / "gpt3-175b-mixed-pipeline.yaml"
 
 
-def _summary(data: dict[str, Any]) -> tuple[Any, ...]:
+def _outcome(data: dict[str, Any], monkeypatch: pytest.MonkeyPatch, defer: bool) -> tuple[Any, list[int], Any]:
+    """(solve outcome, one entry per CP-SAT model solved, the best record) with ``stages.DEFER`` = ``defer``."""
+    calls: list[int] = []
+    real = stages.cpsat_run
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stages, "cpsat_run", counted)
+    monkeypatch.setattr(stages, "DEFER", defer)
     out, rec = solve_records(problem_from_dict(data))
-    u = out.uneven
-    assert u is not None
-    return (rec[0]["plan"], rec[0]["step_time_s"], u.step_us, u.status, u.bases_solved, u.bases_pruned, u.booleans,
-            u.objective, u.best_bound, out.objective, out.best_bound)
+    monkeypatch.undo()
+    return out, calls, rec[0]
 
 
-@pytest.mark.parametrize("resolve_after", [0, stages.RESOLVE_AFTER])
-def test_overlap_changes_no_result(monkeypatch: pytest.MonkeyPatch, resolve_after: int) -> None:
-    """The example (three improving CP-SAT models and a re-solve): overlapped (the re-solve deferred at once, so
-    that earlier re-solves are stopped, or after RESOLVE_AFTER models) = on one thread, counters included."""
+def test_two_passes_find_the_one_pass_optimum_with_one_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example: the one-pass search solves 4 CP-SAT models (3 improving plans, then a proof); the two-pass search
+    reaches the same optimum by its dynamic programmes alone and solves one model (a proof)."""
     data = yaml.safe_load(EXAMPLE.read_text())
-    monkeypatch.setattr(stages, "RESOLVE_AFTER", resolve_after)
-    started: list[str] = []
-    real = threading.Thread.start
-
-    def start(self: threading.Thread) -> None:
-        started.append(self.name)
-        real(self)
-
-    monkeypatch.setattr(threading.Thread, "start", start)
-    overlapped = _summary(data)
-    assert "uneven-lookahead" in started and "uneven-deferred" in started
-    monkeypatch.setattr(stages, "OVERLAP", False)
-    started.clear()
-    assert _summary(data) == overlapped
-    assert "uneven-lookahead" not in started and "uneven-deferred" not in started
+    two, two_calls, two_rec = _outcome(data, monkeypatch, True)
+    one, one_calls, one_rec = _outcome(data, monkeypatch, False)
+    assert two.uneven.status == one.uneven.status == "optimal"
+    assert two.objective == one.objective and two.best_bound == one.best_bound
+    assert len(two_calls) == 1 and len(one_calls) == 4
+    # equal objectives, to the microsecond rounding of the rows (stage_rows.rounding_us)
+    tol = two.uneven.tolerance_s(512 / (two_rec["plan"]["dp"] * two_rec["plan"]["mbs"]), two_rec["plan"]["pp"])
+    assert abs(two_rec["step_time_s"] - one_rec["step_time_s"]) <= 2 * tol
 
 
-def test_lookahead_runs_tasks_during_and_stops_between_them() -> None:
-    done: list[int] = []
+@pytest.mark.parametrize("objective", ["throughput", "cost"])
+def test_two_passes_equal_one_pass_on_small_mixed_problems(monkeypatch: pytest.MonkeyPatch, objective: str) -> None:
+    """Three small mixed problems (tests/test_mixed_bounds.py), throughput and cost (a CP-SAT model per composition):
+    the same objective, bound and status as the one-pass search."""
+    from tests.test_mixed_bounds import CASES
 
-    def slow(i: int) -> None:
-        time.sleep(0.02)
-        done.append(i)
-
-    look = Lookahead(lambda: [lambda i=i: slow(i) for i in range(50)])  # type: ignore[misc]
-    with look.during():
-        time.sleep(0.05)
-    count = len(done)
-    assert 1 <= count < 50 and done == list(range(count))  # in order, stopped after the one under way
-    time.sleep(0.05)
-    assert len(done) == count  # nothing runs after during() returned
-    with Lookahead(None).during():
-        pass
-
-
-def test_lookahead_task_error_is_left_to_the_search() -> None:
-    done: list[int] = []
-
-    def fail() -> None:
-        raise ValueError("computed again by the search")
-
-    with Lookahead(lambda: [fail, lambda: done.append(1)]).during():
-        time.sleep(0.01)
-    assert done == []  # the helper stopped at the error, silently
-
-
-def test_deferred_result_and_error() -> None:
-    assert Deferred(lambda: 41 + 1).result() == 42
-
-    def fail() -> int:
-        raise KeyError("x")
-
-    with pytest.raises(KeyError):
-        Deferred(fail).result()
+    for case in CASES:
+        data = {**case, "objective": objective}
+        two, _, _ = _outcome(data, monkeypatch, True)
+        one, _, _ = _outcome(data, monkeypatch, False)
+        assert (two.objective, two.best_bound, two.uneven.status) == (one.objective, one.best_bound, one.uneven.status)
 
 
 @pytest.mark.parametrize("within", [True, False])

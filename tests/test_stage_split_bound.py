@@ -75,8 +75,10 @@ def test_no_split_holds_the_layers() -> None:
 
 
 def test_mixed_pipeline_example_same_plan_with_fewer_cp_sat_models(monkeypatch: pytest.MonkeyPatch) -> None:
-    """problems/gpt3-175b-mixed-pipeline.yaml: the same plans, objective and status with the split bound and the
-    proofs reused across bases as without them, from fewer CP-SAT models (13 before issue 26's change)."""
+    """problems/gpt3-175b-mixed-pipeline.yaml: the same objective and status with the split bound and the proofs
+    reused across bases as without them, from fewer CP-SAT models (13 before issue 26's change). Without the split
+    bound, the first pass finds no split of its own (its dynamic programme is the split bound's): CP-SAT finds the
+    incumbents, and may return another split of the same objective."""
     problem = load_problem(Path(__file__).resolve().parents[1] / "problems" / "gpt3-175b-mixed-pipeline.yaml")
 
     def run() -> tuple[Any, list[Any], int]:
@@ -87,11 +89,10 @@ def test_mixed_pipeline_example_same_plan_with_fewer_cp_sat_models(monkeypatch: 
     fast, fast_recs, fast_models = run()
     monkeypatch.setattr(SplitProofs, "excludes", lambda *_args, **_kw: False)
     slow, slow_recs, slow_models = run()
-    assert [r["plan"] for r in fast_recs] == [r["plan"] for r in slow_recs]
+    assert [r["plan"] for r in fast_recs[1:]] == [r["plan"] for r in slow_recs[1:]]  # the best uniform plan
     assert (fast.status, fast.objective) == (slow.status, slow.objective)
     assert fast.uneven is not None and slow.uneven is not None
-    assert (fast.uneven.status, fast.uneven.objective, fast.uneven.bases_solved) == (
-        slow.uneven.status, slow.uneven.objective, slow.uneven.bases_solved)
+    assert (fast.uneven.status, fast.uneven.objective) == (slow.uneven.status, slow.uneven.objective)
     assert fast_models < slow_models
 
 

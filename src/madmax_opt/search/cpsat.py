@@ -39,6 +39,9 @@ INT_LIMIT = 2**50  # every coefficient and objective CP-SAT sees stays below thi
 # CpSolverStatus (ortools/sat/cp_model.proto: UNKNOWN 0, MODEL_INVALID 1, FEASIBLE 2, INFEASIBLE 3, OPTIMAL 4),
 # written out so that a search that builds no model imports no OR-Tools (tests/test_cpsat.py checks them)
 UNKNOWN, MODEL_INVALID, FEASIBLE, INFEASIBLE, OPTIMAL = range(5)
+# the uneven search's stage models (stages._solve_base): less presolve, no symmetry detection; measured on the
+# mixed-pipeline example: its one model (a proof of infeasibility) 36.7 -> 19.4 ms best of 5, hinted models -26 %
+STAGE_RUN: dict[str, Any] = {"max_presolve_iterations": 1, "symmetry_level": 0}
 STATUS: dict[int, str] = {OPTIMAL: "optimal", FEASIBLE: "feasible", INFEASIBLE: "infeasible", UNKNOWN: "unknown",
                           MODEL_INVALID: "model-invalid"}
 

@@ -196,7 +196,8 @@ class SolveOutcome:
         out["total_wall_s"] = self.total_wall_s if self.total_wall_s is not None else self.wall_s
         if self.uneven is not None:
             out["uneven"] = {"status": self.uneven.status, "bases_solved": self.uneven.bases_solved,
-                             "bases_pruned": self.uneven.bases_pruned, "booleans": self.uneven.booleans}
+                             "bases_pruned": self.uneven.bases_pruned, "models_solved": self.uneven.models,
+                             "booleans": self.uneven.booleans}
             out["uneven_wall_s"] = self.uneven.wall_s
         return out
 

@@ -20,18 +20,21 @@ A second bound per base (``stage_bounds.py``: memory, the layer split, DP sync a
 least over the systems a stage may use), computed for the bases ahead in chunks as the search reaches them, skips
 the bases it proves cannot improve the incumbent before their rows are built. Within a base, a bound over its own
 rows and the bounds earlier models proved (``stage_split_bound.py``) skip CP-SAT where it could only prove that
-nothing beats the incumbent. The visiting order stays the first bound's, so every base that reaches
-CP-SAT sees the same incumbent, hence builds the same model and returns the same split, as without the second bound.
+nothing beats the incumbent. The visiting order stays the first bound's, whichever bases the second bound skips.
+
+Two passes (``DEFER``): the first runs no CP-SAT. A base the bounds do not settle is left for the second pass, and
+the split bound's dynamic programme usually yields a split within the limit: when it beats the incumbent it becomes
+the incumbent at once (a plan, not yet a proof). The second pass solves the CP-SAT model of every base left, in
+visiting order, against the best plan of the first (the bounds settle most of them first); an optimum it finds
+replaces the incumbent. On the mixed-pipeline example the dynamic programme's split equals CP-SAT's optimum on 2 of
+the 3 bases where it found one (0.14 % above on the other), and one CP-SAT model (a proof of infeasibility) replaces
+the four the one-pass search solves (and the unhinted re-solve it used to add).
 
 Objectives (model/objectives.py): at fixed hardware every objective is rate x T (rate: integer objective units per
 us of step time, from the registry). A base on one hardware option has one rate, so CP-SAT minimises T under
 rate x T < incumbent. In mixed mode the rate depends on how many stages each system gets; when it does (cost,
 energy), every composition (k_1..k_H stages per system, within supply) is one CP-SAT model with those counts fixed,
 explored best-first by rate_k x bound and pruned like the bases.
-
-CP-SAT runs overlap the search's own work (``stage_overlap.py``: strong bounds and rows of the bases ahead built while
-a model is solved, the best base's unhinted re-solve on its own thread; lighter parameters for hinted runs, whose
-split is not returned): every base sees the same incumbent and model, so results and counters are unchanged.
 
 Constraints (``stage_limits.py``): min_throughput / deadline_hours and budget_usd cap p v T per base (CP-SAT
 constraint); max_gpus and max_cost_per_hour exclude a base or composition. The step time is the one linear form of
@@ -40,11 +43,9 @@ constraint); max_gpus and max_cost_per_hour exclude a base or composition. The s
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -56,29 +57,24 @@ from madmax_opt.model.plan import PlanArrays
 from madmax_opt.model.spec import RECOMPUTE_MODES, Plan
 from madmax_opt.model.step_time import INTEGER_TERMS, step_form
 from madmax_opt.model.training import invalid_codes
-from madmax_opt.search.cpsat import CpSatOptions, has_solution
+from madmax_opt.search.cpsat import STAGE_RUN, CpSatOptions, has_solution
 from madmax_opt.search.cpsat import run as cpsat_run
 from madmax_opt.search.ortools_import import load_cp_model, prefetch
 from madmax_opt.search.space import enumerate_plans
 from madmax_opt.search.stage_bounds import composition_bound_us, layer_parts, shape_key, strong_bounds
 from madmax_opt.search.stage_compositions import Composition, compositions, stage_supply
 from madmax_opt.search.stage_limits import StepLimits, usd_per_hour
-from madmax_opt.search.stage_overlap import (
-    HINTED_RUN,
-    NEXT_ROWS,
-    OVERLAP,
-    OVERLAP_CHUNKS,
-    RESOLVE_AFTER,
-    Deferred,
-    Lookahead,
-    StoppableRun,
-    Task,
-)
 from madmax_opt.search.stage_rows import candidates as _candidates
 from madmax_opt.search.stage_rows import rounding_us
 from madmax_opt.search.stage_split_bound import SplitProofs
 
-STRONG_CHUNK = 128  # bases whose strong bound is computed first (then all the others still below the incumbent)
+Outcome = tuple[str, float | None, list[int], int]  # _solve_base: status, step_us, chosen rows, booleans
+# a base (one composition) to examine: its objective bound, stages per hardware choice, rate, the base, its rows
+Entry = tuple[float, dict[int, int] | None, float, PlanArrays, dict[str, NDArray[np.float64]]]
+# first pass without CP-SAT: a model whose split bound does not settle it waits until the best plan of the pass is
+# known (its dynamic programme's split, if better, becomes the incumbent at once); False: CP-SAT at once, one pass
+DEFER = True
+STRONG_CHUNK = 8  # bases whose strong bound is computed first (then all the others still below the incumbent)
 
 if TYPE_CHECKING:  # imported where a CP-SAT model is built (search/ortools_import.py: without pandas)
     from ortools.sat.python import cp_model
@@ -89,12 +85,13 @@ class UnevenResult:
     plan: Plan | None  # None when no uneven plan beats the incumbent
     step_us: float | None  # the solver's (rounded) step time of ``plan``
     status: str  # optimal | feasible (budget ran out) | no-improvement
-    bases_solved: int
+    bases_solved: int  # bases (compositions) examined beyond the first bound: by the split bound, a DP or CP-SAT
     bases_pruned: int
     wall_s: float
     booleans: int  # largest CP-SAT model built
     objective: float | None = None  # the plan's objective in the training integer units (rate x step_us)
     best_bound: float | None = None  # proven lower bound on the objective of every uneven plan (same units)
+    models: int = 0  # CP-SAT models solved
 
     def tolerance_s(self, n_micro: float, pp: int) -> float:
         return rounding_us(n_micro, pp) / US  # the rows' rounding (stage_rows.py), in seconds
@@ -215,17 +212,14 @@ def _solve_base(
     vpp: int = 1,
     cap: int | None = None,
     proofs: SplitProofs | None = None,
-    lookahead: Lookahead | None = None,
-    run: Callable[..., tuple[Any, Any]] | None = None,
+    defer: bool = False,
 ) -> tuple[str, float | None, list[int], int]:
     """CP-SAT over one base (``counts``: stages per hardware choice, when fixed); returns (status, step_us, chosen
     row indices, booleans). Only plans strictly faster than ``incumbent_us`` are of interest, and with p v T at most
     ``cap`` (the problem's step-time constraints, stage_limits.py). ``proofs``: what earlier models of the search
-    proved, consulted and extended (stage_split_bound.py). ``lookahead``: work done while CP-SAT runs, ``run``: how
-    CP-SAT is run (default ``cpsat.run``; stage_overlap.py)."""
-    load_cp_model()  # without pandas (search/ortools_import.py)
-    from ortools.sat.python import cp_model
-
+    proved, consulted and extended (stage_split_bound.py); their split within the limit is CP-SAT's hint.
+    ``defer``: no CP-SAT; status ``deferred`` where it would be needed, with the split of the
+    dynamic programme (stage_split_bound.py) when it found one within the limit (an upper bound, not a proof)."""
     coeff = _integer_coefficients(float(cand["n_micro"][0]), p, vpp)
     pv = p * vpp  # p v T (model/step_time.py): integral
 
@@ -240,6 +234,10 @@ def _solve_base(
     limit = int(np.ceil(incumbent_us * pv)) - 1 if np.isfinite(incumbent_us) else None  # strictly better
     if cap is not None:
         limit = cap if limit is None else min(limit, cap)
+    if limit is None and defer:  # no incumbent yet: every split is within p v T with each stage at its slowest rows
+        limit = int(objective_of({"stage_max": t_all.max(), "stage_sum": sum(t_all[stage_all == s].max()
+                                  for s in range(p)), "dp_max": int(cand["dp_us"].max()),
+                                  "optimizer_max": int(cand["opt_us"].max())}))
     if limit is not None:
         # exact pruning: a row whose own time already forces p v T >= p v incumbent, with every other stage at its
         # fastest row, cannot be in a strictly better plan
@@ -258,6 +256,18 @@ def _solve_base(
         # the same rows: a bound proven on a superset, or by a dynamic programme per tmax (stage_split_bound.py)
         if proofs is not None and proofs.excludes(cand, live, p, layers, coeff, limit, supply or [], counts):
             return "infeasible", None, [], 0  # no split within the limit: CP-SAT would prove it infeasible
+    if defer:  # CP-SAT is left for later: the dynamic programme's split within the limit, if it found one
+        rows = proofs.hint if proofs is not None and limit is not None else None
+        if not rows:
+            return "deferred", None, [], 0
+        chosen = [int(live[j]) for j in rows]
+        dp_us, opt_us = (int(cand[k][chosen].max()) for k in ("dp_us", "opt_us"))
+        value = objective_of({"stage_max": t_all[chosen].max(), "stage_sum": t_all[chosen].sum(), "dp_max": dp_us,
+                              "optimizer_max": opt_us})
+        return "deferred", float(value) / pv, chosen, 0
+    load_cp_model()  # without pandas (search/ortools_import.py)
+    from ortools.sat.python import cp_model
+
     mdl, x, objective = stage_model(cand, live, p, layers, supply, counts, vpp)
     mdl.minimize(objective)
     if limit is not None:
@@ -267,8 +277,7 @@ def _solve_base(
         proofs.hinted = hint is not None
     for j, var in enumerate(x if hint is not None else []):  # a split within the limit (stage_split_bound.py)
         mdl.add_hint(var, j in (hint or ()))
-    with (lookahead or Lookahead(None)).during():
-        st, solver = (run or cpsat_run)(mdl, cpsat, "uneven-stage", **(HINTED_RUN if hint is not None else {}))
+    st, solver = cpsat_run(mdl, cpsat, "uneven-stage", **STAGE_RUN)
     if proofs is not None and limit is not None and st in (cp_model.INFEASIBLE, cp_model.OPTIMAL):
         proofs.proved(limit + 1 if st == cp_model.INFEASIBLE else round(solver.objective_value))
     if st == cp_model.INFEASIBLE:
@@ -358,14 +367,10 @@ def solve_uneven(
     modes = sorted(set(np.unique(enumerate_plans(pr).recompute).tolist()))
     # a bound on p v T per base that sees memory and the layer split (stage_bounds.py; mixed: least over systems),
     # computed when the search reaches a base: first for the next STRONG_CHUNK bases in order, then for all the
-    # others still below the incumbent (a base's bound depends on that base only, and the search often stops within
-    # the first chunk; each call costs a fixed ~20 ms, so there are at most two, and one for up to 2 chunks of bases)
+    # others still below the incumbent, fewer once the first bases gave a good plan (a base's bound depends on that
+    # base only; each call costs a fixed ~8 ms per pp, so there are at most two)
     strong = np.full(len(bases), np.nan)  # nan: not computed yet
-    chunk = STRONG_CHUNK if int(np.sum(lb < incumbent)) > 2 * STRONG_CHUNK else len(order)
-    # CP-SAT overlapped with the search's own work (stage_overlap.py), unless models are exported or parameters given
-    # (file numbering, logs): the first strong bounds cover a few bases, the rest are computed while CP-SAT runs
-    overlap = OVERLAP and opts.export_model is None and not opts.params
-    chunk = min(chunk, OVERLAP_CHUNKS[0]) if overlap else chunk
+    chunk = STRONG_CHUNK
 
     def fill_strong(idx: NDArray[np.int64]) -> None:
         mixed_hws: list[int] | None = None
@@ -388,46 +393,45 @@ def solve_uneven(
             int(np.ceil((best_obj / rate - (0.0 if best_plan is not None else 0.5 / rate + extra)) * pv)) - 1
             for _, _, rate in bounds_of(j)))
 
-    rows: dict[int, dict[str, NDArray[np.float64]]] = {}  # candidate rows built ahead (the lookahead)
-
-    def rows_of(j: int) -> None:
-        rows[j] = rows[j] if j in rows else _candidates(model, bases.take([j]), modes, jobs[j][0])
-
-    def plan_ahead() -> list[Task]:
-        """Work for the helper while CP-SAT runs (stage_overlap.Lookahead): the candidate rows of the next bases
-        the strong bound does not prune now, and the strong bounds of the bases ahead still below the incumbent."""
-        ahead = order[pos + 1 :]
-        ahead = ahead[lb[ahead] < best_obj]
-        missing = ahead[np.isnan(strong[ahead])]
-        # chunks of one pp each (strong_bounds' fixed cost is per pp), nearest first
-        chunks = [c for pp in np.unique(bases.pp[missing]).tolist() for part in [missing[bases.pp[missing] == pp]]
-                  for c in np.split(part, np.arange(OVERLAP_CHUNKS[1], len(part), OVERLAP_CHUNKS[1]))]
-        rank = {int(j): i for i, j in enumerate(missing)}
-        tasks: list[Task] = [functools.partial(fill_strong, c) for c in
-                             sorted(chunks, key=lambda c: rank[int(c[0])])[: OVERLAP_CHUNKS[2]]]
-        known = [int(j) for j in ahead[~np.isnan(strong[ahead])][: 4 * NEXT_ROWS]]
-        nxt = [j for j in known if not strong_prunes(j)][:NEXT_ROWS]
-        return [functools.partial(rows_of, j) for j in nxt] + tasks
-
-    lookahead = Lookahead(plan_ahead if overlap else None)
     best_plan, best_obj, best_us, exact, solved, booleans = None, float(incumbent), None, True, 0, 0
-    pruned, out_of_time = 0, False
+    pruned, out_of_time, models = 0, False, 0
     open_bound = np.inf  # lowest lower bound of the bases / compositions not solved to optimality
     proofs = SplitProofs()  # lower bounds proven on row sets, reused by later bases (stage_split_bound.py)
-    Resolve = tuple[PlanArrays, tuple[dict[str, NDArray[np.float64]], int, int, float], list[tuple[list[int], int]],
-                    dict[int, int] | None, int, int | None]
-    resolve: Resolve | None = None
+    pending: list[Entry] = []  # entries whose CP-SAT model is left for the second pass, in visiting order
 
-    def solve_again(r: Resolve, run: StoppableRun | None = None) -> tuple[str, float | None, list[int], int]:
-        """``r``'s model solved again, without a hint."""
-        _, args, supply, counts, vpp, cap = r
-        return _solve_base(*args, opts.with_time_limit(time_limit_s - (time.perf_counter() - t0)), supply, counts,
-                           vpp=vpp, cap=cap, run=run)
+    def examine(entry: Entry, defer: bool) -> Outcome:
+        """One base / composition against the best plan: CP-SAT, or (``defer``) the split bound and the dynamic
+        programme's split within the limit, CP-SAT left for the second pass."""
+        _, counts, rate, base, cand = entry
+        hws = stage_hardware(model, base)
+        remaining = time_limit_s - (time.perf_counter() - t0)
+        # against the uniform incumbent (rounded once), an uneven plan must win beyond both roundings
+        margin_us = 0.0 if best_plan is not None else 0.5 / rate + rounding_us(float(cand["n_micro"][0]),
+                                                                                int(base.pp[0]))
+        pv, hourly = int(base.pp[0] * base.vpp[0]), usd_per_hour(model, base, hws, counts)
+        if remaining <= 0:
+            return "unknown", None, [], 0
+        if not step_lims.deployment_ok(int(base.gpus[0]), hourly):
+            return "infeasible", None, [], 0  # over max_gpus or max_cost_per_hour: no plan is admissible
+        cap = step_lims.max_objective(pv, hourly) if step_lims.active else None
+        return _solve_base(cand, int(base.pp[0]), model.workload.layers, best_obj / rate - margin_us,
+                           opts.with_time_limit(remaining), stage_supply(model, base, hws), counts,
+                           vpp=int(base.vpp[0]), cap=cap, proofs=proofs, defer=defer)
 
-    again: Deferred[tuple[str, float | None, list[int], int]] | None = None  # the re-solve of ``resolve``, ...
-    stop_again: StoppableRun | None = None  # ... and how it is stopped
-    since_best = 0  # models examined (_solve_base) since the best plan was found
-    for pos, j in enumerate(order):
+    def settle(entry: Entry, outcome: Outcome) -> None:
+        """What ``examine`` found: a better plan, a model left for the second pass, or an open bound."""
+        nonlocal best_plan, best_obj, best_us, exact, booleans, open_bound, models
+        status, step_us, chosen, nb = outcome
+        booleans, models = max(booleans, nb), models + (nb > 0)
+        if status == "deferred":
+            pending.append(entry)
+        if status in ("unknown", "feasible"):
+            exact = False
+            open_bound = min(open_bound, entry[0])
+        if step_us is not None and step_us * entry[2] < best_obj:
+            best_obj, best_us, best_plan = step_us * entry[2], step_us, _plan(model, entry[3], entry[4], chosen)
+
+    for pos, j in enumerate(order):  # first pass: bounds and dynamic programmes (CP-SAT only without DEFER)
         if lb[j] >= best_obj:
             pruned += len(order) - pos
             break
@@ -439,53 +443,24 @@ def solve_uneven(
             pruned += 1
             continue
         base = bases.take([int(j)])
-        hws, supply, _ = jobs[int(j)]
-        rows_of(int(j))  # built ahead, or now
-        cand = rows.pop(int(j))
+        cand = _candidates(model, base, modes, jobs[int(j)][0])
         for bound, counts, rate in bounds_of(int(j)):
             if bound >= best_obj:
                 break
-            remaining = time_limit_s - (time.perf_counter() - t0)
-            if remaining <= 0:
+            if time_limit_s <= time.perf_counter() - t0:
                 exact, out_of_time = False, True
                 open_bound = min(open_bound, float(lb[j]))  # later bases (sorted) and compositions bound >= lb[j]
                 break
-            # against the uniform incumbent (rounded once), an uneven plan must win beyond both roundings
-            margin_us = 0.0 if best_plan is not None else 0.5 / rate + rounding_us(float(cand["n_micro"][0]),
-                                                                                    int(base.pp[0]))
-            pv, hourly = int(base.pp[0] * base.vpp[0]), usd_per_hour(model, base, hws, counts)
-            if not step_lims.deployment_ok(int(base.gpus[0]), hourly):
-                continue  # over max_gpus or max_cost_per_hour: no plan of this composition is admissible
-            cap = step_lims.max_objective(pv, hourly) if step_lims.active else None
-            args = (cand, int(base.pp[0]), model.workload.layers, best_obj / rate - margin_us)
-            status, step_us, chosen, nb = _solve_base(*args, opts.with_time_limit(remaining), supply, counts,
-                                                      vpp=int(base.vpp[0]), cap=cap, proofs=proofs,
-                                                      lookahead=lookahead)
+            entry = (bound, counts, rate, base, cand)
+            settle(entry, examine(entry, DEFER))
             solved += 1
-            booleans = max(booleans, nb)
-            if status in ("unknown", "feasible"):
-                exact = False
-                open_bound = min(open_bound, bound)
-            if step_us is not None and step_us * rate < best_obj:
-                best_obj, best_us, best_plan = step_us * rate, step_us, _plan(model, base, cand, chosen)
-                # a hint may lead CP-SAT to another split of the same optimum: the model is solved again without
-                # it, if this plan stays the best, so that the split returned is the one the model alone gives
-                resolve = (base, args, supply, counts, int(base.vpp[0]), cap) if proofs.hinted else None
-                if stop_again is not None:  # the re-solve of the previous best is no longer needed
-                    stop_again.stop()
-                again, stop_again, since_best = None, None, 0
-            else:  # no better plan
-                since_best += 1
-            if overlap and resolve is not None and again is None and since_best >= RESOLVE_AFTER:
-                # overlapping: the re-solve starts now, on its own thread, while the search goes on
-                stop_again = StoppableRun()
-                again = Deferred(functools.partial(solve_again, resolve, stop_again))
         if out_of_time:
             break
-    if resolve is not None and time_limit_s > time.perf_counter() - t0:
-        status, step_us, chosen, _ = again.result() if again is not None else solve_again(resolve)
-        if status == "optimal" and step_us == best_us:
-            best_plan = _plan(model, resolve[0], resolve[1][0], chosen)
+    for entry in pending:  # second pass: CP-SAT against the best plan found
+        if out_of_time or time_limit_s <= time.perf_counter() - t0:
+            exact, out_of_time, open_bound = False, True, min(open_bound, entry[0])
+        elif entry[0] < best_obj:
+            settle(entry, examine(entry, False))
     status = (
         ("optimal" if exact else "feasible")
         if best_plan is not None
@@ -495,4 +470,5 @@ def solve_uneven(
         best_plan, best_us, status, solved, pruned, time.perf_counter() - t0, booleans,
         best_obj if best_plan is not None else None,
         min(best_obj, open_bound),  # every base was solved, pruned by its bound, or is still open
+        models,
     )
