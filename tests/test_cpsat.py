@@ -16,13 +16,16 @@ from ortools.sat.python import cp_model
 
 from cli_helpers import run_main
 from madmax_opt.core.errors import InternalError, ProblemError, TimeLimitError
+from madmax_opt.io.problem import load_problem
+from madmax_opt.search import stage_split_bound
 from madmax_opt.search.assemble import IntObjective, Limit, pick_best
 from madmax_opt.search.cpsat import INT_LIMIT, MAX_WORKERS, CpSatOptions, new_solver, run, to_int
+from madmax_opt.search.solver import solve_records
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = {"model": "llama2-7b", "hardware": {"gpu": "h100-sxm", "gpus": [8, 16]},
          "task": {"kind": "pretrain", "seq_len": 2048, "global_batch": 64}}
-# 32 layers on 3 stages: no uniform plan, so the uneven-stage search builds CP-SAT models (the uniform search sorts)
+# 32 layers on 3 stages: no uniform plan, so the uneven-stage search finds the plan (the uniform search sorts)
 UNEVEN = {"model": "llama2-7b", "hardware": {"gpu": "h100-sxm", "gpus": 24},
           "task": {"kind": "pretrain", "seq_len": 2048, "global_batch": 64}, "space": {"pp": 3, "uneven_stages": True}}
 
@@ -86,21 +89,31 @@ def test_time_out_without_a_plan_is_its_own_exit_code(tmp_path: Path) -> None:
     assert err.value.exit_code == 5
 
 
-def test_uneven_split_without_cp_sat_time_is_feasible(tmp_path: Path) -> None:
+def _solve_undecided(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, opts: CpSatOptions) -> Any:
+    """UNEVEN solved in process with the split bound's exact maxima off (stage_split_bound.EXACT_COMBOS 0), so that
+    the bases its means leave undecided go to CP-SAT models."""
+    monkeypatch.setattr(stage_split_bound, "EXACT_COMBOS", 0)
+    outcome, _ = solve_records(load_problem(_write(tmp_path, UNEVEN)), cpsat=opts)
+    return outcome
+
+
+def test_uneven_split_without_cp_sat_time_is_feasible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The uneven search's first pass runs no CP-SAT (search/stages.py): its dynamic programme's split is a plan, so
-    with no CP-SAT time at all the solve returns it as feasible, its gap against the proven bound; with time, the same
-    split is proven optimal (one CP-SAT model)."""
-    out = run_main("solve", _write(tmp_path, UNEVEN), "--solver-params", "max_deterministic_time: 0", "--json")
-    assert out.returncode == 0, out.stderr
-    res = json.loads(out.stdout)
-    s = res["solver"]
-    assert res["status"] == "feasible" and s["search"] == "uneven" and s["uneven"]["models_solved"] >= 1
+    with no CP-SAT time at all the solve returns it as feasible, its gap against the proven bound; with time, CP-SAT
+    proves it optimal; by default (exact maxima) no CP-SAT model is needed for it."""
+    short = _solve_undecided(monkeypatch, tmp_path, CpSatOptions(params="max_deterministic_time: 0"))
+    s = short.summary()
+    assert short.status == "feasible" and s["search"] == "uneven" and s["uneven"]["models_solved"] >= 1
     assert s["best_bound"] < s["objective"] and s["gap"] == pytest.approx((s["objective"] - s["best_bound"]) /
                                                                           s["objective"])
-    full = json.loads(run_main("solve", _write(tmp_path, UNEVEN), "--json").stdout)
-    assert full["status"] == "optimal" and full["solver"]["objective"] == s["objective"]
-    assert full["solver"]["uneven"]["models_solved"] == 1
-    assert full["best"]["plan"]["stage_layers"] == res["best"]["plan"]["stage_layers"]
+    full = _solve_undecided(monkeypatch, tmp_path, CpSatOptions())
+    assert full.status == "optimal" and full.objective == short.objective and full.uneven.models >= 1
+    monkeypatch.undo()  # the default: exact maxima (run_main runs the CLI in this process)
+    out = run_main("solve", _write(tmp_path, UNEVEN), "--json", "--export-model", tmp_path / "m.pbtxt")
+    assert out.returncode == 0 and out.stderr.startswith("warning: --export-model: no CP-SAT model was built")
+    res = json.loads(out.stdout)
+    assert res["status"] == "optimal" and res["solver"]["objective"] == short.objective
+    assert (res["solver"]["method"], res["solver"]["uneven"]["models_solved"]) == ("dynamic-programme", 0)
 
 
 def test_feasible_is_reported_with_its_gap() -> None:
@@ -119,12 +132,10 @@ def test_feasible_is_reported_with_its_gap() -> None:
         assert res["status"] == "optimal" and s["gap"] == 0.0
 
 
-def test_export_model_writes_named_variables(tmp_path: Path) -> None:
+def test_export_model_writes_named_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model_file = tmp_path / "model.pbtxt"
-    out = run_main("solve", _write(tmp_path, UNEVEN), "--json", "--export-model", model_file)
-    assert out.returncode == 0, out.stderr
-    res = json.loads(out.stdout)
-    s = res["solver"]
+    outcome = _solve_undecided(monkeypatch, tmp_path, CpSatOptions(export_model=model_file))
+    s = outcome.summary()
     assert (s["search"], s["method"]) == ("uneven", "cp-sat")
     written = sorted(tmp_path.glob("model*.pbtxt"))
     assert len(written) == s["uneven"]["models_solved"] >= 1  # FILE, FILE-2, ...: one per stage model solved

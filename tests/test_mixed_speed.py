@@ -10,40 +10,41 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from tests.test_mixed_bounds import CASES, _counting
 
 from madmax_opt.io.problem import problem_from_dict
-from madmax_opt.search import stage_bounds, stages
+from madmax_opt.search import stage_bounds, stage_split_bound, stages
 from madmax_opt.search.solver import solve_records
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "problems" / "gpt3-175b-mixed-pipeline.yaml"
 
 
-def _outcome(data: dict[str, Any], monkeypatch: pytest.MonkeyPatch, defer: bool) -> tuple[Any, list[int], Any]:
-    """(solve outcome, one entry per CP-SAT model solved, the best record) with ``stages.DEFER`` = ``defer``."""
-    calls: list[int] = []
-    real = stages.cpsat_run
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(stages, "cpsat_run", counted)
+def _outcome(data: dict[str, Any], monkeypatch: pytest.MonkeyPatch, defer: bool,
+             exact: bool = True) -> tuple[Any, list[int], Any]:
+    """(solve outcome, one entry per CP-SAT model solved, the best record) with ``stages.DEFER`` = ``defer``, the
+    split bound's exact maxima on or off."""
+    calls = _counting(monkeypatch)
     monkeypatch.setattr(stages, "DEFER", defer)
+    if not exact:
+        monkeypatch.setattr(stage_split_bound, "EXACT_COMBOS", 0)
     out, rec = solve_records(problem_from_dict(data))
     monkeypatch.undo()
     return out, calls, rec[0]
 
 
-def test_two_passes_find_the_one_pass_optimum_with_one_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The example: the one-pass search solves 4 CP-SAT models (3 improving plans, then a proof); the two-pass search
-    reaches the same optimum by its dynamic programmes alone and solves one model (a proof)."""
+def test_two_passes_find_the_one_pass_optimum_without_cp_sat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example, the split bound's maxima by their means: the one-pass search solves 4 CP-SAT models (3 improving
+    plans, then a proof); the two-pass search reaches the same optimum by its dynamic programmes alone and solves one
+    (a proof). With the maxima exact (the default) the proof needs no model either."""
     data = yaml.safe_load(EXAMPLE.read_text())
-    two, two_calls, two_rec = _outcome(data, monkeypatch, True)
-    one, one_calls, one_rec = _outcome(data, monkeypatch, False)
-    assert two.uneven.status == one.uneven.status == "optimal"
-    assert two.objective == one.objective and two.best_bound == one.best_bound
-    assert len(two_calls) == 1 and len(one_calls) == 4
+    two, two_calls, two_rec = _outcome(data, monkeypatch, True, exact=False)
+    one, one_calls, one_rec = _outcome(data, monkeypatch, False, exact=False)
+    exact, exact_calls, exact_rec = _outcome(data, monkeypatch, True)
+    assert two.uneven.status == one.uneven.status == exact.uneven.status == "optimal"
+    assert two.objective == one.objective == exact.objective and two.best_bound == one.best_bound
+    assert (len(two_calls), len(one_calls), len(exact_calls)) == (1, 4, 0)
+    assert two_rec["plan"] == exact_rec["plan"]  # the first pass's split, proven by CP-SAT or by the exact maxima
     # equal objectives, to the microsecond rounding of the rows (stage_rows.rounding_us)
     tol = two.uneven.tolerance_s(512 / (two_rec["plan"]["dp"] * two_rec["plan"]["mbs"]), two_rec["plan"]["pp"])
     assert abs(two_rec["step_time_s"] - one_rec["step_time_s"]) <= 2 * tol
@@ -52,14 +53,15 @@ def test_two_passes_find_the_one_pass_optimum_with_one_model(monkeypatch: pytest
 @pytest.mark.parametrize("objective", ["throughput", "cost"])
 def test_two_passes_equal_one_pass_on_small_mixed_problems(monkeypatch: pytest.MonkeyPatch, objective: str) -> None:
     """Three small mixed problems (tests/test_mixed_bounds.py), throughput and cost (a CP-SAT model per composition):
-    the same objective, bound and status as the one-pass search."""
-    from tests.test_mixed_bounds import CASES
-
+    the same objective, bound and status as the one-pass search without the exact maxima (CP-SAT decides)."""
+    models = 0
     for case in CASES:
         data = {**case, "objective": objective}
         two, _, _ = _outcome(data, monkeypatch, True)
-        one, _, _ = _outcome(data, monkeypatch, False)
+        one, one_calls, _ = _outcome(data, monkeypatch, False, exact=False)
+        models += len(one_calls)
         assert (two.objective, two.best_bound, two.uneven.status) == (one.objective, one.best_bound, one.uneven.status)
+    assert models  # the reference is CP-SAT's
 
 
 @pytest.mark.parametrize("within", [True, False])

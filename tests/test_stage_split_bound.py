@@ -66,6 +66,22 @@ def test_split_bound_proves_only_limits_no_split_meets(seed: int) -> None:
     assert proved_below >= 1  # at least the far limits (0.9 x the optimum, or no split at all) are proved
 
 
+@pytest.mark.parametrize("seed", range(24))
+def test_split_bound_proves_the_limit_just_below_the_optimum(seed: int) -> None:
+    """With at most one limited GPU type the split bound is exact once the DP and optimizer maxima are taken exactly
+    (_exact_maxima): the limit one below the enumerated optimum is proved, the optimum itself is not."""
+    rng = np.random.default_rng(100 + seed)
+    p, layers = 3, int(rng.integers(6, 10))
+    r = _rows(rng, p, layers)
+    groups = [([1], 0, int(rng.integers(0, 3)))] if seed % 3 else ([([1], 1, 1)] if seed % 2 else [])
+    opt = _optimum(r, p, layers, groups)
+    if not np.isfinite(opt) or any(not np.any(r["stage"] == s) for s in range(p)):
+        pytest.skip("no split")
+    args = (r["stage"], r["layers"], r["t"], r["dp"], r["opt"], r["hw"], p, layers, COEFF)
+    assert split_bound(*args, int(opt) - 1, groups)[0]
+    assert not split_bound(*args, int(opt), groups)[0]
+
+
 def test_no_split_holds_the_layers() -> None:
     """Rows whose layers cannot sum to L: every limit is proved."""
     stage, layers_of = np.array([0, 1]), np.array([1, 1])

@@ -213,6 +213,9 @@ def search_text(s: Mapping[str, Any]) -> str:
             return (f"enumeration of {s['candidates']:,} plans ({s['admissible']:,} admissible candidates kept by "
                     "the per-option bound), exact sort")
         return f"enumeration of {s['candidates']:,} plans ({s['admissible']:,} admissible), exact sort"
+    if s.get("method") == "dynamic-programme":
+        return (f"bounds and dynamic programmes over {s['candidates']:,} pipeline bases (exact; no CP-SAT model "
+                "needed)")
     return f"CP-SAT: candidates {s['candidates']:,}   Booleans {s['booleans']}"
 
 

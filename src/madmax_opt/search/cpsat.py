@@ -47,7 +47,9 @@ STATUS: dict[int, str] = {OPTIMAL: "optimal", FEASIBLE: "feasible", INFEASIBLE: 
 
 
 def parse_params(text: str) -> sat_parameters_pb2.SatParameters:
-    """CP-SAT parameters in protobuf text format; a parse error is one line naming the option."""
+    """CP-SAT parameters in protobuf text format, checked by CP-SAT itself (an empty model solved with them: its
+    parameter check, e.g. num_workers at most 10000, runs whether or not a search builds a model later); an error is
+    one line naming the option."""
     from google.protobuf import text_format
     from ortools.sat import sat_parameters_pb2
 
@@ -57,6 +59,13 @@ def parse_params(text: str) -> sat_parameters_pb2.SatParameters:
     except text_format.ParseError as exc:
         raise ProblemError(f"not CP-SAT parameters ({exc}); allowed: SatParameters text format, e.g. "
                            "'linearization_level: 2 max_deterministic_time: 10'", field="--solver-params") from None
+    load_cp_model()  # without pandas (search/ortools_import.py)
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    solver.parameters.merge_text_format(text)
+    if solver.solve(cp_model.CpModel()) == MODEL_INVALID:
+        raise ProblemError(f"CP-SAT rejected the parameters: {solver.solution_info()}", field="--solver-params")
     return params
 
 

@@ -20,6 +20,7 @@ from madmax_opt.search.assemble import IntObjective
 from madmax_opt.search.cpsat import INT_LIMIT, check_range
 
 METHOD = "enumeration"  # the solve summary's ``method`` for these searches (CP-SAT searches: "cp-sat")
+UNEVEN_DP = "dynamic-programme"  # ``method`` of an uneven-stage search that needed no CP-SAT model (stages.py)
 
 
 @dataclass(frozen=True)
@@ -59,4 +60,4 @@ def select_best(objective: IntObjective, ok: NDArray[np.bool_], group: IntArr, *
     return Selection([int(i) for i in order], best, int(ok.sum()))
 
 
-__all__ = ["METHOD", "Selection", "select_best"]
+__all__ = ["METHOD", "UNEVEN_DP", "Selection", "select_best"]

@@ -51,7 +51,7 @@ from madmax_opt.search.cpsat import options as cpsat_options
 from madmax_opt.search.objectives import UUSD, integer_objective, training_units  # noqa: F401 (UUSD: re-export)
 from madmax_opt.search.option_bound import step_floor_us
 from madmax_opt.search.prune import ROUNDING_TOLERANCE_S, best_candidates, space_candidates
-from madmax_opt.search.selection import METHOD, select_best
+from madmax_opt.search.selection import METHOD, UNEVEN_DP, select_best
 from madmax_opt.search.space import empty_space_reason
 
 if TYPE_CHECKING:  # the uneven-stage search is imported when a space allows uneven stages
@@ -177,8 +177,11 @@ class SolveOutcome:
 
     @property
     def method(self) -> str:
-        """How the returned plan was found: an exact numpy sort of the enumerated plans, or a CP-SAT model."""
-        return METHOD if self.search == "uniform" else "cp-sat"
+        """How the returned plan was found: an exact numpy sort of the enumerated plans; for uneven stages, CP-SAT
+        models, or none needed (the stage bounds and dynamic programmes of search/stage_split_bound.py decided)."""
+        if self.search == "uniform":
+            return METHOD
+        return "cp-sat" if self.uneven is None or self.uneven.models else UNEVEN_DP
 
     def summary(self) -> dict[str, Any]:
         """The ``solver`` object of the solve JSON: objective, bound and gap of the returned plan; wall time and
@@ -337,7 +340,8 @@ def solve_records(
             outcome.best_bound = min(outcome.best_bound, uneven.best_bound)
     assert outcome is not None  # a uniform or an uneven plan was found, else InfeasibleError was raised
     outcome.total_wall_s = time.perf_counter() - t0
-    warn_if_unused(opts, f"the {outcome.search} search ran an exact enumeration")
+    warn_if_unused(opts, "the uniform search ran an exact enumeration" if outcome.search == "uniform" else
+                   f"the {outcome.search} search's bounds and dynamic programmes decided every pipeline base")
     return outcome, recs
 
 

@@ -1,4 +1,4 @@
-"""Uneven pipelines: CP-SAT chooses the layers and the recompute mode of every stage.
+"""Uneven pipelines: the layers and the recompute mode of every stage, by bounds, dynamic programmes and CP-SAT.
 
 For a base plan (hardware, dp, tp, pp, cp, vpp, mbs, zero, sp) the step time is
 
@@ -9,8 +9,8 @@ micro-batch and must fit in memory holding ``stage_in_flight`` micro-batches (1F
 virtual chunks per stage (Megatron-Core interleaving with first / last stage layer counts, embedding and loss
 accounted in the split) every chunk holds a layer, except that the first and last may hold only the embedding /
 the loss, so any v with p v <= L + 2 is searched. Every (s, n, r) candidate is evaluated by
-the same vectorised ``training.stage_costs`` as the uniform model, rounded once to microseconds, and CP-SAT picks
-one per stage (``add_exactly_one``) with sum_s n_s = L, ``tmax >= t_s`` and the objective p v T (integral).
+the same vectorised ``training.stage_costs`` as the uniform model, rounded once to microseconds; a split picks one
+per stage with sum_s n_s = L (CP-SAT: ``add_exactly_one``, ``tmax >= t_s``, the objective p v T, integral).
 Raw space: (number of compositions of L into p parts) x R^p, e.g. 10^25 for 126 layers on 16 stages.
 
 Bases are explored best-first by a valid lower bound, (m + (p - 1)/v)/p * (L * c_layer + extras): tmax is at least
@@ -24,11 +24,12 @@ nothing beats the incumbent. The visiting order stays the first bound's, whichev
 
 Two passes (``DEFER``): the first runs no CP-SAT. A base the bounds do not settle is left for the second pass, and
 the split bound's dynamic programme usually yields a split within the limit: when it beats the incumbent it becomes
-the incumbent at once (a plan, not yet a proof). The second pass solves the CP-SAT model of every base left, in
-visiting order, against the best plan of the first (the bounds settle most of them first); an optimum it finds
-replaces the incumbent. On the mixed-pipeline example the dynamic programme's split equals CP-SAT's optimum on 2 of
-the 3 bases where it found one (0.14 % above on the other), and one CP-SAT model (a proof of infeasibility) replaces
-the four the one-pass search solves (and the unhinted re-solve it used to add).
+the incumbent at once (a plan, not yet a proof). The second pass examines every base left, in visiting order,
+against the best plan of the first: the split bound with the DP and optimizer maxima taken exactly
+(``stage_split_bound._exact_maxima``) proves most of them, and a CP-SAT model decides the others (an optimum it finds
+replaces the incumbent). On the mixed-pipeline example the dynamic programme's split equals CP-SAT's optimum on 2 of
+the 3 bases where it found one (0.14 % above on the other), and no CP-SAT model is left (the one-pass search solved
+four, and an unhinted re-solve).
 
 Objectives (model/objectives.py): at fixed hardware every objective is rate x T (rate: integer objective units per
 us of step time, from the registry). A base on one hardware option has one rate, so CP-SAT minimises T under
@@ -254,7 +255,8 @@ def _solve_base(
         if any(not np.any(stage_all[live] == s) for s in range(p)):
             return "infeasible", None, [], 0
         # the same rows: a bound proven on a superset, or by a dynamic programme per tmax (stage_split_bound.py)
-        if proofs is not None and proofs.excludes(cand, live, p, layers, coeff, limit, supply or [], counts):
+        if proofs is not None and proofs.excludes(cand, live, p, layers, coeff, limit, supply or [], counts,
+                                                  exact=not defer):
             return "infeasible", None, [], 0  # no split within the limit: CP-SAT would prove it infeasible
     if defer:  # CP-SAT is left for later: the dynamic programme's split within the limit, if it found one
         rows = proofs.hint if proofs is not None and limit is not None else None
