@@ -230,7 +230,7 @@ def bench_sensitivity(out_dir: Path) -> Path:
             run_sensitivity(problem, HARDWARE_PARAMETERS, BENCH_FACTORS, share_plans=False)
             fresh = f"{time.perf_counter() - t0:.2f}"
         ok = sum(v.status == "ok" for v in study.variants)
-        space = "uniform + uneven stages (CP-SAT per stage)" if uneven else "uniform pipelines (default)"
+        space = "uniform + uneven stages (bounds, dynamic programmes, CP-SAT)" if uneven else "uniform pipelines (default)"
         rows.append(
             f"| {system} x {PRETRAIN_GPUS} | {space} | {len(study.params)} x {len(study.factors)} | {jobs} "
             f"| {study.solves} | {ok} | {wall:.2f} | {cpu:.2f} | {wall / study.solves * 1e3:.0f} | {fresh} "
