@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from tests.test_mixed_bounds import CASES, _counting
 
 from madmax_opt.io.problem import problem_from_dict
 from madmax_opt.search import stage_bounds, stage_split_bound, stages
 from madmax_opt.search.solver import solve_records
+from test_mixed_bounds import CASES, _counting
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "problems" / "gpt3-175b-mixed-pipeline.yaml"
