@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,9 +48,8 @@ STATUS: dict[int, str] = {OPTIMAL: "optimal", FEASIBLE: "feasible", INFEASIBLE: 
 
 
 def parse_params(text: str) -> sat_parameters_pb2.SatParameters:
-    """CP-SAT parameters in protobuf text format, checked by CP-SAT itself (an empty model solved with them: its
-    parameter check, e.g. num_workers at most 10000, runs whether or not a search builds a model later); an error is
-    one line naming the option."""
+    """CP-SAT parameters in protobuf text format, checked by CP-SAT itself (``_check_params``); an error is one line
+    naming the option."""
     from google.protobuf import text_format
     from ortools.sat import sat_parameters_pb2
 
@@ -59,6 +59,14 @@ def parse_params(text: str) -> sat_parameters_pb2.SatParameters:
     except text_format.ParseError as exc:
         raise ProblemError(f"not CP-SAT parameters ({exc}); allowed: SatParameters text format, e.g. "
                            "'linearization_level: 2 max_deterministic_time: 10'", field="--solver-params") from None
+    _check_params(text)
+    return params
+
+
+@cache
+def _check_params(text: str) -> None:
+    """CP-SAT's own parameter check (e.g. num_workers at most 10000), by an empty model solved with them, so that it
+    runs whether or not a search builds a model later; once per text (options are copied per time limit)."""
     load_cp_model()  # without pandas (search/ortools_import.py)
     from ortools.sat.python import cp_model
 
@@ -66,7 +74,6 @@ def parse_params(text: str) -> sat_parameters_pb2.SatParameters:
     solver.parameters.merge_text_format(text)
     if solver.solve(cp_model.CpModel()) == MODEL_INVALID:
         raise ProblemError(f"CP-SAT rejected the parameters: {solver.solution_info()}", field="--solver-params")
-    return params
 
 
 @dataclass(frozen=True)

@@ -241,7 +241,6 @@ class SplitProofs:
         self._known: list[tuple[tuple[object, ...], frozenset[tuple[float, ...]], float]] = []
         self._current: tuple[tuple[object, ...], frozenset[tuple[float, ...]]] | None = None
         self.hint: list[int] | None = None  # a split within the limit of the rows last passed to ``excludes``
-        self.hinted = False  # whether the last model solved was given ``hint``
 
     def excludes(self, cand: dict[str, Arr], live: IntArr, p: int, layers: int, coeff: dict[str, int], limit: int,
                  supply: list[tuple[list[int], int]], counts: dict[int, int] | None, exact: bool = True) -> bool:

@@ -70,8 +70,9 @@ from madmax_opt.search.stage_rows import rounding_us
 from madmax_opt.search.stage_split_bound import SplitProofs
 
 Outcome = tuple[str, float | None, list[int], int]  # _solve_base: status, step_us, chosen rows, booleans
-# a base (one composition) to examine: its objective bound, stages per hardware choice, rate, the base, its rows
-Entry = tuple[float, dict[int, int] | None, float, PlanArrays, dict[str, NDArray[np.float64]]]
+# a base (one composition) to examine: its objective bound, stages per hardware choice, rate, the base's index, its
+# candidate rows
+Entry = tuple[float, dict[int, int] | None, float, int, dict[str, NDArray[np.float64]]]
 # first pass without CP-SAT: a model whose split bound does not settle it waits until the best plan of the pass is
 # known (its dynamic programme's split, if better, becomes the incumbent at once); False: CP-SAT at once, one pass
 DEFER = True
@@ -275,8 +276,6 @@ def _solve_base(
     if limit is not None:
         mdl.add(objective <= limit)  # only strictly better plans within the constraints are of interest
     hint = set(proofs.hint) if proofs is not None and limit is not None and proofs.hint is not None else None
-    if proofs is not None:
-        proofs.hinted = hint is not None
     for j, var in enumerate(x if hint is not None else []):  # a split within the limit (stage_split_bound.py)
         mdl.add_hint(var, j in (hint or ()))
     st, solver = cpsat_run(mdl, cpsat, "uneven-stage", **STAGE_RUN)
@@ -404,20 +403,20 @@ def solve_uneven(
     def examine(entry: Entry, defer: bool) -> Outcome:
         """One base / composition against the best plan: CP-SAT, or (``defer``) the split bound and the dynamic
         programme's split within the limit, CP-SAT left for the second pass."""
-        _, counts, rate, base, cand = entry
-        hws = stage_hardware(model, base)
+        _, counts, rate, j, cand = entry
+        (hws, supply, _), base = jobs[j], bases.take([j])
         remaining = time_limit_s - (time.perf_counter() - t0)
+        if remaining <= 0:
+            return "unknown", None, [], 0
         # against the uniform incumbent (rounded once), an uneven plan must win beyond both roundings
         margin_us = 0.0 if best_plan is not None else 0.5 / rate + rounding_us(float(cand["n_micro"][0]),
                                                                                 int(base.pp[0]))
         pv, hourly = int(base.pp[0] * base.vpp[0]), usd_per_hour(model, base, hws, counts)
-        if remaining <= 0:
-            return "unknown", None, [], 0
         if not step_lims.deployment_ok(int(base.gpus[0]), hourly):
             return "infeasible", None, [], 0  # over max_gpus or max_cost_per_hour: no plan is admissible
         cap = step_lims.max_objective(pv, hourly) if step_lims.active else None
         return _solve_base(cand, int(base.pp[0]), model.workload.layers, best_obj / rate - margin_us,
-                           opts.with_time_limit(remaining), stage_supply(model, base, hws), counts,
+                           opts.with_time_limit(remaining), supply, counts,
                            vpp=int(base.vpp[0]), cap=cap, proofs=proofs, defer=defer)
 
     def settle(entry: Entry, outcome: Outcome) -> None:
@@ -431,7 +430,8 @@ def solve_uneven(
             exact = False
             open_bound = min(open_bound, entry[0])
         if step_us is not None and step_us * entry[2] < best_obj:
-            best_obj, best_us, best_plan = step_us * entry[2], step_us, _plan(model, entry[3], entry[4], chosen)
+            best_obj, best_us = step_us * entry[2], step_us
+            best_plan = _plan(model, bases.take([entry[3]]), entry[4], chosen)
 
     for pos, j in enumerate(order):  # first pass: bounds and dynamic programmes (CP-SAT only without DEFER)
         if lb[j] >= best_obj:
@@ -444,8 +444,7 @@ def solve_uneven(
         if strong_prunes(int(j)):
             pruned += 1
             continue
-        base = bases.take([int(j)])
-        cand = _candidates(model, base, modes, jobs[int(j)][0])
+        cand = _candidates(model, bases.take([int(j)]), modes, jobs[int(j)][0])
         for bound, counts, rate in bounds_of(int(j)):
             if bound >= best_obj:
                 break
@@ -453,7 +452,7 @@ def solve_uneven(
                 exact, out_of_time = False, True
                 open_bound = min(open_bound, float(lb[j]))  # later bases (sorted) and compositions bound >= lb[j]
                 break
-            entry = (bound, counts, rate, base, cand)
+            entry = (bound, counts, rate, int(j), cand)
             settle(entry, examine(entry, DEFER))
             solved += 1
         if out_of_time:
